@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs every Debian package gradaccum needs and makes the OpenMP build of
+# OpenBLAS the system BLAS. Idempotent: a second run changes nothing.
+#
+# Why OpenMP OpenBLAS: Debian's libtorch sends fp32 GEMMs to libblas.so.3. The
+# reference BLAS is ~40x slower, and the pthread OpenBLAS keeps its own thread
+# pool that ignores at::set_num_threads and fights libtorch's OpenMP threads
+# (3.6x slower GPT, 4-5x slower batch-1 CNN on 2 cores). libopenblas0-openmp
+# shares libtorch's OpenMP pool.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev libgloo-dev
+  libopenblas0-openmp
+  libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
+  libgtest-dev googletest
+  dataset-fashion-mnist bible-kjv-text
+  python3-torch
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Make the OpenMP OpenBLAS the provider of libblas.so.3 and liblapack.so.3.
+arch_dir=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
+for lib in libblas.so.3 liblapack.so.3; do
+  target="$arch_dir/openblas-openmp/$lib"
+  if [[ -e "$target" ]]; then
+    update-alternatives --set "$lib-$(basename "$arch_dir")" "$target" >/dev/null
+  fi
+done
+echo "setup: packages present; system BLAS is $(readlink -f "$arch_dir/libblas.so.3")"

@@ -1,0 +1,47 @@
+// The `gradaccum` program: parses the command line and turns exceptions into a
+// one-line message and a non-zero exit status. Nothing else exits the process.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "gradaccum/cli/train_command.h"
+#include "gradaccum/core/check.h"
+
+namespace {
+// c10::Error messages carry a C++ backtrace after the first line.
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gradaccum: exact, fast gradient accumulation on libtorch"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("gradaccum ") + GRADACCUM_VERSION);
+
+  gradaccum::cli::TrainArgs train;
+  auto* train_cmd = app.add_subcommand("train", "Train a model (no CONFIG: the built-in default run)");
+  train_cmd->add_option("config", train.config_path, "YAML configuration file");
+  train_cmd->add_option("--set", train.overrides, "Override a key: --set key=value (repeatable)")
+      ->allow_extra_args(false)
+      ->type_name("KEY=VALUE");
+  train_cmd->add_flag("--print-config", train.print_config, "Print the resolved configuration and exit");
+  train_cmd->add_option("--nproc", train.nproc, "Processes to start on this host (data parallel)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (train_cmd->parsed()) return gradaccum::cli::run_train(train);
+  } catch (const gradaccum::Error& e) {
+    fmt::print(stderr, "gradaccum: error: {}\n", e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    fmt::print(stderr, "gradaccum: error: {}\n", first_line(e.what_without_backtrace()));
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "gradaccum: error: {}\n", first_line(e.what()));
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,31 @@
+// Console output of a run: a progress bar on a terminal, plain lines otherwise.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+
+#include "gradaccum/core/training_observer.h"
+
+namespace gradaccum::cli {
+
+class Progress final : public core::TrainingObserver {
+ public:
+  // `logging_steps`: on a non-terminal, a line every max(logging_steps,
+  // total/20) steps, so a default run does not print a line per step.
+  Progress(FILE* out, bool terminal, int64_t logging_steps);
+
+  void on_start(const core::RunInfo& info) override;
+  void on_step(const core::StepRecord& record) override;
+  void on_eval(const core::EvalRecord& record) override;
+  void on_end(const core::TrainSummary& summary) override;
+
+ private:
+  FILE* out_;
+  bool terminal_;
+  int64_t logging_steps_;
+  int64_t interval_ = 1;
+  int64_t total_ = 0;
+  std::chrono::steady_clock::time_point last_draw_{};
+};
+
+}  // namespace gradaccum::cli

@@ -1,0 +1,27 @@
+// The two values that flow between data, models and the engine.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace gradaccum::core {
+
+// One micro-batch as the data pipeline delivers it. Models read the fields they
+// need: images use `input`/`target`; language models `input` (token ids),
+// `target` (labels, -100 = ignored) and `attention_mask`.
+struct Batch {
+  torch::Tensor input;
+  torch::Tensor target;
+  torch::Tensor attention_mask;  // undefined when the task has no padding
+  int64_t samples = 0;           // rows in this micro-batch
+};
+
+// A loss as a sum over items and the number of items it covers (samples for
+// classification, elements for MSE, non-ignored tokens for language models).
+// Both are 0-dim tensors on the model's device, so nothing syncs with the host.
+// The engine divides Σ sum by Σ count over a whole window (DESIGN.md §1).
+struct LossSum {
+  torch::Tensor sum;    // floating point, carries the autograd graph
+  torch::Tensor count;  // int64
+};
+
+}  // namespace gradaccum::core

@@ -1,0 +1,35 @@
+// Gradient synchronization across data-parallel ranks, as the engine sees it.
+//
+// The contract that makes accumulation cheap: an implementation communicates
+// only on a window's last micro-step. On the others, gradients just accumulate
+// locally in the parameters' .grad (no all-reduce per micro-step).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace gradaccum::core {
+
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  virtual int64_t world_size() const = 0;
+  virtual int64_t rank() const = 0;
+  // Called before each micro-step's backward. `last` is true only on the
+  // window's last micro-step: the one place communication may start.
+  virtual void before_backward(bool last) = 0;
+  // After the last backward: completes gradient communication (each gradient
+  // becomes the sum over ranks) and sums `totals` (a small 1-D float64 tensor of
+  // window loss sums and counts) over ranks in place.
+  virtual void finish_window(torch::Tensor& totals) = 0;
+};
+
+// One process: nothing to communicate.
+class LocalGradSync final : public GradSync {
+ public:
+  int64_t world_size() const override { return 1; }
+  int64_t rank() const override { return 0; }
+  void before_backward(bool) override {}
+  void finish_window(torch::Tensor&) override {}
+};
+
+}  // namespace gradaccum::core

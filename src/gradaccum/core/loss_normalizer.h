@@ -1,0 +1,57 @@
+// The one owner of loss normalization (DESIGN.md §1).
+//
+// `window` (exact): every micro-step backwards its loss *sum*; after the last
+// micro-step (and after the gradients were summed over ranks) the gradients are
+// divided once by the window's total item count over all micro-steps and ranks.
+// The gradient is then ∇(Σ sums / Σ counts), whatever the split. We chose
+// "scale last" over "count first" because the count is then the very count the
+// loss produced with its own mask (after the causal shift, with ignore_index),
+// it needs no look-ahead over the window's data and no extra collective before
+// the first backward. Under fp16 the dynamic loss scaler absorbs the larger
+// magnitude of summed gradients.
+//
+// `micro_batch` (naive, for comparison only): each micro-step backwards
+// mean / N with N = the configured accumulation steps, as the PyTorch loop of
+// seed 000 does. Wrong whenever micro-batches hold different counts.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "gradaccum/core/batch.h"
+
+namespace gradaccum::core {
+
+enum class LossNormalization { window, micro_batch };
+
+// The window's loss figures after normalization (0-dim tensors, not yet on host).
+struct WindowLoss {
+  torch::Tensor loss;   // the reported window loss (float64)
+  torch::Tensor count;  // Σ counts over micro-steps and ranks (float64)
+};
+
+class LossNormalizer {
+ public:
+  LossNormalizer(LossNormalization mode, int64_t accumulation_steps);
+
+  LossNormalization mode() const { return mode_; }
+  void begin_window();
+  // The scalar to backward for one micro-batch; records its sum and count.
+  torch::Tensor objective(const LossSum& micro);
+  // Local totals to be summed over ranks: [Σ sum, Σ count, Σ naive_terms].
+  torch::Tensor local_totals() const;
+  // Given the totals summed over ranks, scales the (summed) gradients once and
+  // returns the window loss. Device tensors only: no host synchronization.
+  WindowLoss finish(const torch::Tensor& global_totals, const std::vector<torch::Tensor>& params,
+                    int64_t world_size) const;
+
+ private:
+  LossNormalization mode_;
+  int64_t accumulation_steps_;
+  torch::Tensor sum_;          // float64 Σ loss sums
+  torch::Tensor count_;        // float64 Σ counts
+  torch::Tensor naive_terms_;  // float64 Σ mean / N (micro_batch mode's reported loss)
+};
+
+}  // namespace gradaccum::core

@@ -1,0 +1,38 @@
+// What the engine needs from a model and from a dataset — nothing more.
+// The engine never looks inside a model; models never see windows.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "gradaccum/core/batch.h"
+
+namespace gradaccum::core {
+
+// Sums over one evaluation batch (divided once over the whole eval set).
+struct EvalSums {
+  torch::Tensor loss_sum;  // 0-dim
+  torch::Tensor count;     // 0-dim int64: items behind loss_sum
+  torch::Tensor correct;   // 0-dim int64: correct predictions (undefined if not a classifier)
+};
+
+class Trainable {
+ public:
+  virtual ~Trainable() = default;
+  // Training objective of one micro-batch as (sum, count).
+  virtual LossSum loss(const Batch& batch) = 0;
+  // Evaluation sums; called in eval mode under torch::NoGradGuard.
+  virtual EvalSums evaluate(const Batch& batch) = 0;
+  virtual torch::nn::Module& module() = 0;
+};
+
+// A source of batches addressed by sample index.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // The samples `indices` (int64, any order) as one batch on the CPU; floating
+  // inputs in `dtype`.
+  virtual Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const = 0;
+};
+
+}  // namespace gradaccum::core

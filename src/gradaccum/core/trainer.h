@@ -1,0 +1,84 @@
+// The accumulation loop. One optimizer step is one visible loop over the
+// window's micro-steps (Trainer::train_window): fetch, forward, backward, with
+// gradient communication allowed only on the last micro-step; then the exact
+// normalization and the step sequence.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "gradaccum/core/batch_geometry.h"
+#include "gradaccum/core/grad_sync.h"
+#include "gradaccum/core/loss_normalizer.h"
+#include "gradaccum/core/step_sequence.h"
+#include "gradaccum/core/trainable.h"
+#include "gradaccum/core/training_observer.h"
+#include "gradaccum/core/window_plan.h"
+#include "gradaccum/optim/lr_schedule.h"
+#include "gradaccum/optim/optimizer_factory.h"
+
+namespace gradaccum::core {
+
+struct TrainerOptions {
+  int64_t per_device_train_batch_size = 16;
+  int64_t gradient_accumulation_steps = 4;
+  int64_t global_batch_size = 0;  // > 0: N is derived as B / (b × W)
+  int64_t num_train_epochs = 1;
+  int64_t max_steps = 0;  // > 0 overrides num_train_epochs
+  optim::OptimizerSpec optimizer;
+  optim::ScheduleType lr_scheduler_type = optim::ScheduleType::cosine;
+  int64_t warmup_steps = 0;
+  double warmup_ratio = 0.0;  // used when warmup_steps == 0
+  double max_grad_norm = 1.0;  // <= 0 disables clipping
+  LossNormalization loss_normalization = LossNormalization::window;
+  LastWindow last_window = LastWindow::partial;
+  uint64_t seed = 42;
+  int64_t eval_steps = 0;  // 0: evaluate at the end only
+  int64_t per_device_eval_batch_size = 256;
+  torch::ScalarType dtype = torch::kFloat;
+  torch::Device device = torch::kCPU;
+
+  // b × N × W from the options (derives N when global_batch_size is set).
+  BatchGeometry geometry(int64_t world_size) const;
+};
+
+// Total optimizer steps: max_steps, or epochs × windows per epoch.
+int64_t total_optimizer_steps(const TrainerOptions& options, const WindowPlan& plan);
+
+class Trainer {
+ public:
+  // Moves the model to options.device/dtype and builds the optimizer.
+  // `eval_data` may be null; `sync` null means one process.
+  Trainer(TrainerOptions options, Trainable& model, const Dataset& train_data,
+          const Dataset* eval_data, TrainingObserver& observer, GradSync* sync = nullptr);
+
+  TrainSummary run();
+
+  // One optimizer step over `window` (exposed for tests).
+  StepRecord train_window(const Window& window);
+
+  const WindowPlan& plan() const { return plan_; }
+  int64_t total_steps() const { return total_steps_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+
+ private:
+  core::Batch fetch(const torch::Tensor& indices) const;
+
+  TrainerOptions options_;
+  Trainable& model_;
+  const Dataset& train_data_;
+  const Dataset* eval_data_;
+  TrainingObserver& observer_;
+  LocalGradSync local_sync_;
+  GradSync& sync_;
+  std::vector<torch::Tensor> params_;
+  WindowPlan plan_;
+  int64_t total_steps_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  LossNormalizer normalizer_;
+  std::unique_ptr<StepSequence> steps_;
+};
+
+}  // namespace gradaccum::core

@@ -1,0 +1,91 @@
+// What the training loop reports, and to whom: metrics files, progress bars and
+// tests observe a run through this interface; the loop never formats output.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gradaccum/core/batch_geometry.h"
+
+namespace gradaccum::core {
+
+struct RunInfo {
+  BatchGeometry geometry;
+  int64_t total_steps = 0;
+  int64_t windows_per_epoch = 0;
+  int64_t train_samples = 0;
+  int64_t eval_samples = 0;
+  int64_t parameters = 0;
+};
+
+// One optimizer step. Figures are global (all micro-steps, all ranks).
+struct StepRecord {
+  int64_t step = 0;   // 1-based count of optimizer steps taken
+  int64_t epoch = 0;  // 0-based epoch this window belongs to
+  double loss = 0.0;  // Σ loss sums / Σ counts over the window (the exact window mean)
+  double lr = 0.0;
+  double grad_norm = 0.0;          // before clipping
+  double grad_norm_clipped = 0.0;  // after clipping
+  double weight_norm = 0.0;        // after the update
+  int64_t items = 0;               // Σ counts: samples, elements or tokens
+  int64_t samples = 0;
+  int64_t micro_steps = 0;
+  bool skipped = false;
+  double time_s = 0.0;       // since the start of training
+  double step_time_s = 0.0;  // this window, data included
+  double data_time_s = 0.0;  // of which fetching and moving batches
+  double samples_per_s = 0.0;
+  double items_per_s = 0.0;
+};
+
+struct EvalRecord {
+  int64_t step = 0;
+  double loss = 0.0;
+  double accuracy = std::numeric_limits<double>::quiet_NaN();  // NaN: not a classifier
+  int64_t samples = 0;
+  int64_t items = 0;
+  double time_s = 0.0;
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  int64_t samples = 0;
+  int64_t items = 0;
+  double wall_s = 0.0;
+  double train_loss = 0.0;  // mean of the per-step window losses
+  double final_loss = 0.0;  // the last window's loss
+  double samples_per_s = 0.0;
+  double items_per_s = 0.0;
+  bool has_eval = false;
+  EvalRecord eval;
+};
+
+class TrainingObserver {
+ public:
+  virtual ~TrainingObserver() = default;
+  virtual void on_start(const RunInfo&) {}
+  virtual void on_step(const StepRecord&) {}
+  virtual void on_eval(const EvalRecord&) {}
+  virtual void on_end(const TrainSummary&) {}
+};
+
+}  // namespace gradaccum::core
+
+namespace gradaccum::core {
+
+// Forwards every event to several observers, in order.
+class ObserverList final : public TrainingObserver {
+ public:
+  void add(TrainingObserver& observer) { observers_.push_back(&observer); }
+  void on_start(const RunInfo& i) override { for (auto* o : observers_) o->on_start(i); }
+  void on_step(const StepRecord& r) override { for (auto* o : observers_) o->on_step(r); }
+  void on_eval(const EvalRecord& r) override { for (auto* o : observers_) o->on_eval(r); }
+  void on_end(const TrainSummary& s) override { for (auto* o : observers_) o->on_end(s); }
+
+ private:
+  std::vector<TrainingObserver*> observers_;
+};
+
+}  // namespace gradaccum::core

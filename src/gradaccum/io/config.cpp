@@ -1,0 +1,289 @@
+#include "gradaccum/io/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#include <fmt/ranges.h>
+
+#include "gradaccum/core/check.h"
+#include "gradaccum/data/fashion_mnist.h"
+
+namespace gradaccum::io {
+
+const std::string& default_config_yaml() {
+  static const std::string yaml = R"(output_dir: runs/default
+seed: 42
+threads: 0                        # 0 = all cores
+dtype: float32                    # float32 | float64
+device: cpu                       # cpu | cuda
+model:
+  type: cnn                       # mlp | cnn | resnet
+  norm: group                     # batch | group | layer | none
+  norm_groups: 8
+  channels: [32, 64]
+  hidden: [128]
+data:
+  type: fashion_mnist
+  directory: ""                   # "" = /usr/share/datasets/fashion-mnist
+  train_limit: 0
+  eval_limit: 0
+per_device_train_batch_size: 16
+per_device_eval_batch_size: 500
+gradient_accumulation_steps: 4
+global_batch_size: 0              # > 0: N = global / (b x world)
+num_train_epochs: 1
+max_steps: 0
+optim: adamw                      # adamw | sgd
+learning_rate: 2.0e-3
+weight_decay: 0.0
+momentum: 0.0
+nesterov: false
+adam_beta1: 0.9
+adam_beta2: 0.999
+adam_epsilon: 1.0e-8
+lr_scheduler_type: cosine         # constant | linear | cosine
+warmup_steps: 0
+warmup_ratio: 0.0
+max_grad_norm: 1.0                # 0 disables clipping
+mixed_precision: "no"             # no
+loss_normalization: window        # window (exact) | micro_batch (naive)
+last_window: partial              # partial | drop
+logging_steps: 1
+eval_steps: 0
+save_steps: 0
+resume_from_checkpoint: ""
+)";
+  return yaml;
+}
+
+namespace {
+
+std::string describe(const YAML::Node& node) {
+  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+// Merges `user` into `base`, refusing keys `base` does not have.
+void merge(YAML::Node base, const YAML::Node& user, const std::string& prefix) {
+  GA_CHECK(user.IsMap(), "{}: expected a mapping of keys, got {}",
+           prefix.empty() ? "configuration" : prefix, describe(user));
+  for (const auto& item : user) {
+    const auto key = item.first.as<std::string>();
+    const auto path = prefix.empty() ? key : prefix + "." + key;
+    GA_CHECK(base[key].IsDefined(), "unknown key '{}'", path);
+    if (base[key].IsMap()) {
+      merge(base[key], item.second, path);
+    } else {
+      base[key] = item.second;
+    }
+  }
+}
+
+YAML::Node parse_yaml(const std::string& text, const std::string& what) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw Error(fmt::format("{}: malformed YAML at line {}, column {}: {}", what, e.mark.line + 1,
+                            e.mark.column + 1, e.msg));
+  }
+}
+
+// Typed access that names the key on failure.
+template <typename T>
+T get(const YAML::Node& root, const std::string& path, const char* expected) {
+  YAML::Node node = YAML::Clone(root);
+  size_t begin = 0;
+  while (true) {
+    const auto dot = path.find('.', begin);
+    node.reset(node[path.substr(begin, dot - begin)]);  // reset: operator= would assign through
+    if (dot == std::string::npos) break;
+    begin = dot + 1;
+  }
+  try {
+    return node.as<T>();
+  } catch (const YAML::Exception&) {
+    throw Error(fmt::format("key '{}': expected {}, got {}", path, expected, describe(node)));
+  }
+}
+
+int64_t get_int(const YAML::Node& root, const std::string& path) {
+  return get<int64_t>(root, path, "an integer");
+}
+double get_double(const YAML::Node& root, const std::string& path) {
+  return get<double>(root, path, "a number");
+}
+std::string get_string(const YAML::Node& root, const std::string& path) {
+  return get<std::string>(root, path, "a string");
+}
+bool get_bool(const YAML::Node& root, const std::string& path) {
+  return get<bool>(root, path, "true or false");
+}
+
+std::string one_of(const YAML::Node& root, const std::string& path,
+                   const std::vector<std::string>& allowed) {
+  auto value = get_string(root, path);
+  for (const auto& a : allowed) {
+    if (value == a) return value;
+  }
+  throw Error(fmt::format("key '{}': '{}' is not one of {}", path, value, fmt::join(allowed, " | ")));
+}
+
+void require(bool ok, const std::string& path, const std::string& rule, const std::string& got) {
+  GA_CHECK(ok, "key '{}': must be {}, got {}", path, rule, got);
+}
+
+}  // namespace
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  YAML::Node root = YAML::Load(default_config_yaml());
+  if (!path.empty()) {
+    GA_CHECK(std::filesystem::is_regular_file(path), "{}: no such configuration file", path);
+    YAML::Node user;
+    try {
+      user = YAML::LoadFile(path);
+    } catch (const YAML::Exception& e) {
+      throw Error(fmt::format("{}: malformed YAML at line {}, column {}: {}", path, e.mark.line + 1,
+                              e.mark.column + 1, e.msg));
+    }
+    if (!user.IsNull()) merge(root, user, "");
+  }
+  for (const auto& assignment : overrides) {
+    const auto eq = assignment.find('=');
+    GA_CHECK(eq != std::string::npos && eq > 0, "--set '{}': expected key=value", assignment);
+    const auto key = assignment.substr(0, eq);
+    // Build {a: {b: value}} for "a.b=value" and merge it like a file.
+    std::string yaml_text;
+    std::string indent;
+    size_t begin = 0;
+    while (true) {
+      const auto dot = key.find('.', begin);
+      yaml_text += indent + key.substr(begin, dot - begin) + ":";
+      if (dot == std::string::npos) break;
+      yaml_text += "\n";
+      indent += "  ";
+      begin = dot + 1;
+    }
+    auto value = parse_yaml(assignment.substr(eq + 1), fmt::format("--set {}", key));
+    YAML::Node patch = parse_yaml(yaml_text, fmt::format("--set {}", key));
+    YAML::Node leaf = patch;
+    begin = 0;
+    while (true) {
+      const auto dot = key.find('.', begin);
+      const auto part = key.substr(begin, dot - begin);
+      if (dot == std::string::npos) {
+        leaf[part] = value;
+        break;
+      }
+      leaf.reset(leaf[part]);
+      begin = dot + 1;
+    }
+    merge(root, patch, "");
+  }
+
+  TrainConfig c;
+  c.output_dir = get_string(root, "output_dir");
+  require(!c.output_dir.empty(), "output_dir", "a directory", "''");
+  auto& t = c.trainer;
+  t.seed = static_cast<uint64_t>(get_int(root, "seed"));
+  c.threads = get_int(root, "threads");
+  require(c.threads >= 0, "threads", ">= 0 (0 = all cores)", std::to_string(c.threads));
+  c.dtype = one_of(root, "dtype", {"float32", "float64"});
+  t.dtype = c.dtype == "float64" ? torch::kDouble : torch::kFloat;
+  c.device = one_of(root, "device", {"cpu", "cuda"});
+  t.device = c.device == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+
+  c.model.type = one_of(root, "model.type", {"mlp", "cnn", "resnet"});
+  c.model.norm = one_of(root, "model.norm", {"batch", "group", "layer", "none"});
+  c.model.norm_groups = get_int(root, "model.norm_groups");
+  require(c.model.norm_groups >= 1, "model.norm_groups", ">= 1", std::to_string(c.model.norm_groups));
+  c.model.channels = get<std::vector<int64_t>>(root, "model.channels", "a list of integers");
+  c.model.hidden = get<std::vector<int64_t>>(root, "model.hidden", "a list of integers");
+
+  c.data.type = one_of(root, "data.type", {"fashion_mnist"});
+  c.data.directory = get_string(root, "data.directory");
+  if (c.data.directory.empty()) c.data.directory = data::kFashionMnistDir;
+  c.data.train_limit = get_int(root, "data.train_limit");
+  require(c.data.train_limit >= 0, "data.train_limit", ">= 0 (0 = all)", std::to_string(c.data.train_limit));
+  c.data.eval_limit = get_int(root, "data.eval_limit");
+
+  t.per_device_train_batch_size = get_int(root, "per_device_train_batch_size");
+  require(t.per_device_train_batch_size >= 1, "per_device_train_batch_size", ">= 1",
+          std::to_string(t.per_device_train_batch_size));
+  t.per_device_eval_batch_size = get_int(root, "per_device_eval_batch_size");
+  require(t.per_device_eval_batch_size >= 1, "per_device_eval_batch_size", ">= 1",
+          std::to_string(t.per_device_eval_batch_size));
+  t.gradient_accumulation_steps = get_int(root, "gradient_accumulation_steps");
+  require(t.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", ">= 1",
+          std::to_string(t.gradient_accumulation_steps));
+  t.global_batch_size = get_int(root, "global_batch_size");
+  require(t.global_batch_size >= 0, "global_batch_size", ">= 0 (0 = b x N x world)",
+          std::to_string(t.global_batch_size));
+  t.num_train_epochs = get_int(root, "num_train_epochs");
+  require(t.num_train_epochs >= 1, "num_train_epochs", ">= 1", std::to_string(t.num_train_epochs));
+  t.max_steps = get_int(root, "max_steps");
+  require(t.max_steps >= 0, "max_steps", ">= 0 (0 = use num_train_epochs)", std::to_string(t.max_steps));
+
+  t.optimizer.type = one_of(root, "optim", {"adamw", "sgd"});
+  t.optimizer.learning_rate = get_double(root, "learning_rate");
+  require(t.optimizer.learning_rate >= 0, "learning_rate", ">= 0", fmt::format("{}", t.optimizer.learning_rate));
+  t.optimizer.weight_decay = get_double(root, "weight_decay");
+  require(t.optimizer.weight_decay >= 0, "weight_decay", ">= 0", fmt::format("{}", t.optimizer.weight_decay));
+  t.optimizer.momentum = get_double(root, "momentum");
+  require(t.optimizer.momentum >= 0 && t.optimizer.momentum < 1, "momentum", "in [0, 1)",
+          fmt::format("{}", t.optimizer.momentum));
+  t.optimizer.nesterov = get_bool(root, "nesterov");
+  require(!t.optimizer.nesterov || t.optimizer.momentum > 0, "nesterov", "false unless momentum > 0", "true");
+  t.optimizer.adam_beta1 = get_double(root, "adam_beta1");
+  t.optimizer.adam_beta2 = get_double(root, "adam_beta2");
+  for (const char* k : {"adam_beta1", "adam_beta2"}) {
+    const double v = get_double(root, k);
+    require(v >= 0 && v < 1, k, "in [0, 1)", fmt::format("{}", v));
+  }
+  t.optimizer.adam_epsilon = get_double(root, "adam_epsilon");
+  require(t.optimizer.adam_epsilon > 0, "adam_epsilon", "> 0", fmt::format("{}", t.optimizer.adam_epsilon));
+
+  t.lr_scheduler_type = optim::parse_schedule_type(one_of(root, "lr_scheduler_type", {"constant", "linear", "cosine"}));
+  t.warmup_steps = get_int(root, "warmup_steps");
+  require(t.warmup_steps >= 0, "warmup_steps", ">= 0", std::to_string(t.warmup_steps));
+  t.warmup_ratio = get_double(root, "warmup_ratio");
+  require(t.warmup_ratio >= 0 && t.warmup_ratio <= 1, "warmup_ratio", "in [0, 1]", fmt::format("{}", t.warmup_ratio));
+  t.max_grad_norm = get_double(root, "max_grad_norm");
+  require(t.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 disables clipping)", fmt::format("{}", t.max_grad_norm));
+
+  c.mixed_precision = one_of(root, "mixed_precision", {"no", "bf16", "fp16"});
+  GA_CHECK(c.mixed_precision == "no",
+           "key 'mixed_precision': '{}' is not implemented yet; use \"no\"", c.mixed_precision);
+  t.loss_normalization = one_of(root, "loss_normalization", {"window", "micro_batch"}) == "window"
+                             ? core::LossNormalization::window
+                             : core::LossNormalization::micro_batch;
+  t.last_window = one_of(root, "last_window", {"partial", "drop"}) == "partial"
+                      ? core::LastWindow::partial
+                      : core::LastWindow::drop;
+  c.logging_steps = get_int(root, "logging_steps");
+  require(c.logging_steps >= 1, "logging_steps", ">= 1", std::to_string(c.logging_steps));
+  t.eval_steps = get_int(root, "eval_steps");
+  require(t.eval_steps >= 0, "eval_steps", ">= 0 (0 = at the end only)", std::to_string(t.eval_steps));
+  c.save_steps = get_int(root, "save_steps");
+  GA_CHECK(c.save_steps == 0, "key 'save_steps': checkpoints are not implemented yet; use 0");
+  c.resume_from_checkpoint = get_string(root, "resume_from_checkpoint");
+  GA_CHECK(c.resume_from_checkpoint.empty(),
+           "key 'resume_from_checkpoint': resuming is not implemented yet; use \"\"");
+
+  // The GA arithmetic must hold before anything runs (world size 1 until data
+  // parallel lands): this throws naming the numbers.
+  const auto geometry = t.geometry(1);
+  root["gradient_accumulation_steps"] = geometry.accumulation_steps();
+  t.gradient_accumulation_steps = geometry.accumulation_steps();
+
+  YAML::Emitter out;
+  out << root;
+  c.resolved_yaml = std::string(out.c_str()) + "\n";
+  return c;
+}
+
+}  // namespace gradaccum::io

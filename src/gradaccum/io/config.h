@@ -1,0 +1,47 @@
+// The run configuration: YAML files and `--set key=value` overrides, with the
+// keys of HF TrainingArguments where one exists (DESIGN.md §3).
+//
+// Resolution: the built-in default configuration, then the user's file merged
+// over it, then each override. A key the default does not have, a value of the
+// wrong type or an impossible value is a gradaccum::Error naming the key.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gradaccum/core/trainer.h"
+#include "gradaccum/models/model_factory.h"
+
+namespace gradaccum::io {
+
+struct DataConfig {
+  std::string type = "fashion_mnist";
+  std::string directory;  // the dataset's files; default: the Debian package's path
+  int64_t train_limit = 0;  // > 0: the first train_limit training samples
+  int64_t eval_limit = 0;   // > 0: the first eval_limit test samples; < 0: no evaluation
+};
+
+struct TrainConfig {
+  std::string output_dir;
+  int64_t threads = 0;  // 0: all cores
+  std::string dtype = "float32";
+  std::string device = "cpu";
+  std::string mixed_precision = "no";
+  int64_t logging_steps = 1;
+  int64_t save_steps = 0;
+  std::string resume_from_checkpoint;
+  models::ModelConfig model;
+  DataConfig data;
+  core::TrainerOptions trainer;
+  std::string resolved_yaml;  // the whole resolved configuration, as written to config.yaml
+};
+
+// The built-in default run (the README's main job).
+const std::string& default_config_yaml();
+
+// Resolves a configuration. `path` empty: the built-in default alone.
+// Overrides are "dotted.key=value", the value parsed as YAML.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+}  // namespace gradaccum::io

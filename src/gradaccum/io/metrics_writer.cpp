@@ -1,0 +1,106 @@
+#include "gradaccum/io/metrics_writer.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "gradaccum/core/check.h"
+#include "gradaccum/io/process_stats.h"
+
+namespace gradaccum::io {
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    GA_CHECK(out.good(), "{}: cannot write", temporary);
+    out << text;
+    out.flush();
+    GA_CHECK(out.good(), "{}: write failed", temporary);
+  }
+  GA_CHECK(std::rename(temporary.c_str(), path.c_str()) == 0, "{}: cannot rename to {}", temporary, path);
+}
+
+MetricsWriter::MetricsWriter(const std::string& output_dir, bool items_are_tokens)
+    : output_dir_(output_dir), items_are_tokens_(items_are_tokens) {
+  const auto path = (std::filesystem::path(output_dir) / "metrics.jsonl").string();
+  metrics_.open(path, std::ios::trunc);
+  GA_CHECK(metrics_.good(), "{}: cannot write", path);
+}
+
+nlohmann::json MetricsWriter::to_json(const core::StepRecord& r, bool items_are_tokens) {
+  nlohmann::json j = {
+      {"step", r.step},
+      {"epoch", r.epoch},
+      {"loss", r.loss},
+      {"lr", r.lr},
+      {"grad_norm", r.grad_norm},
+      {"grad_norm_clipped", r.grad_norm_clipped},
+      {"weight_norm", r.weight_norm},
+      {"items", r.items},
+      {"samples", r.samples},
+      {"micro_steps", r.micro_steps},
+      {"skipped", r.skipped},
+      {"time_s", r.time_s},
+      {"step_time_s", r.step_time_s},
+      {"data_time_s", r.data_time_s},
+      {"samples_per_s", r.samples_per_s},
+      {"items_per_s", r.items_per_s},
+      {"peak_rss_mb", peak_rss_mb()},
+  };
+  if (items_are_tokens) j["tokens_per_s"] = r.items_per_s;
+  return j;
+}
+
+nlohmann::json MetricsWriter::to_json(const core::EvalRecord& r) {
+  nlohmann::json j = {{"step", r.step},
+                      {"eval_loss", r.loss},
+                      {"eval_samples", r.samples},
+                      {"eval_items", r.items},
+                      {"eval_time_s", r.time_s}};
+  if (!std::isnan(r.accuracy)) j["eval_accuracy"] = r.accuracy;
+  return j;
+}
+
+void MetricsWriter::write_line(const nlohmann::json& line) {
+  metrics_ << line.dump() << '\n';
+  metrics_.flush();  // a crashed run keeps every completed step
+}
+
+void MetricsWriter::on_start(const core::RunInfo& info) { info_ = info; }
+
+void MetricsWriter::on_step(const core::StepRecord& record) {
+  write_line(to_json(record, items_are_tokens_));
+}
+
+void MetricsWriter::on_eval(const core::EvalRecord& record) { write_line(to_json(record)); }
+
+void MetricsWriter::on_end(const core::TrainSummary& s) {
+  nlohmann::json j = {
+      {"steps", s.steps},
+      {"samples", s.samples},
+      {"items", s.items},
+      {"wall_s", s.wall_s},
+      {"train_loss", s.train_loss},
+      {"final_loss", s.final_loss},
+      {"samples_per_s", s.samples_per_s},
+      {"items_per_s", s.items_per_s},
+      {"peak_rss_mb", peak_rss_mb()},
+      {"micro_batch", info_.geometry.micro_batch()},
+      {"gradient_accumulation_steps", info_.geometry.accumulation_steps()},
+      {"world_size", info_.geometry.world_size()},
+      {"global_batch_size", info_.geometry.global_batch()},
+      {"parameters", info_.parameters},
+  };
+  if (items_are_tokens_) j["tokens_per_s"] = s.items_per_s;
+  if (s.has_eval) {
+    const auto eval = to_json(s.eval);
+    for (const auto& [key, value] : eval.items()) {
+      if (key != "step") j[key] = value;
+    }
+  }
+  write_file_atomically((std::filesystem::path(output_dir_) / "summary.json").string(),
+                        j.dump(2) + "\n");
+}
+
+}  // namespace gradaccum::io

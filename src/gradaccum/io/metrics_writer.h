@@ -1,0 +1,40 @@
+// metrics.jsonl (one JSON object per optimizer step, plus `eval_` records) and
+// summary.json in the output directory (DESIGN.md §3).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+
+#include "gradaccum/core/training_observer.h"
+
+namespace gradaccum::io {
+
+class MetricsWriter final : public core::TrainingObserver {
+ public:
+  // `items_are_tokens`: report items_per_s as tokens_per_s as well.
+  MetricsWriter(const std::string& output_dir, bool items_are_tokens = false);
+
+  void on_start(const core::RunInfo& info) override;
+  void on_step(const core::StepRecord& record) override;
+  void on_eval(const core::EvalRecord& record) override;
+  void on_end(const core::TrainSummary& summary) override;
+
+  static nlohmann::json to_json(const core::StepRecord& record, bool items_are_tokens);
+  static nlohmann::json to_json(const core::EvalRecord& record);
+
+ private:
+  void write_line(const nlohmann::json& line);
+
+  std::string output_dir_;
+  bool items_are_tokens_;
+  std::ofstream metrics_;
+  core::RunInfo info_{core::BatchGeometry::from_accumulation(1, 1)};
+};
+
+// Writes `text` to `path` through a temporary file and a rename, so a reader
+// never sees a half-written file.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+}  // namespace gradaccum::io

@@ -1,0 +1,24 @@
+// Builds a model from its configuration section (`model:` in the YAML).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradaccum/core/trainable.h"
+#include "gradaccum/models/norm.h"
+
+namespace gradaccum::models {
+
+struct ModelConfig {
+  std::string type = "cnn";  // mlp | cnn | resnet
+  std::string norm = "group";
+  int64_t norm_groups = 8;
+  std::vector<int64_t> channels = {32, 64};  // cnn and resnet
+  std::vector<int64_t> hidden = {256, 128};  // mlp; the cnn uses hidden[0] for its dense layer
+};
+
+// An image classifier for 28×28 grey images and `classes` classes.
+std::unique_ptr<core::Trainable> make_image_classifier(const ModelConfig& config, int64_t classes);
+
+}  // namespace gradaccum::models

@@ -1,0 +1,30 @@
+// The networks of the image workload and of seed 000, as plain Sequentials.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "gradaccum/models/norm.h"
+
+namespace gradaccum::models {
+
+// Seed 000's MLP: Linear(16, 32) → GELU → Linear(32, 1); with `batch_norm`,
+// seed 000's variant Linear(16, 32) → BatchNorm1d(32) → Linear(32, 1).
+torch::nn::Sequential seed000_mlp(bool batch_norm = false);
+
+// Image MLP: flatten → [Linear → norm → ReLU] per hidden width → Linear(classes).
+torch::nn::Sequential image_mlp(int64_t in_features, const std::vector<int64_t>& hidden,
+                                int64_t classes, NormKind norm, int64_t groups);
+
+// Small CNN for 28×28 grey images: per entry of `channels`, a 3×3 conv → norm →
+// ReLU → 2×2 max-pool; then flatten → Linear(hidden) → ReLU → Linear(classes).
+torch::nn::Sequential small_cnn(const std::vector<int64_t>& channels, int64_t hidden,
+                                int64_t classes, NormKind norm, int64_t groups);
+
+// Small ResNet: 3×3 stem conv, one basic residual block per entry of
+// `channels` (stride 2 from the second on), global average pool, Linear(classes).
+torch::nn::Sequential small_resnet(const std::vector<int64_t>& channels, int64_t classes,
+                                   NormKind norm, int64_t groups);
+
+}  // namespace gradaccum::models

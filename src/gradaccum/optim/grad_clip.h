@@ -1,0 +1,26 @@
+// Clipping by global gradient norm without a host synchronization: the norm
+// and the clip coefficient stay tensors (torch::nn::utils::clip_grad_norm_
+// returns a double, which would sync every step).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace gradaccum::optim {
+
+struct ClipResult {
+  torch::Tensor norm_before;  // 0-dim float64: ‖g‖₂ over all parameters
+  torch::Tensor norm_after;   // 0-dim float64: after clipping (== before when not clipped)
+};
+
+// ‖g‖₂ over all gradients (float64, 0-dim; zero when no gradient is defined).
+torch::Tensor global_grad_norm(const std::vector<torch::Tensor>& params);
+// ‖θ‖₂ over all parameters (float64, 0-dim).
+torch::Tensor global_weight_norm(const std::vector<torch::Tensor>& params);
+
+// Scales the gradients by min(1, max_norm / (‖g‖ + 1e-6)), as PyTorch's
+// clip_grad_norm_. max_norm <= 0 disables clipping (the norm is still measured).
+ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
+
+}  // namespace gradaccum::optim
