@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "gradaccum/cli/tokenize_command.h"
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/core/check.h"
 
@@ -26,6 +27,15 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--print-config", train.print_config, "Print the resolved configuration and exit");
   train_cmd->add_option("--nproc", train.nproc, "Processes to start on this host (data parallel)");
 
+  gradaccum::cli::TokenizeArgs tokenize;
+  auto* tokenize_cmd =
+      app.add_subcommand("tokenize", "Print each input line's token ids as a JSON array (--decode: the reverse)");
+  tokenize_cmd->add_option("file", tokenize.input_path, "Input file (default: standard input)");
+  tokenize_cmd->add_option("--tokenizer", tokenize.tokenizer_dir,
+                           "Directory with encoder.json + vocab.bpe or tokenizer.json, or a tokenizer.json "
+                           "(default: $GRADACCUM_TOKENIZER_DIR, else /var/lib/gradaccum/gpt2)");
+  tokenize_cmd->add_flag("--decode", tokenize.decode, "Read JSON arrays of ids and print the text");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -33,6 +43,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train_cmd->parsed()) return gradaccum::cli::run_train(train);
+    if (tokenize_cmd->parsed()) return gradaccum::cli::run_tokenize(tokenize);
   } catch (const gradaccum::Error& e) {
     fmt::print(stderr, "gradaccum: error: {}\n", e.what());
     return 1;

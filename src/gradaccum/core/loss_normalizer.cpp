@@ -26,7 +26,7 @@ void accumulate(torch::Tensor& total, const torch::Tensor& term) {
 torch::Tensor LossNormalizer::objective(const LossSum& micro) {
   accumulate(sum_, micro.sum);
   accumulate(count_, micro.count);
-  if (mode_ == LossNormalization::window) {
+  if (mode_ != LossNormalization::micro_batch) {
     // Scale last: backward the plain sum; finish() divides by the window count.
     return micro.sum;
   }
@@ -61,6 +61,7 @@ WindowLoss LossNormalizer::finish(const torch::Tensor& global_totals,
     }
     return {total_sum / total_count.clamp_min(1.0), total_count};
   }
+  if (mode_ == LossNormalization::sum) return {total_sum, total_count};
   // Naive: every rank backwarded mean / N; ranks are averaged as DDP does.
   if (world_size > 1) {
     for (const auto& p : params) {

@@ -10,6 +10,9 @@
 // the first backward. Under fp16 the dynamic loss scaler absorbs the larger
 // magnitude of summed gradients.
 //
+// `sum`: the window loss is Σ sums, unnormalized (ggml's SUM loss type; for
+// objectives that are sums by definition). Gradients are left as accumulated.
+//
 // `micro_batch` (naive, for comparison only): each micro-step backwards
 // mean / N with N = the configured accumulation steps, as the PyTorch loop of
 // seed 000 does. Wrong whenever micro-batches hold different counts.
@@ -23,7 +26,7 @@
 
 namespace gradaccum::core {
 
-enum class LossNormalization { window, micro_batch };
+enum class LossNormalization { window, sum, micro_batch };
 
 // The window's loss figures after normalization (0-dim tensors, not yet on host).
 struct WindowLoss {

@@ -49,7 +49,7 @@ warmup_steps: 0
 warmup_ratio: 0.0
 max_grad_norm: 1.0                # 0 disables clipping
 mixed_precision: "no"             # no
-loss_normalization: window        # window (exact) | micro_batch (naive)
+loss_normalization: window        # window (exact mean) | sum | micro_batch (naive)
 last_window: partial              # partial | drop
 logging_steps: 1
 eval_steps: 0
@@ -258,9 +258,10 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   c.mixed_precision = one_of(root, "mixed_precision", {"no", "bf16", "fp16"});
   GA_CHECK(c.mixed_precision == "no",
            "key 'mixed_precision': '{}' is not implemented yet; use \"no\"", c.mixed_precision);
-  t.loss_normalization = one_of(root, "loss_normalization", {"window", "micro_batch"}) == "window"
-                             ? core::LossNormalization::window
-                             : core::LossNormalization::micro_batch;
+  const auto normalization = one_of(root, "loss_normalization", {"window", "sum", "micro_batch"});
+  t.loss_normalization = normalization == "window" ? core::LossNormalization::window
+                         : normalization == "sum"  ? core::LossNormalization::sum
+                                                   : core::LossNormalization::micro_batch;
   t.last_window = one_of(root, "last_window", {"partial", "drop"}) == "partial"
                       ? core::LastWindow::partial
                       : core::LastWindow::drop;

@@ -1,0 +1,162 @@
+#include "gradaccum/data/byte_level_bpe.h"
+
+#include <limits>
+
+#include "gradaccum/core/check.h"
+#include "gradaccum/data/utf8.h"
+
+namespace gradaccum::data {
+
+const std::array<char32_t, 256>& byte_to_unicode() {
+  static const std::array<char32_t, 256> table = [] {
+    std::array<char32_t, 256> t{};
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      t[b] = printable ? static_cast<char32_t>(b) : next++;
+    }
+    return t;
+  }();
+  return table;
+}
+
+ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab, const std::vector<Merge>& merges,
+                           std::string source)
+    : source_(std::move(source)), ids_(vocab) {
+  std::unordered_map<char32_t, int> unicode_to_byte;
+  for (int b = 0; b < 256; ++b) unicode_to_byte[byte_to_unicode()[b]] = b;
+
+  TokenId max_id = -1;
+  for (const auto& [token, id] : vocab) {
+    GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(), "{}: token id {} out of range", source_, id);
+    max_id = std::max(max_id, id);
+  }
+  id_bytes_.resize(static_cast<std::size_t>(max_id + 1));
+  id_known_.assign(id_bytes_.size(), false);
+  for (const auto& [token, id] : vocab) {
+    std::string bytes;
+    for (char32_t c : decode_utf8(token)) {
+      const auto it = unicode_to_byte.find(c);
+      if (it != unicode_to_byte.end()) {
+        bytes.push_back(static_cast<char>(it->second));
+      } else {
+        append_utf8(bytes, c);
+      }
+    }
+    id_bytes_[id] = std::move(bytes);
+    id_known_[id] = true;
+  }
+
+  byte_token_.fill(-1);
+  for (int b = 0; b < 256; ++b) {
+    std::string ch;
+    append_utf8(ch, byte_to_unicode()[b]);
+    if (auto id = token_id(ch)) byte_token_[b] = *id;
+  }
+
+  merges_.reserve(merges.size());
+  for (std::size_t rank = 0; rank < merges.size(); ++rank) {
+    const auto& [a, b] = merges[rank];
+    const auto ia = token_id(a), ib = token_id(b), im = token_id(a + b);
+    GA_CHECK(ia && ib && im, "{}: merge {} ('{} {}') uses a token missing from the vocabulary ('{}')", source_, rank, a,
+             b,
+             !ia   ? a
+             : !ib ? b
+                   : a + b);
+    // A repeated merge keeps its last rank, as GPT-2's dict(zip(merges, ranks))
+    // and gpt-3-encoder do.
+    merges_.insert_or_assign(pair_key(*ia, *ib), MergeResult{static_cast<std::int32_t>(rank), *im});
+  }
+}
+
+ByteLevelBpe::ByteLevelBpe(const ByteLevelBpe& other)
+    : source_(other.source_),
+      ids_(other.ids_),
+      id_bytes_(other.id_bytes_),
+      id_known_(other.id_known_),
+      byte_token_(other.byte_token_),
+      merges_(other.merges_) {}
+
+std::optional<TokenId> ByteLevelBpe::token_id(std::string_view token) const {
+  const auto it = ids_.find(std::string(token));
+  if (it == ids_.end()) return std::nullopt;
+  return it->second;
+}
+
+void ByteLevelBpe::add_literal_token(TokenId id, const std::string& content) {
+  GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(), "{}: token id {} out of range", source_, id);
+  if (static_cast<std::size_t>(id) >= id_bytes_.size()) {
+    id_bytes_.resize(static_cast<std::size_t>(id) + 1);
+    id_known_.resize(id_bytes_.size(), false);
+  }
+  if (!id_known_[id]) {
+    id_bytes_[id] = content;
+    id_known_[id] = true;
+  }
+}
+
+// Repeatedly merges every occurrence (left to right) of the adjacent pair with
+// the lowest merge rank, until no adjacent pair has a rank: GPT-2's bpe().
+void ByteLevelBpe::merge_symbols(std::vector<TokenId>& symbols) const {
+  std::vector<TokenId> next;
+  while (symbols.size() > 1) {
+    const MergeResult* best = nullptr;
+    TokenId first = 0, second = 0;
+    for (std::size_t i = 0; i + 1 < symbols.size(); ++i) {
+      const auto it = merges_.find(pair_key(symbols[i], symbols[i + 1]));
+      if (it != merges_.end() && (best == nullptr || it->second.rank < best->rank)) {
+        best = &it->second;
+        first = symbols[i];
+        second = symbols[i + 1];
+      }
+    }
+    if (best == nullptr) break;
+    next.clear();
+    for (std::size_t i = 0; i < symbols.size();) {
+      if (i + 1 < symbols.size() && symbols[i] == first && symbols[i + 1] == second) {
+        next.push_back(best->merged);
+        i += 2;
+      } else {
+        next.push_back(symbols[i]);
+        i += 1;
+      }
+    }
+    symbols.swap(next);
+  }
+}
+
+void ByteLevelBpe::encode_piece(std::string_view bytes, std::vector<TokenId>& out) const {
+  if (bytes.empty()) return;
+  std::string key(bytes);
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    const auto it = cache_.find(key);
+    if (it != cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<TokenId> symbols;
+  symbols.reserve(bytes.size());
+  for (unsigned char b : bytes) {
+    GA_CHECK(byte_token_[b] >= 0, "{}: the vocabulary has no token for byte 0x{:02X}", source_, b);
+    symbols.push_back(byte_token_[b]);
+  }
+  merge_symbols(symbols);
+  out.insert(out.end(), symbols.begin(), symbols.end());
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  if (cache_.size() >= kMaxCacheEntries) cache_.clear();
+  cache_.emplace(std::move(key), std::move(symbols));
+}
+
+std::string ByteLevelBpe::decode(const std::vector<TokenId>& ids) const {
+  std::string out;
+  for (TokenId id : ids) {
+    GA_CHECK(id >= 0 && static_cast<std::size_t>(id) < id_known_.size() && id_known_[id],
+             "token id {} is not in the vocabulary of {}", id, source_);
+    out += id_bytes_[id];
+  }
+  return out;
+}
+
+}  // namespace gradaccum::data

@@ -1,0 +1,74 @@
+// Byte-level BPE (GPT-2's): a piece of text is mapped byte by byte onto 256
+// printable "byte characters", then adjacent symbols are merged by rank.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace gradaccum::data {
+
+using TokenId = std::int64_t;
+
+// GPT-2's bytes_to_unicode: byte b is shown as code point byte_to_unicode()[b].
+// Printable Latin-1 bytes map to themselves, the other 68 to U+0100 onwards.
+const std::array<char32_t, 256>& byte_to_unicode();
+
+class ByteLevelBpe {
+ public:
+  using Merge = std::pair<std::string, std::string>;
+
+  // vocab maps a token (UTF-8 of byte characters) to its id; merges are in rank
+  // order (rank 0 first). source names the file(s) in error messages. Throws
+  // gradaccum::Error when a merge names a token missing from the vocabulary.
+  ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab, const std::vector<Merge>& merges,
+               std::string source);
+
+  ByteLevelBpe(const ByteLevelBpe& other);
+  ByteLevelBpe& operator=(const ByteLevelBpe&) = delete;
+
+  // Appends the ids of one pre-tokenized piece (raw bytes) to out. Results are
+  // cached; safe to call from several threads.
+  void encode_piece(std::string_view bytes, std::vector<TokenId>& out) const;
+
+  // Registers a token decoded as its literal text (an added token absent from
+  // the vocabulary, such as a special token).
+  void add_literal_token(TokenId id, const std::string& content);
+
+  // The bytes the ids stand for: byte characters become their bytes, any other
+  // character is kept as UTF-8. Throws gradaccum::Error on an unknown id.
+  std::string decode(const std::vector<TokenId>& ids) const;
+
+  std::optional<TokenId> token_id(std::string_view token) const;
+  // One more than the largest id.
+  std::size_t id_count() const { return id_bytes_.size(); }
+
+ private:
+  struct MergeResult {
+    std::int32_t rank;
+    TokenId merged;
+  };
+  static std::uint64_t pair_key(TokenId a, TokenId b) {
+    return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint64_t>(b);
+  }
+  void merge_symbols(std::vector<TokenId>& symbols) const;
+
+  std::string source_;
+  std::unordered_map<std::string, TokenId> ids_;
+  std::vector<std::string> id_bytes_;      // id -> decoded bytes
+  std::vector<bool> id_known_;             // id -> present in vocab or added
+  std::array<TokenId, 256> byte_token_{};  // byte -> id of its one-character token, or -1
+  std::unordered_map<std::uint64_t, MergeResult> merges_;
+
+  static constexpr std::size_t kMaxCacheEntries = 1 << 18;
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<TokenId>> cache_;
+};
+
+}  // namespace gradaccum::data

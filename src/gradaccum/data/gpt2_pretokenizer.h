@@ -1,0 +1,23 @@
+// GPT-2's pre-tokenizer: splits text into the pieces that byte-level BPE then
+// encodes one by one.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+namespace gradaccum::data {
+
+// A piece of text: code point offsets [begin, end).
+struct TextSpan {
+  std::size_t begin;
+  std::size_t end;
+};
+
+// Splits text as GPT-2's regex does, leftmost-first with backtracking, as run
+// by JavaScript (gpt-3-encoder, js-tiktoken) with the `u` flag:
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// The spans cover the text without gaps. Classes come from unicode_tables.h.
+std::vector<TextSpan> gpt2_pretokenize(std::u32string_view text);
+
+}  // namespace gradaccum::data

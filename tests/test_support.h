@@ -1,0 +1,95 @@
+// Shared fixtures of the test suite: in-memory datasets, gradient comparison,
+// split accumulation through the engine's LossNormalizer, and running the CLI.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "gradaccum/core/loss_normalizer.h"
+#include "gradaccum/core/trainable.h"
+
+namespace gradaccum::testing {
+
+// Rows of (x, y) tensors as a dataset; x is cast to the requested dtype, y too
+// when it is floating point.
+class TensorDataset final : public core::Dataset {
+ public:
+  TensorDataset(torch::Tensor x, torch::Tensor y) : x_(std::move(x)), y_(std::move(y)) {}
+  int64_t size() const override { return x_.size(0); }
+  core::Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const override {
+    core::Batch b;
+    b.input = x_.index_select(0, indices).to(dtype);
+    b.target = y_.index_select(0, indices);
+    if (b.target.is_floating_point()) b.target = b.target.to(dtype);
+    b.samples = indices.size(0);
+    return b;
+  }
+
+ private:
+  torch::Tensor x_, y_;
+};
+
+// max |a - b| / max |b| over all elements (the DESIGN.md §1 measure).
+inline double max_relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
+  const double scale = b.abs().max().item<double>();
+  return (a - b).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
+}
+
+// All parameters' gradients (or values) flattened into one float64 vector.
+inline torch::Tensor flat_grads(torch::nn::Module& m) {
+  std::vector<torch::Tensor> parts;
+  for (auto& p : m.parameters()) {
+    parts.push_back(p.grad().defined() ? p.grad().reshape(-1).to(torch::kDouble)
+                                       : torch::zeros({p.numel()}, torch::kDouble));
+  }
+  return torch::cat(parts);
+}
+inline torch::Tensor flat_params(torch::nn::Module& m) {
+  std::vector<torch::Tensor> parts;
+  for (auto& p : m.parameters()) parts.push_back(p.detach().reshape(-1).to(torch::kDouble));
+  return torch::cat(parts);
+}
+
+inline void zero_grads(torch::nn::Module& m) {
+  for (auto& p : m.parameters()) p.mutable_grad() = torch::Tensor();
+}
+
+// Accumulates one window over consecutive row ranges of sizes `splits` the way
+// the Trainer does (objective → backward per micro-batch, then finish), and
+// returns the window loss. `accumulation_steps` is the configured N the naive
+// mode divides by.
+inline double accumulate_window(core::Trainable& model, const torch::Tensor& x,
+                                const torch::Tensor& y, const std::vector<int64_t>& splits,
+                                core::LossNormalization mode, int64_t accumulation_steps) {
+  zero_grads(model.module());
+  core::LossNormalizer normalizer(mode, accumulation_steps);
+  normalizer.begin_window();
+  int64_t begin = 0;
+  for (auto n : splits) {
+    core::Batch batch{x.slice(0, begin, begin + n), y.slice(0, begin, begin + n), {}, n};
+    normalizer.objective(model.loss(batch)).backward();
+    begin += n;
+  }
+  std::vector<torch::Tensor> params = model.module().parameters();
+  auto result = normalizer.finish(normalizer.local_totals(), params, 1);
+  return result.loss.item<double>();
+}
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs the gradaccum program with `args` (shell-quoted by the caller) in `cwd`.
+CliResult run_cli(const std::string& args, const std::string& cwd = "");
+
+// A fresh empty directory under the system temp dir.
+std::string make_temp_dir(const std::string& name);
+
+std::string read_text(const std::string& path);
+
+}  // namespace gradaccum::testing
