@@ -34,7 +34,7 @@ per_device_train_batch_size: 16
 per_device_eval_batch_size: 500
 gradient_accumulation_steps: 4
 global_batch_size: 0              # > 0: N = global / (b x world)
-num_train_epochs: 1
+num_train_epochs: 3
 max_steps: 0
 optim: adamw                      # adamw | sgd
 learning_rate: 2.0e-3
