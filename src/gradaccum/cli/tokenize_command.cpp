@@ -23,7 +23,8 @@ std::string resolve_tokenizer_dir(const std::string& given) {
   const std::string dir = env != nullptr && *env != '\0' ? env : data::kDefaultTokenizerDir;
   std::error_code ec;
   GA_CHECK(std::filesystem::exists(dir, ec),
-           "tokenizer directory {} does not exist: run scripts/setup.sh, or pass --tokenizer DIR", dir);
+           "tokenizer directory {} does not exist: run scripts/setup.sh, or pass --tokenizer DIR",
+           dir);
   return dir;
 }
 
@@ -77,7 +78,8 @@ int run_tokenize(const TokenizeArgs& args) {
     out.push_back('\n');
     std::fwrite(out.data(), 1, out.size(), stdout);
   }
-  GA_CHECK(!in->bad(), "cannot read {}", args.input_path.empty() ? "standard input" : args.input_path);
+  GA_CHECK(!in->bad(), "cannot read {}",
+           args.input_path.empty() ? "standard input" : args.input_path);
   GA_CHECK(std::fflush(stdout) == 0, "cannot write the output: {}", std::strerror(errno));
   return 0;
 }

@@ -12,7 +12,8 @@ const std::array<char32_t, 256>& byte_to_unicode() {
     std::array<char32_t, 256> t{};
     char32_t next = 256;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       t[b] = printable ? static_cast<char32_t>(b) : next++;
     }
     return t;
@@ -20,15 +21,16 @@ const std::array<char32_t, 256>& byte_to_unicode() {
   return table;
 }
 
-ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab, const std::vector<Merge>& merges,
-                           std::string source)
+ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab,
+                           const std::vector<Merge>& merges, std::string source)
     : source_(std::move(source)), ids_(vocab) {
   std::unordered_map<char32_t, int> unicode_to_byte;
   for (int b = 0; b < 256; ++b) unicode_to_byte[byte_to_unicode()[b]] = b;
 
   TokenId max_id = -1;
   for (const auto& [token, id] : vocab) {
-    GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(), "{}: token id {} out of range", source_, id);
+    GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(),
+             "{}: token id {} out of range", source_, id);
     max_id = std::max(max_id, id);
   }
   id_bytes_.resize(static_cast<std::size_t>(max_id + 1));
@@ -58,8 +60,9 @@ ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [a, b] = merges[rank];
     const auto ia = token_id(a), ib = token_id(b), im = token_id(a + b);
-    GA_CHECK(ia && ib && im, "{}: merge {} ('{} {}') uses a token missing from the vocabulary ('{}')", source_, rank, a,
-             b,
+    GA_CHECK(ia && ib && im,
+             "{}: merge {} ('{} {}') uses a token missing from the vocabulary ('{}')", source_,
+             rank, a, b,
              !ia   ? a
              : !ib ? b
                    : a + b);
@@ -84,7 +87,8 @@ std::optional<TokenId> ByteLevelBpe::token_id(std::string_view token) const {
 }
 
 void ByteLevelBpe::add_literal_token(TokenId id, const std::string& content) {
-  GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(), "{}: token id {} out of range", source_, id);
+  GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(), "{}: token id {} out of range",
+           source_, id);
   if (static_cast<std::size_t>(id) >= id_bytes_.size()) {
     id_bytes_.resize(static_cast<std::size_t>(id) + 1);
     id_known_.resize(id_bytes_.size(), false);

@@ -27,8 +27,8 @@ class ByteLevelBpe {
   // vocab maps a token (UTF-8 of byte characters) to its id; merges are in rank
   // order (rank 0 first). source names the file(s) in error messages. Throws
   // gradaccum::Error when a merge names a token missing from the vocabulary.
-  ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab, const std::vector<Merge>& merges,
-               std::string source);
+  ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab,
+               const std::vector<Merge>& merges, std::string source);
 
   ByteLevelBpe(const ByteLevelBpe& other);
   ByteLevelBpe& operator=(const ByteLevelBpe&) = delete;

@@ -6,8 +6,6 @@
 // regex would backtrack over is computed directly.
 #include "gradaccum/data/gpt2_pretokenizer.h"
 
-#include "gradaccum/data/unicode_tables.h"
-
 namespace gradaccum::data {
 namespace {
 
@@ -23,34 +21,34 @@ std::size_t contraction_length(std::u32string_view s, std::size_t i) {
 }
 
 // End of the run of code points of class c starting at i.
+template <SpaceDefinition kSpaces>
 std::size_t run_end(std::u32string_view s, std::size_t i, CharClass c) {
-  while (i < s.size() && char_class(s[i]) == c) ++i;
+  while (i < s.size() && char_class(s[i], kSpaces) == c) ++i;
   return i;
 }
 
-}  // namespace
-
-std::vector<TextSpan> gpt2_pretokenize(std::u32string_view s) {
+template <SpaceDefinition kSpaces>
+std::vector<TextSpan> pretokenize(std::u32string_view s) {
   std::vector<TextSpan> spans;
   spans.reserve(s.size() / 4 + 1);
   std::size_t i = 0;
   while (i < s.size()) {
     std::size_t end = i + contraction_length(s, i);
     if (end == i) {
-      const CharClass here = char_class(s[i]);
+      const CharClass here = char_class(s[i], kSpaces);
       // ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+': an optional U+0020, then a
       // run of one class. The classes are disjoint, so at most one applies.
       CharClass after_space = CharClass::kSpace;
-      if (s[i] == U' ' && i + 1 < s.size()) after_space = char_class(s[i + 1]);
+      if (s[i] == U' ' && i + 1 < s.size()) after_space = char_class(s[i + 1], kSpaces);
       if (after_space != CharClass::kSpace) {
-        end = run_end(s, i + 1, after_space);
+        end = run_end<kSpaces>(s, i + 1, after_space);
       } else if (here != CharClass::kSpace) {
-        end = run_end(s, i, here);
+        end = run_end<kSpaces>(s, i, here);
       } else {
         // '\s+(?!\S)': the whitespace run, minus its last code point when a
         // non-space follows (the lookahead backtracks by one). With one space
         // before a non-space that leaves nothing, and '\s+' takes the one space.
-        const std::size_t ws_end = run_end(s, i, CharClass::kSpace);
+        const std::size_t ws_end = run_end<kSpaces>(s, i, CharClass::kSpace);
         end = (ws_end < s.size() && ws_end - i >= 2) ? ws_end - 1 : ws_end;
       }
     }
@@ -58,6 +56,14 @@ std::vector<TextSpan> gpt2_pretokenize(std::u32string_view s) {
     i = end;
   }
   return spans;
+}
+
+}  // namespace
+
+std::vector<TextSpan> gpt2_pretokenize(std::u32string_view text, SpaceDefinition spaces) {
+  return spaces == SpaceDefinition::kJavaScript
+             ? pretokenize<SpaceDefinition::kJavaScript>(text)
+             : pretokenize<SpaceDefinition::kUnicodeWhiteSpace>(text);
 }
 
 }  // namespace gradaccum::data

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gradaccum/data/byte_level_bpe.h"
+#include "gradaccum/data/unicode_tables.h"
 
 namespace gradaccum::data {
 
@@ -32,16 +33,27 @@ struct AddedToken {
   bool special;
 };
 
+// How plain text is cut into pieces before BPE.
+enum class TextSplit {
+  kGpt2Regex,   // gpt2_pretokenize
+  kBloomRegex,  // bloom_pretokenize
+  kNone,        // the whole text is one piece (ByteLevel with use_regex false)
+};
+
 class Tokenizer {
  public:
   // path: a directory holding tokenizer.json, or encoder.json and vocab.bpe; or
   // a tokenizer.json file. Throws gradaccum::Error naming the file when a file
   // is missing or malformed.
   static Tokenizer load(const std::string& path);
-  static Tokenizer from_gpt2_files(const std::string& encoder_json_path, const std::string& vocab_bpe_path);
-  // Supports model.type "BPE" with a ByteLevel pre-tokenizer (alone or as the
-  // only step of a Sequence), no normalizer; merges as "a b" strings or as
-  // ["a", "b"] pairs. Anything else is rejected with an error naming it.
+  static Tokenizer from_gpt2_files(const std::string& encoder_json_path,
+                                   const std::string& vocab_bpe_path);
+  // Supports model.type "BPE" (merges as "a b" strings or ["a", "b"] pairs), no
+  // normalizer, and as pre-tokenizer either ByteLevel (alone or as the only
+  // step of a Sequence: GPT-2's kind) or BLOOM's Sequence of its Split regex
+  // and a ByteLevel without regex. Anything else is rejected with an error
+  // naming it. The text is split as Hugging Face tokenizers does, whose regex
+  // engine (Oniguruma) counts U+0085 as whitespace and U+FEFF not.
   static Tokenizer from_hf_json(const std::string& tokenizer_json_path);
 
   // Token ids of the text. With a tokenizer.json, added tokens found verbatim in
@@ -66,8 +78,9 @@ class Tokenizer {
 
   std::string source_;
   ByteLevelBpe bpe_;
+  TextSplit split_ = TextSplit::kGpt2Regex;
+  SpaceDefinition spaces_ = SpaceDefinition::kJavaScript;  // for kGpt2Regex
   bool add_prefix_space_ = false;
-  bool use_regex_ = true;
   std::vector<AddedToken> added_;
   // Indices into added_, longest content first, when they are matched in the text.
   std::vector<std::size_t> matched_added_;

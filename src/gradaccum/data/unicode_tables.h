@@ -14,6 +14,12 @@ extern const char* const kUnicodeTablesVersion;
 // Binary search over the generated ranges.
 CharClass char_class_slow(char32_t cp);
 
+// Which code points \s matches. The generated tables hold JavaScript's, the
+// reference GPT-2 tokenizer's (gpt-3-encoder). Hugging Face tokenizers runs the
+// regex with Oniguruma, whose \s is Unicode's White_Space property: it adds
+// U+0085 (NEXT LINE) and drops U+FEFF (BYTE ORDER MARK); nothing else differs.
+enum class SpaceDefinition : unsigned char { kJavaScript, kUnicodeWhiteSpace };
+
 // The class of a code point; ASCII without a table search.
 inline CharClass char_class(char32_t cp) {
   if (cp < 0x80) {
@@ -23,6 +29,14 @@ inline CharClass char_class(char32_t cp) {
     return CharClass::kOther;
   }
   return char_class_slow(cp);
+}
+
+inline CharClass char_class(char32_t cp, SpaceDefinition spaces) {
+  if (spaces == SpaceDefinition::kUnicodeWhiteSpace) {
+    if (cp == 0x85) return CharClass::kSpace;
+    if (cp == 0xFEFF) return CharClass::kOther;
+  }
+  return char_class(cp);
 }
 
 }  // namespace gradaccum::data
