@@ -458,6 +458,8 @@ TEST(TokenizerHfJson, MatchesHuggingFaceTokenizers) {
   const auto plain = gpt2()->encode("a<|endoftext|>b");
   EXPECT_EQ(std::count(plain.begin(), plain.end(), TokenId{50256}), 0);
   EXPECT_EQ(tokenizers.at("hf_bloom").decode({50257, 15496, 50258}), "<pad>Hello</s>");
+  EXPECT_EQ(tokenizers.at("hf_bloom").token_id("</s>"), TokenId{50258});  // added, not in the vocab
+  EXPECT_EQ(tokenizers.at("hf_bloom").id_count(), 50259u);
 }
 
 // --- Bad input --------------------------------------------------------------------

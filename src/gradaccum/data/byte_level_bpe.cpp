@@ -96,6 +96,7 @@ void ByteLevelBpe::add_literal_token(TokenId id, const std::string& content) {
   if (!id_known_[id]) {
     id_bytes_[id] = content;
     id_known_[id] = true;
+    ids_.emplace(content, id);
   }
 }
 

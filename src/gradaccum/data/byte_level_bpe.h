@@ -38,7 +38,7 @@ class ByteLevelBpe {
   void encode_piece(std::string_view bytes, std::vector<TokenId>& out) const;
 
   // Registers a token decoded as its literal text (an added token absent from
-  // the vocabulary, such as a special token).
+  // the vocabulary, such as a special token); token_id finds it too.
   void add_literal_token(TokenId id, const std::string& content);
 
   // The bytes the ids stand for: byte characters become their bytes, any other
