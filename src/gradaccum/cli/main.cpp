@@ -41,6 +41,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // The ranks started by --nproc get the same command line without it.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--nproc") {
+      ++i;
+    } else if (arg.rfind("--nproc=", 0) != 0) {
+      train.child_args.push_back(arg);
+    }
+  }
   try {
     if (train_cmd->parsed()) return gradaccum::cli::run_train(train);
     if (tokenize_cmd->parsed()) return gradaccum::cli::run_tokenize(tokenize);

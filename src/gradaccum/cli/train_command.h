@@ -1,4 +1,4 @@
-// `gradaccum train [CONFIG] [--set key=value]... [--print-config]`
+// `gradaccum train [CONFIG] [--set key=value]... [--print-config] [--nproc N]`
 #pragma once
 
 #include <string>
@@ -10,7 +10,8 @@ struct TrainArgs {
   std::string config_path;             // "" = built-in default
   std::vector<std::string> overrides;  // key=value
   bool print_config = false;
-  int64_t nproc = 1;
+  int64_t nproc = 1;                   // > 1: start that many local ranks
+  std::vector<std::string> child_args; // the command line without --nproc, for the ranks
 };
 
 // Returns the process exit code; throws gradaccum::Error on bad input.

@@ -17,10 +17,16 @@ class GradSync {
   // Called before each micro-step's backward. `last` is true only on the
   // window's last micro-step: the one place communication may start.
   virtual void before_backward(bool last) = 0;
+  // Called after each micro-step's backward (also when this rank had no
+  // samples in it and ran none).
+  virtual void after_backward(bool last) {}
   // After the last backward: completes gradient communication (each gradient
   // becomes the sum over ranks) and sums `totals` (a small 1-D float64 tensor of
   // window loss sums and counts) over ranks in place.
   virtual void finish_window(torch::Tensor& totals) = 0;
+  // Gradient all-reduce calls and bytes of the window finished last.
+  virtual int64_t allreduce_calls() const { return 0; }
+  virtual int64_t allreduce_bytes() const { return 0; }
 };
 
 // One process: nothing to communicate.

@@ -89,10 +89,12 @@ StepRecord Trainer::train_window(const Window& window) {
     const auto fetch_start = Clock::now();
     const auto indices = window.micro_batch(s, rank);
     sync_.before_backward(last);  // communication only on the last micro-step
-    if (indices.size(0) == 0) continue;  // this rank has no samples left in a partial window
-    auto batch = fetch(indices);
-    data_time += seconds_since(fetch_start);
-    normalizer_.objective(model_.loss(batch)).backward();
+    if (indices.size(0) > 0) {  // a rank may have no samples left in a partial window
+      auto batch = fetch(indices);
+      data_time += seconds_since(fetch_start);
+      normalizer_.objective(model_.loss(batch)).backward();
+    }
+    sync_.after_backward(last);
   }
   // Every gradient now holds this rank's Σ over micro-steps; after the sync,
   // the Σ over ranks. One division by the global count makes it exact.
@@ -118,6 +120,9 @@ StepRecord Trainer::train_window(const Window& window) {
   record.epoch = window.epoch();
   record.samples = window.size();
   record.micro_steps = window.micro_steps();
+  record.world_size = sync_.world_size();
+  record.allreduce_calls = sync_.allreduce_calls();
+  record.allreduce_bytes = sync_.allreduce_bytes();
   record.step_time_s = seconds_since(start);
   record.data_time_s = data_time;
   record.samples_per_s = static_cast<double>(record.samples) / record.step_time_s;

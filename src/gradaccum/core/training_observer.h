@@ -38,6 +38,9 @@ struct StepRecord {
   double data_time_s = 0.0;  // of which fetching and moving batches
   double samples_per_s = 0.0;
   double items_per_s = 0.0;
+  int64_t world_size = 1;
+  int64_t allreduce_calls = 0;  // gradient all-reduces in this window (data parallel)
+  int64_t allreduce_bytes = 0;
 };
 
 struct EvalRecord {

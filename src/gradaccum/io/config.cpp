@@ -55,6 +55,9 @@ logging_steps: 1
 eval_steps: 0
 save_steps: 0
 resume_from_checkpoint: ""
+dist_timeout: 60                  # seconds before a stalled rank is an error
+ddp_bucket_cap_mb: 25             # gradient all-reduce bucket size
+sync_each_micro_step: false       # true: all-reduce every micro-step (comparison only)
 )";
   return yaml;
 }
@@ -139,7 +142,8 @@ void require(bool ok, const std::string& path, const std::string& rule, const st
 
 }  // namespace
 
-TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
+                        int64_t world_size) {
   YAML::Node root = YAML::Load(default_config_yaml());
   if (!path.empty()) {
     GA_CHECK(std::filesystem::is_regular_file(path), "{}: no such configuration file", path);
@@ -269,15 +273,19 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   require(c.logging_steps >= 1, "logging_steps", ">= 1", std::to_string(c.logging_steps));
   t.eval_steps = get_int(root, "eval_steps");
   require(t.eval_steps >= 0, "eval_steps", ">= 0 (0 = at the end only)", std::to_string(t.eval_steps));
+  c.dist_timeout_s = get_int(root, "dist_timeout");
+  require(c.dist_timeout_s >= 1, "dist_timeout", ">= 1 (seconds)", std::to_string(c.dist_timeout_s));
+  c.ddp_bucket_cap_mb = get_int(root, "ddp_bucket_cap_mb");
+  require(c.ddp_bucket_cap_mb >= 1, "ddp_bucket_cap_mb", ">= 1", std::to_string(c.ddp_bucket_cap_mb));
+  c.sync_each_micro_step = get_bool(root, "sync_each_micro_step");
   c.save_steps = get_int(root, "save_steps");
   GA_CHECK(c.save_steps == 0, "key 'save_steps': checkpoints are not implemented yet; use 0");
   c.resume_from_checkpoint = get_string(root, "resume_from_checkpoint");
   GA_CHECK(c.resume_from_checkpoint.empty(),
            "key 'resume_from_checkpoint': resuming is not implemented yet; use \"\"");
 
-  // The GA arithmetic must hold before anything runs (world size 1 until data
-  // parallel lands): this throws naming the numbers.
-  const auto geometry = t.geometry(1);
+  // The GA arithmetic must hold before anything runs: this throws naming the numbers.
+  const auto geometry = t.geometry(world_size);
   root["gradient_accumulation_steps"] = geometry.accumulation_steps();
   t.gradient_accumulation_steps = geometry.accumulation_steps();
 

@@ -29,6 +29,9 @@ struct TrainConfig {
   std::string device = "cpu";
   std::string mixed_precision = "no";
   int64_t logging_steps = 1;
+  int64_t dist_timeout_s = 60;        // collectives and rendezvous fail after this
+  int64_t ddp_bucket_cap_mb = 25;     // gradient bucket size
+  bool sync_each_micro_step = false;  // comparison only: all-reduce every micro-step
   int64_t save_steps = 0;
   std::string resume_from_checkpoint;
   models::ModelConfig model;
@@ -41,7 +44,9 @@ struct TrainConfig {
 const std::string& default_config_yaml();
 
 // Resolves a configuration. `path` empty: the built-in default alone.
-// Overrides are "dotted.key=value", the value parsed as YAML.
-TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+// Overrides are "dotted.key=value", the value parsed as YAML. `world_size`
+// enters the batch arithmetic (global_batch_size = b × N × world).
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
+                        int64_t world_size = 1);
 
 }  // namespace gradaccum::io

@@ -1,0 +1,105 @@
+#include "gradaccum/cli/launcher.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "gradaccum/core/check.h"
+
+namespace gradaccum::cli {
+
+namespace {
+
+// A port the kernel reports free on 127.0.0.1 (bound and released at once).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  GA_CHECK(fd >= 0, "--nproc: cannot open a socket: {}", std::strerror(errno));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  close(fd);
+  GA_CHECK(ok, "--nproc: cannot find a free port: {}", std::strerror(errno));
+  return ntohs(address.sin_port);
+}
+
+std::string describe(int status) {
+  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return fmt::format("exited with status {}", WEXITSTATUS(status));
+}
+
+}  // namespace
+
+int launch_local(int64_t nproc, const std::vector<std::string>& child_args) {
+  const int port = free_port();
+  std::map<pid_t, int64_t> ranks;
+  for (int64_t rank = 0; rank < nproc; ++rank) {
+    const pid_t pid = fork();
+    GA_CHECK(pid >= 0, "--nproc: fork failed: {}", std::strerror(errno));
+    if (pid == 0) {
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<char*> argv;
+      std::string self = "gradaccum";
+      argv.push_back(self.data());
+      std::vector<std::string> args = child_args;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv("/proc/self/exe", argv.data());
+      std::fprintf(stderr, "gradaccum: error: --nproc: cannot start rank %ld: %s\n",
+                   static_cast<long>(rank), std::strerror(errno));
+      _exit(127);
+    }
+    ranks[pid] = rank;
+  }
+
+  int exit_code = 0;
+  while (!ranks.empty()) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    const auto it = ranks.find(pid);
+    if (it == ranks.end()) continue;
+    const int64_t rank = it->second;
+    ranks.erase(it);
+    const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    if (failed && exit_code == 0) {
+      exit_code = 1;
+      std::fprintf(stderr, "gradaccum: error: rank %ld %s; stopping the other ranks\n",
+                   static_cast<long>(rank), describe(status).c_str());
+      // Ask politely, then insist: a rank blocked in a collective may not listen.
+      for (const auto& [other, r] : ranks) kill(other, SIGTERM);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!ranks.empty() && std::chrono::steady_clock::now() < deadline) {
+        const pid_t done = waitpid(-1, &status, WNOHANG);
+        if (done > 0) {
+          ranks.erase(done);
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      }
+      for (const auto& [other, r] : ranks) kill(other, SIGKILL);
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace gradaccum::cli

@@ -1,0 +1,80 @@
+// Deferred, bucketed, overlapped gradient synchronization: the narrow reducer
+// this engine needs on c10d (libtorch has no DDP in C++).
+//
+// - On a window's first N−1 micro-steps nothing is communicated: gradients
+//   accumulate locally in .grad.
+// - On the last micro-step, a post-hook on every parameter's gradient
+//   accumulator notes when its gradient is final. Parameters are grouped into
+//   buckets of about `bucket_bytes`, in reverse registration order (roughly the
+//   order backward produces them); a bucket whose gradients are all final is
+//   packed into a flat buffer and its all-reduce (sum) launched at once, while
+//   backward goes on computing the rest. Buckets are launched in index order
+//   on every rank, so the collectives always match.
+// - finish_window() launches what is left (parameters without a gradient,
+//   ranks without samples), waits, unpacks the summed gradients, and sums the
+//   window's loss totals. The exact division by the global count is the
+//   LossNormalizer's job, done once afterwards.
+//
+// `sync_each_micro_step` (for comparison only) all-reduces after every
+// micro-step as DDP without no_sync() does; gradients are averaged each time
+// and scaled back to a sum at the end, so the result stays exact.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "gradaccum/core/grad_sync.h"
+
+namespace gradaccum::dist {
+
+struct GradSyncOptions {
+  int64_t bucket_bytes = 25 * 1024 * 1024;
+  bool sync_each_micro_step = false;
+};
+
+class BucketedGradSync final : public core::GradSync {
+ public:
+  // Broadcasts rank 0's parameters so every rank starts identical.
+  BucketedGradSync(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<torch::Tensor> params,
+                   GradSyncOptions options);
+  ~BucketedGradSync() override;
+
+  int64_t world_size() const override { return group_->getSize(); }
+  int64_t rank() const override { return group_->getRank(); }
+  void before_backward(bool last) override;
+  void after_backward(bool last) override;
+  void finish_window(torch::Tensor& totals) override;
+  int64_t allreduce_calls() const override { return calls_; }
+  int64_t allreduce_bytes() const override { return bytes_; }
+
+  int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;  // indices into params_
+    torch::Tensor buffer;        // flat, one dtype
+    int64_t pending = 0;         // gradients not final yet in this round
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  void on_gradient_ready(size_t param);
+  void launch_ready_buckets(bool force);
+  // Waits for every bucket, unpacks into .grad (scaled by `scale`), resets.
+  void complete_round(double scale);
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::vector<torch::Tensor> params_;
+  GradSyncOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;  // param index -> bucket index
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooks alive
+  std::shared_ptr<bool> armed_;  // shared with the hooks
+  size_t next_launch_ = 0;
+  int64_t calls_ = 0, bytes_ = 0;
+  int64_t window_calls_ = 0, window_bytes_ = 0;
+};
+
+}  // namespace gradaccum::dist

@@ -1,0 +1,23 @@
+// Process groups from c10d: rendezvous through a TCPStore on MASTER_ADDR:PORT,
+// then Gloo on CPU (NCCL for CUDA builds, behind GRADACCUM_USE_NCCL).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+
+#include "gradaccum/dist/environment.h"
+
+namespace gradaccum::dist {
+
+// Connects this rank; every collective of the returned group fails after
+// `timeout` instead of hanging. Throws gradaccum::Error naming the address when
+// the rendezvous cannot be reached in time.
+c10::intrusive_ptr<c10d::ProcessGroup> connect(const DistEnvironment& env,
+                                               std::chrono::milliseconds timeout);
+
+// Rank 0's `values` on every rank, or an error naming the first rank whose
+// value differs (used to refuse mismatched configurations across ranks).
+void check_same_on_all_ranks(c10d::ProcessGroup& group, int64_t value, const std::string& what);
+
+}  // namespace gradaccum::dist
