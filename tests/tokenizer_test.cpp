@@ -326,7 +326,8 @@ TEST(TokenizerReference, CorpusMatchesGpt3EncoderUnderNode) {
 
 // Short random strings over an alphabet chosen to meet every branch of the
 // pre-tokenizer regex: contractions, each class after a space or not,
-// whitespace runs of every kind before a non-space or at the end, invalid bytes.
+// whitespace runs of every kind before a non-space or at the end, invalid bytes;
+// then a few long runs of letters.
 TEST(TokenizerReference, RandomRegexEdgeCasesMatchGpt3EncoderUnderNode) {
   REQUIRE_GPT2();
   REQUIRE_NODE_REFERENCE();
@@ -377,6 +378,14 @@ TEST(TokenizerReference, RandomRegexEdgeCasesMatchGpt3EncoderUnderNode) {
   for (int i = 0; i < kLines; ++i) {
     const std::size_t length = 1 + rng() % 12;
     for (std::size_t j = 0; j < length; ++j) text += alphabet[rng() % alphabet.size()];
+    text += '\n';
+  }
+  // Long pieces (one \p{L}+ run) take the heap merge path of ByteLevelBpe.
+  const std::vector<std::string> letters = {"a", "e", "n",        "t",
+                                            "s", "Q", "\xC3\xA9", "\xE4\xB8\xAD"};
+  for (int i = 0; i < 20; ++i) {
+    const std::size_t length = 100 + rng() % 3000;
+    for (std::size_t j = 0; j < length; ++j) text += letters[rng() % letters.size()];
     text += '\n';
   }
   TempDir dir;

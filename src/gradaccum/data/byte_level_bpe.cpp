@@ -1,6 +1,8 @@
 #include "gradaccum/data/byte_level_bpe.h"
 
+#include <functional>
 #include <limits>
+#include <queue>
 
 #include "gradaccum/core/check.h"
 #include "gradaccum/data/utf8.h"
@@ -102,7 +104,12 @@ void ByteLevelBpe::add_literal_token(TokenId id, const std::string& content) {
 
 // Repeatedly merges every occurrence (left to right) of the adjacent pair with
 // the lowest merge rank, until no adjacent pair has a rank: GPT-2's bpe().
+// O(n) per merge, so quadratic: long pieces go to merge_symbols_heap.
 void ByteLevelBpe::merge_symbols(std::vector<TokenId>& symbols) const {
+  if (symbols.size() > kLongPiece) {
+    merge_symbols_heap(symbols);
+    return;
+  }
   std::vector<TokenId> next;
   while (symbols.size() > 1) {
     const MergeResult* best = nullptr;
@@ -128,6 +135,57 @@ void ByteLevelBpe::merge_symbols(std::vector<TokenId>& symbols) const {
     }
     symbols.swap(next);
   }
+}
+
+// The same merges in O(n log n), as Hugging Face tokenizers does it: a heap of
+// candidate pairs ordered by (rank, position), symbols in a linked list.
+// Merging the leftmost lowest-rank pair first equals merging all of its
+// occurrences left to right in one pass, since a pair formed by a merge has a
+// later rank than that merge in a trained merge list.
+void ByteLevelBpe::merge_symbols_heap(std::vector<TokenId>& symbols) const {
+  struct Candidate {
+    std::int32_t rank;
+    std::size_t left;  // position of the pair's left symbol
+    TokenId merged;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : left > o.left;
+    }
+  };
+  const std::size_t n = symbols.size();
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> prev(n), next(n);
+  std::vector<bool> alive(n, true);
+  for (std::size_t i = 0; i < n; ++i) {
+    prev[i] = i == 0 ? kNone : i - 1;
+    next[i] = i + 1 == n ? kNone : i + 1;
+  }
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  const auto push = [&](std::size_t left) {
+    if (left == kNone || next[left] == kNone) return;
+    const auto it = merges_.find(pair_key(symbols[left], symbols[next[left]]));
+    if (it != merges_.end()) heap.push({it->second.rank, left, it->second.merged});
+  };
+  for (std::size_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    const Candidate top = heap.top();
+    heap.pop();
+    const std::size_t right = next[top.left];
+    if (!alive[top.left] || right == kNone) continue;
+    // Stale when either symbol changed since the candidate was pushed.
+    const auto it = merges_.find(pair_key(symbols[top.left], symbols[right]));
+    if (it == merges_.end() || it->second.merged != top.merged) continue;
+    symbols[top.left] = top.merged;
+    alive[right] = false;
+    next[top.left] = next[right];
+    if (next[right] != kNone) prev[next[right]] = top.left;
+    push(prev[top.left]);
+    push(top.left);
+  }
+  std::size_t out = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (alive[i]) symbols[out++] = symbols[i];
+  }
+  symbols.resize(out);
 }
 
 void ByteLevelBpe::encode_piece(std::string_view bytes, std::vector<TokenId>& out) const {

@@ -58,6 +58,10 @@ class ByteLevelBpe {
     return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint64_t>(b);
   }
   void merge_symbols(std::vector<TokenId>& symbols) const;
+  void merge_symbols_heap(std::vector<TokenId>& symbols) const;
+
+  // Pieces longer than this (in bytes) are merged with the heap.
+  static constexpr std::size_t kLongPiece = 64;
 
   std::string source_;
   std::unordered_map<std::string, TokenId> ids_;

@@ -233,10 +233,11 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path) {
   GA_CHECK(is_null_or_empty(root, "normalizer"),
            "tokenizer file {}: normalizer {} is not supported", path, type_of(root["normalizer"]));
 
+  const PreTokenizerConfig pre = read_pre_tokenizer(root, path);
+
   const auto vocab = read_vocab(model["vocab"], path, "model.vocab");
   const auto merges = read_hf_merges(model["merges"], path);
   Tokenizer tokenizer(path, ByteLevelBpe(vocab, merges, path));
-  const PreTokenizerConfig pre = read_pre_tokenizer(root, path);
   tokenizer.split_ = pre.split;
   tokenizer.add_prefix_space_ = pre.add_prefix_space;
   tokenizer.spaces_ = SpaceDefinition::kUnicodeWhiteSpace;

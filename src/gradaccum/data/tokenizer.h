@@ -5,8 +5,10 @@
 //  - The input is UTF-8. Invalid bytes are not an error: they are replaced by
 //    U+FFFD before pre-tokenization (see decode_utf8), as node does when it
 //    reads a file as UTF-8, so ids match gpt-3-encoder's on such input.
-//  - Pre-tokenization is GPT-2's regex (gpt2_pretokenizer.h), Unicode classes
-//    from the generated tables (Unicode 14.0; see scripts/gen_unicode_tables.py).
+//  - Pre-tokenization is GPT-2's regex (gpt2_pretokenizer.h) or, for BLOOM's
+//    tokenizer.json, BLOOM's (bloom_pretokenizer.h); Unicode classes come from
+//    generated tables (Unicode 14.0; see scripts/gen_unicode_tables.py).
+//    docs/tokenizer.md lists these decisions and what the tests compare.
 //  - decode() returns the bytes the ids stand for; a cut through a multi-byte
 //    character leaves invalid UTF-8, which is returned as is.
 #pragma once
