@@ -6,6 +6,20 @@
 
 namespace gradaccum::dist {
 
+namespace {
+// A collective that fails means a peer died or stalled past dist_timeout;
+// say so in one line instead of Gloo's multi-line trace.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t rank, const char* what) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    throw Error(fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}",
+                            rank, what, message.substr(0, message.find('\n'))));
+  }
+}
+}  // namespace
+
 BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::ProcessGroup> group,
                                    std::vector<torch::Tensor> params, GradSyncOptions options)
     : group_(std::move(group)),
@@ -44,7 +58,7 @@ BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::ProcessGroup> group,
       std::vector<torch::Tensor> buffer{torch::cat(flat)};
       c10d::BroadcastOptions broadcast;
       broadcast.rootRank = 0;
-      group_->broadcast(buffer, broadcast)->wait();
+      wait_for(group_->broadcast(buffer, broadcast), rank(), "the initial parameter broadcast");
       int64_t offset = 0;
       for (auto k : bucket.params) {
         auto& p = params_[k];
@@ -72,7 +86,10 @@ BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::ProcessGroup> group,
 BucketedGradSync::~BucketedGradSync() {
   *armed_ = false;  // the hooks outlive us inside the autograd graph's nodes
   for (auto& bucket : buckets_) {
-    if (bucket.work) bucket.work->wait();
+    try {
+      if (bucket.work) bucket.work->wait();
+    } catch (const std::exception&) {  // already reported by the failing call
+    }
   }
 }
 
@@ -110,7 +127,7 @@ void BucketedGradSync::launch_ready_buckets(bool force) {
 void BucketedGradSync::complete_round(double scale) {
   launch_ready_buckets(/*force=*/true);
   for (auto& bucket : buckets_) {
-    bucket.work->wait();
+    wait_for(bucket.work, rank(), "a gradient all-reduce");
     bucket.work.reset();
     if (scale != 1.0) bucket.buffer.mul_(scale);
     int64_t offset = 0;
@@ -147,7 +164,7 @@ void BucketedGradSync::finish_window(torch::Tensor& totals) {
     complete_round(1.0);
   }
   std::vector<torch::Tensor> tensors{totals};
-  group_->allreduce(tensors)->wait();
+  wait_for(group_->allreduce(tensors), rank(), "the loss-total all-reduce");
   calls_ = window_calls_;
   bytes_ = window_bytes_;
   window_calls_ = 0;
