@@ -68,6 +68,10 @@ struct ClosedFormCase {
   core::LossNormalization mode;
 };
 
+void PrintTo(const ClosedFormCase& c, std::ostream* os) {
+  *os << "b=" << c.micro_batch << " N=" << c.steps;
+}
+
 class ClosedForm : public ::testing::TestWithParam<ClosedFormCase> {};
 
 TEST_P(ClosedForm, GradientsWeightsAndLossesAfterEveryMicroStepAndStep) {

@@ -131,6 +131,9 @@ struct BadInput {
   std::string message;   // expected in the one-line error
 };
 
+// Names the case in test listings instead of dumping its bytes.
+void PrintTo(const BadInput& c, std::ostream* os) { *os << c.name; }
+
 class CliBadInput : public ::testing::TestWithParam<BadInput> {};
 
 TEST_P(CliBadInput, OneLineErrorNonZeroExitNoOutputDirectory) {

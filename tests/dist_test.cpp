@@ -153,6 +153,7 @@ pid_t spawn(const std::vector<std::string>& args, const std::map<std::string, st
             const std::string& err_path) {
   const pid_t pid = fork();
   if (pid == 0) {
+    setpgid(0, 0);  // its own process group, so a failed test can kill all its ranks
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     freopen("/dev/null", "w", stdout);
     freopen(err_path.c_str(), "w", stderr);
@@ -164,6 +165,16 @@ pid_t spawn(const std::vector<std::string>& args, const std::map<std::string, st
   }
   return pid;
 }
+
+// Kills the process groups of the spawned jobs when a test ends, even by a
+// failed assertion, so no rank outlives its test.
+struct KillOnExit {
+  std::vector<pid_t> pids;
+  ~KillOnExit() {
+    for (auto pid : pids) kill(-pid, SIGKILL);
+    for (auto pid : pids) waitpid(pid, nullptr, WNOHANG);
+  }
+};
 
 // Waits up to `limit` for `pid`; returns its status, or -1 (and kills it) on time-out.
 int wait_within(pid_t pid, std::chrono::seconds limit) {
@@ -190,6 +201,7 @@ TEST(DataParallelFailures, KilledRankStopsTheJobAndIsNamed) {
   auto args = split_args("train --set data.train_limit=60000 --set data.eval_limit=-1 --set max_steps=100000 "
                          "--set threads=1 --set dist_timeout=10 --nproc 2 --set output_dir=" + dir + "/out");
   const pid_t launcher = spawn(args, {}, dir + "/stderr");
+  KillOnExit guard{{launcher}};
   // Wait until training runs, then kill rank 1 in the middle of a window.
   const auto metrics = dir + "/out/metrics.jsonl";
   for (int i = 0; i < 600 && (!fs::exists(metrics) || fs::file_size(metrics) < 400); ++i) {
@@ -234,6 +246,7 @@ TEST(DataParallelFailures, SurvivingRankOfATorchrunStyleJobFailsWithinTheTimeout
   const pid_t rank0 = spawn(args, env, dir + "/stderr0");
   env["RANK"] = "1";
   const pid_t rank1 = spawn(args, env, dir + "/stderr1");
+  KillOnExit guard{{rank0, rank1}};
   const auto metrics = dir + "/out/metrics.jsonl";
   for (int i = 0; i < 600 && (!fs::exists(metrics) || fs::file_size(metrics) < 400); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -256,6 +269,7 @@ TEST(DataParallelFailures, NoRendezvousIsAClearErrorWithinTheTimeout) {
   const pid_t pid = spawn(split_args("train --set dist_timeout=3 --set output_dir=" + dir + "/out"),
                           {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "9"}},
                           dir + "/stderr");
+  KillOnExit guard{{pid}};
   const int status = wait_within(pid, std::chrono::seconds(30));
   ASSERT_NE(status, -1);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1);
@@ -274,6 +288,7 @@ TEST(DataParallelFailures, MismatchedConfigurationsAreRefused) {
   const pid_t rank0 = spawn(split_args(common + " --set learning_rate=0.001"), env, dir + "/stderr0");
   env["RANK"] = "1";
   const pid_t rank1 = spawn(split_args(common + " --set learning_rate=0.002"), env, dir + "/stderr1");
+  KillOnExit guard{{rank0, rank1}};
   const int s0 = wait_within(rank0, std::chrono::seconds(60));
   const int s1 = wait_within(rank1, std::chrono::seconds(60));
   ASSERT_NE(s0, -1);
