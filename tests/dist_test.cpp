@@ -148,6 +148,34 @@ TEST(DataParallel, OneAllReducePerBucketPerWindowUnlessSyncingEveryMicroStep) {
   fs::remove_all(root);
 }
 
+TEST(DataParallel, ZeroStage1GivesTheSameWeightsAsPlainDataParallel) {
+  const auto root = make_temp_dir("dp-zero");
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (const char* stage : {"0", "1"}) {
+    for (const char* optimizer : {"adamw", "sgd --set momentum=0.9"}) {
+      const auto out = root + "/zero" + stage + optimizer[0];
+      const auto r = run_cli(kRun + " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=2 --nproc 2"
+                             " --set zero_stage=" + stage + " --set optim=" + optimizer + " --set output_dir=" + out);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      runs.push_back(step_lines(out));
+      ASSERT_EQ(runs.back().size(), 11u);
+      // Every rank reports its own peak memory.
+      EXPECT_GT(nlohmann::json::parse(read_text(out + "/rank1.json"))["peak_rss_mb"].get<double>(), 10.0);
+    }
+  }
+  for (size_t opt = 0; opt < 2; ++opt) {
+    for (size_t i = 0; i < 11; ++i) {
+      const auto& plain = runs[opt][i];
+      const auto& zero = runs[2 + opt][i];
+      for (const char* key : {"loss", "grad_norm", "weight_norm"}) {
+        EXPECT_NEAR(zero[key].get<double>(), plain[key].get<double>(), 1e-12 * std::abs(plain[key].get<double>()))
+            << key << " optimizer " << opt << " step " << i;
+      }
+    }
+  }
+  fs::remove_all(root);
+}
+
 // Starts `args` with extra environment variables; returns the pid.
 pid_t spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
             const std::string& err_path) {

@@ -15,6 +15,8 @@
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/dist/process_group.h"
+#include "gradaccum/dist/sharded_optimizer.h"
+#include "gradaccum/io/process_stats.h"
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/metrics_writer.h"
 #include "gradaccum/models/model_factory.h"
@@ -69,6 +71,7 @@ int run_train(const TrainArgs& args) {
   // Data parallel: connect, refuse mismatched configurations, and hook the
   // reducer onto the parameters in their final device and dtype.
   std::unique_ptr<dist::BucketedGradSync> sync;
+  std::unique_ptr<torch::optim::Optimizer> sharded;
   if (env.distributed()) {
     const auto group = dist::connect(env, std::chrono::seconds(config.dist_timeout_s));
     dist::check_same_on_all_ranks(*group, static_cast<int64_t>(std::hash<std::string>{}(config.resolved_yaml) >> 1),
@@ -82,6 +85,9 @@ int run_train(const TrainArgs& args) {
     options.bucket_bytes = config.ddp_bucket_cap_mb * 1024 * 1024;
     options.sync_each_micro_step = config.sync_each_micro_step;
     sync = std::make_unique<dist::BucketedGradSync>(group, params, options);
+    if (config.zero_stage == 1) {
+      sharded = std::make_unique<dist::ShardedOptimizer>(group, params, config.trainer.optimizer);
+    }
   }
 
   // Rank 0 writes the outputs; every figure it reports is global.
@@ -99,8 +105,15 @@ int run_train(const TrainArgs& args) {
     fmt::print("threads: {}, dtype: {}, device: {}, world size: {}, output: {}\n", threads,
                config.dtype, config.device, world, config.output_dir);
   }
-  core::Trainer trainer(config.trainer, *model, train_data, eval_data.get(), observers, sync.get());
+  core::Trainer trainer(config.trainer, *model, train_data, eval_data.get(), observers, sync.get(),
+                        std::move(sharded));
   trainer.run();
+  if (!rank0) {
+    // Memory is per process: every rank leaves its own figure beside the summary.
+    io::write_file_atomically(
+        (std::filesystem::path(config.output_dir) / fmt::format("rank{}.json", env.rank)).string(),
+        nlohmann::json{{"rank", env.rank}, {"peak_rss_mb", io::peak_rss_mb()}}.dump() + "\n");
+  }
   return 0;
 }
 

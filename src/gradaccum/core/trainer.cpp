@@ -40,7 +40,8 @@ int64_t total_optimizer_steps(const TrainerOptions& options, const WindowPlan& p
 }
 
 Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_data,
-                 const Dataset* eval_data, TrainingObserver& observer, GradSync* sync)
+                 const Dataset* eval_data, TrainingObserver& observer, GradSync* sync,
+                 std::unique_ptr<torch::optim::Optimizer> optimizer)
     : options_(std::move(options)),
       model_(model),
       train_data_(train_data),
@@ -55,7 +56,7 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
   model_.module().train();
   params_ = trainable_parameters(model_.module());
   GA_CHECK(!params_.empty(), "the model has no trainable parameters");
-  optimizer_ = optim::make_optimizer(options_.optimizer, params_);
+  optimizer_ = optimizer ? std::move(optimizer) : optim::make_optimizer(options_.optimizer, params_);
   const int64_t warmup =
       options_.warmup_steps > 0
           ? options_.warmup_steps
@@ -70,11 +71,14 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
 core::Batch Trainer::fetch(const torch::Tensor& indices) const {
   auto batch = train_data_.get(indices, options_.dtype);
   const bool non_blocking = options_.device.is_cuda();
-  batch.input = batch.input.to(options_.device, non_blocking);
-  if (batch.target.defined()) batch.target = batch.target.to(options_.device, non_blocking);
-  if (batch.attention_mask.defined()) {
-    batch.attention_mask = batch.attention_mask.to(options_.device, non_blocking);
-  }
+  // Skips the dispatcher round trip of a no-op .to() when the batch is already
+  // there (CPU training), on every micro-step.
+  auto to_device = [&](torch::Tensor& t) {
+    if (t.defined() && t.device() != options_.device) t = t.to(options_.device, non_blocking);
+  };
+  to_device(batch.input);
+  to_device(batch.target);
+  to_device(batch.attention_mask);
   return batch;
 }
 

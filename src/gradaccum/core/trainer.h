@@ -49,10 +49,13 @@ int64_t total_optimizer_steps(const TrainerOptions& options, const WindowPlan& p
 
 class Trainer {
  public:
-  // Moves the model to options.device/dtype and builds the optimizer.
+  // Moves the model to options.device/dtype and builds the optimizer from
+  // options.optimizer, unless `optimizer` is given (e.g. a sharded one, built
+  // over the model's trainable parameters after the move).
   // `eval_data` may be null; `sync` null means one process.
   Trainer(TrainerOptions options, Trainable& model, const Dataset& train_data,
-          const Dataset* eval_data, TrainingObserver& observer, GradSync* sync = nullptr);
+          const Dataset* eval_data, TrainingObserver& observer, GradSync* sync = nullptr,
+          std::unique_ptr<torch::optim::Optimizer> optimizer = nullptr);
 
   TrainSummary run();
 

@@ -58,6 +58,7 @@ resume_from_checkpoint: ""
 dist_timeout: 60                  # seconds before a stalled rank is an error
 ddp_bucket_cap_mb: 25             # gradient all-reduce bucket size
 sync_each_micro_step: false       # true: all-reduce every micro-step (comparison only)
+zero_stage: 0                     # 1: shard optimizer state across ranks (ZeRO-1)
 )";
   return yaml;
 }
@@ -278,6 +279,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   c.ddp_bucket_cap_mb = get_int(root, "ddp_bucket_cap_mb");
   require(c.ddp_bucket_cap_mb >= 1, "ddp_bucket_cap_mb", ">= 1", std::to_string(c.ddp_bucket_cap_mb));
   c.sync_each_micro_step = get_bool(root, "sync_each_micro_step");
+  c.zero_stage = get_int(root, "zero_stage");
+  require(c.zero_stage == 0 || c.zero_stage == 1, "zero_stage", "0 or 1", std::to_string(c.zero_stage));
   c.save_steps = get_int(root, "save_steps");
   GA_CHECK(c.save_steps == 0, "key 'save_steps': checkpoints are not implemented yet; use 0");
   c.resume_from_checkpoint = get_string(root, "resume_from_checkpoint");

@@ -32,6 +32,7 @@ struct TrainConfig {
   int64_t dist_timeout_s = 60;        // collectives and rendezvous fail after this
   int64_t ddp_bucket_cap_mb = 25;     // gradient bucket size
   bool sync_each_micro_step = false;  // comparison only: all-reduce every micro-step
+  int64_t zero_stage = 0;             // 1: optimizer state sharded across ranks
   int64_t save_steps = 0;
   std::string resume_from_checkpoint;
   models::ModelConfig model;
