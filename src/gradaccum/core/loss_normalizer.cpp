@@ -13,12 +13,15 @@ void LossNormalizer::begin_window() {
 
 namespace {
 // Running float64 sum of 0-dim tensors; the first term allocates on its device.
+// add_ converts the term to float64 inside the kernel (type promotion), and
+// NoGradGuard keeps the total out of the graph: no detached view and no
+// converted temporary per micro-step (this runs on every micro-step).
 void accumulate(torch::Tensor& total, const torch::Tensor& term) {
-  auto t = term.detach().to(torch::kDouble);
+  torch::NoGradGuard no_grad;
   if (total.defined()) {
-    total.add_(t);
+    total.add_(term);
   } else {
-    total = t.clone();
+    total = term.to(torch::kDouble, /*non_blocking=*/false, /*copy=*/true);
   }
 }
 }  // namespace
@@ -56,8 +59,12 @@ WindowLoss LossNormalizer::finish(const torch::Tensor& global_totals,
     // the global count makes them ∇(Σ sums / Σ counts). A window without items
     // (everything ignored) has zero gradients; clamp avoids 0/0.
     auto inverse = total_count.clamp_min(1.0).reciprocal();
+    torch::Tensor scale;  // `inverse` in the gradients' dtype, converted once
     for (const auto& p : params) {
-      if (p.grad().defined()) p.grad().mul_(inverse.to(p.grad().scalar_type()));
+      auto g = p.grad();
+      if (!g.defined()) continue;
+      if (!scale.defined() || scale.scalar_type() != g.scalar_type()) scale = inverse.to(g.scalar_type());
+      g.mul_(scale);
     }
     return {total_sum / total_count.clamp_min(1.0), total_count};
   }
