@@ -17,14 +17,7 @@ using gradaccum::testing::read_text;
 using gradaccum::testing::run_cli;
 namespace fs = std::filesystem;
 
-std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-  std::vector<nlohmann::json> lines;
-  std::istringstream in(read_text(path));
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
-  }
-  return lines;
-}
+using gradaccum::testing::read_jsonl;
 
 int count_lines(const std::string& text) {
   return static_cast<int>(std::count(text.begin(), text.end(), '\n'));

@@ -25,12 +25,11 @@ using gradaccum::testing::read_text;
 using gradaccum::testing::run_cli;
 namespace fs = std::filesystem;
 
+// The per-step records of a run (evaluation records left out).
 std::vector<nlohmann::json> step_lines(const std::string& dir) {
   std::vector<nlohmann::json> lines;
-  std::istringstream in(read_text(dir + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) lines.push_back(j);
+  for (auto& j : gradaccum::testing::read_jsonl(dir + "/metrics.jsonl")) {
+    if (j.contains("loss")) lines.push_back(std::move(j));
   }
   return lines;
 }

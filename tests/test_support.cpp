@@ -16,6 +16,15 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(read_text(path));
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
 std::string make_temp_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() /
              ("gradaccum-test-" + std::to_string(getpid()) + "-" + name);

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 #include <vector>
 
@@ -91,5 +93,8 @@ CliResult run_cli(const std::string& args, const std::string& cwd = "");
 std::string make_temp_dir(const std::string& name);
 
 std::string read_text(const std::string& path);
+
+// The JSON objects of a JSON-lines file (metrics.jsonl), in order.
+std::vector<nlohmann::json> read_jsonl(const std::string& path);
 
 }  // namespace gradaccum::testing
