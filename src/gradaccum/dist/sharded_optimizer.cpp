@@ -1,7 +1,6 @@
 #include "gradaccum/dist/sharded_optimizer.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "gradaccum/core/check.h"
 
@@ -20,59 +19,78 @@ ShardedOptimizer::ShardedOptimizer(c10::intrusive_ptr<c10d::ProcessGroup> group,
     : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(params)}, defaults_for(spec)),
       group_(std::move(group)),
       all_(std::move(params)) {
+  int64_t total = 0;
+  for (const auto& p : all_) {
+    GA_CHECK(p.scalar_type() == all_.front().scalar_type() && p.device() == all_.front().device(),
+             "zero_stage: 1 needs all parameters in one dtype and on one device");
+    total += p.numel();
+  }
   const int64_t world = group_->getSize();
-  // Largest first, each to the least-loaded rank (ties: lowest rank).
-  std::vector<size_t> order(all_.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return all_[a].numel() > all_[b].numel(); });
-  std::vector<int64_t> load(world, 0);
-  owner_.assign(all_.size(), 0);
-  for (auto k : order) {
-    const auto rank = std::min_element(load.begin(), load.end()) - load.begin();
-    owner_[k] = rank;
-    load[rank] += all_[k].numel();
-  }
-  std::vector<torch::Tensor> mine;
-  for (size_t k = 0; k < all_.size(); ++k) {
-    if (owner_[k] == group_->getRank()) mine.push_back(all_[k]);
-  }
-  // A rank may own nothing when there are fewer parameters than ranks.
-  if (!mine.empty()) local_ = optim::make_optimizer(spec, mine);
-}
+  shard_size_ = (total + world - 1) / world;
+  begin_ = std::min(total, shard_size_ * group_->getRank());
+  end_ = std::min(total, begin_ + shard_size_);
 
-int64_t ShardedOptimizer::owned_parameters() const {
-  int64_t n = 0;
+  std::vector<torch::Tensor> shards;
+  int64_t offset = 0;
   for (size_t k = 0; k < all_.size(); ++k) {
-    if (owner_[k] == group_->getRank()) n += all_[k].numel();
+    const int64_t n = all_[k].numel();
+    const int64_t a = std::max(begin_, offset), b = std::min(end_, offset + n);
+    if (a < b) {
+      // detach(): a view of the parameter's storage outside autograd, so the
+      // local optimizer's in-place update lands in the parameter itself.
+      auto shard = all_[k].detach().view({-1}).slice(0, a - offset, b - offset);
+      pieces_.push_back({k, a - offset, b - offset, shard});
+      shards.push_back(shard);
+    }
+    offset += n;
   }
-  return n;
+  if (!shards.empty()) local_ = optim::make_optimizer(spec, shards);
 }
 
 torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   GA_CHECK(!closure, "the sharded optimizer takes no closure");
+  torch::NoGradGuard no_grad;
   if (local_) {
+    for (auto& piece : pieces_) {
+      const auto& grad = all_[piece.param].grad();
+      piece.shard.mutable_grad() =
+          grad.defined() ? grad.view({-1}).slice(0, piece.begin, piece.end) : torch::Tensor();
+    }
     optim::set_learning_rate(*local_, param_groups()[0].options().get_lr());
     local_->step();
   }
-  torch::NoGradGuard no_grad;
-  for (int64_t root = 0; root < group_->getSize(); ++root) {
-    std::vector<torch::Tensor> owned;
-    for (size_t k = 0; k < all_.size(); ++k) {
-      if (owner_[k] == root) owned.push_back(all_[k]);
-    }
-    if (owned.empty()) continue;
-    std::vector<torch::Tensor> flat;
-    for (auto& p : owned) flat.push_back(p.detach().reshape(-1));
-    std::vector<torch::Tensor> buffer{torch::cat(flat)};
-    c10d::BroadcastOptions options;
-    options.rootRank = root;
-    group_->broadcast(buffer, options)->wait();
-    if (root == group_->getRank()) continue;
-    int64_t offset = 0;
-    for (auto& p : owned) {
-      p.detach().copy_(buffer[0].slice(0, offset, offset + p.numel()).view_as(p));
-      offset += p.numel();
+  // Every rank contributes its (updated) range; all receive all ranges. In
+  // chunks of ~25 MB of output, so the transient buffers (ours and Gloo's
+  // flat copy) stay small next to the optimizer state this saves.
+  const auto options = all_.front().options();
+  const int64_t world = group_->getSize();
+  const int64_t chunk = std::max<int64_t>(
+      1024, (int64_t{25} << 20) / (world * static_cast<int64_t>(all_.front().element_size())));
+  auto mine = torch::zeros({shard_size_}, options);
+  int64_t at = 0;
+  for (auto& piece : pieces_) {
+    mine.slice(0, at, at + piece.shard.numel()).copy_(piece.shard);
+    at += piece.shard.numel();
+  }
+  for (int64_t c0 = 0; c0 < shard_size_; c0 += chunk) {
+    const int64_t c1 = std::min(shard_size_, c0 + chunk);
+    std::vector<torch::Tensor> input{mine.slice(0, c0, c1)};
+    std::vector<std::vector<torch::Tensor>> output(1);
+    for (int64_t r = 0; r < world; ++r) output[0].push_back(torch::empty({c1 - c0}, options));
+    group_->allgather(output, input)->wait();
+    // Scatter rank r's elements [c0, c1) of its range back into the parameters.
+    for (int64_t r = 0; r < world; ++r) {
+      if (r == group_->getRank()) continue;
+      const int64_t lo = r * shard_size_ + c0, hi = r * shard_size_ + c1;
+      int64_t offset = 0;
+      for (auto& p : all_) {
+        const int64_t a = std::max(lo, offset), b = std::min(hi, offset + p.numel());
+        if (a < b) {
+          p.detach().view({-1}).slice(0, a - offset, b - offset).copy_(output[0][r].slice(0, a - lo, b - lo));
+        }
+        offset += p.numel();
+        if (offset >= hi) break;
+      }
     }
   }
   return {};

@@ -1,11 +1,12 @@
 // ZeRO stage 1: optimizer state sharded across data-parallel ranks.
 //
-// After the gradient all-reduce every rank holds the full gradient, but each
-// parameter's optimizer state (AdamW's two moments, SGD's momentum) lives on
-// one owner rank only. Each rank steps the parameters it owns, then every
-// owner broadcasts its updated parameters (one broadcast per rank). The
-// arithmetic is the unsharded optimizer's, so the weights equal plain data
-// parallel's; the state memory per rank drops to about 1/W.
+// After the gradient all-reduce every rank holds the full gradient. The
+// flattened parameter space is cut into W equal contiguous ranges; rank r keeps
+// optimizer state (AdamW's two moments, SGD's momentum) only for range r, steps
+// those elements in place, and one all-gather gives every rank the updated
+// parameters. Optimizers here are element-wise, so the arithmetic is the
+// unsharded optimizer's: the weights equal plain data parallel's, while the
+// state memory per rank drops to 1/W.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -20,23 +21,30 @@ namespace gradaccum::dist {
 
 class ShardedOptimizer final : public torch::optim::Optimizer {
  public:
-  // `params` in the same order on every rank. Ownership is a deterministic
-  // greedy balance of parameter sizes, so every rank computes the same map.
+  // `params` in the same order on every rank, all of one dtype and device.
   ShardedOptimizer(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<torch::Tensor> params,
                    const optim::OptimizerSpec& spec);
 
-  // Steps the owned parameters with the learning rate set on this optimizer's
-  // param group, then broadcasts every owner's parameters.
+  // Steps this rank's range with the learning rate set on this optimizer's
+  // param group, then all-gathers the ranges.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
-  int64_t owned_parameters() const;  // elements this rank keeps state for
-  int64_t owner_of(size_t param) const { return owner_[param]; }
+  int64_t owned_elements() const { return end_ - begin_; }
 
  private:
+  // A piece of one parameter inside this rank's range.
+  struct Piece {
+    size_t param;
+    int64_t begin, end;   // within the parameter, flattened
+    torch::Tensor shard;  // a view of those elements: the local optimizer updates them in place
+  };
+
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::vector<torch::Tensor> all_;
-  std::vector<int64_t> owner_;
-  std::unique_ptr<torch::optim::Optimizer> local_;  // over the owned parameters only
+  int64_t shard_size_ = 0;  // elements per rank (the last range is padded)
+  int64_t begin_ = 0, end_ = 0;
+  std::vector<Piece> pieces_;
+  std::unique_ptr<torch::optim::Optimizer> local_;
 };
 
 }  // namespace gradaccum::dist
