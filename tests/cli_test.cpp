@@ -189,3 +189,28 @@ TEST(CliBadInputFiles, CorruptDatasetFileIsNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+const std::string kVerify =
+    "verify --set model.channels=[4,8] --set model.hidden=[16] --set data.train_limit=256 --set threads=2 "
+    "--steps 3 --splits 32x1,8x4";
+
+TEST(CliVerify, ExactWithGroupNormAndNotWithBatchNorm) {
+  const auto group = run_cli(kVerify);
+  EXPECT_EQ(group.exit_code, 0) << group.out << group.err;
+  EXPECT_NE(group.out.find("exact: every split follows the full-batch trajectory"), std::string::npos) << group.out;
+  const auto batch = run_cli(kVerify + " --set model.norm=batch");
+  EXPECT_EQ(batch.exit_code, 1);
+  EXPECT_NE(batch.out.find("DIFFERS"), std::string::npos) << batch.out;
+  // The naive normalization is exact for equal micro-batches but not with the
+  // uneven 256 = 3 x 80 + 16 windows of 80 = 16 x 5 vs 80 x 1.
+  const auto naive = run_cli("verify --set model.channels=[4,8] --set model.hidden=[16] --set data.train_limit=256 "
+                             "--set threads=2 --steps 4 --splits 80x1,16x5 --set loss_normalization=micro_batch");
+  EXPECT_EQ(naive.exit_code, 1) << naive.out;
+  const auto bad = run_cli("verify --splits 64x1,20x3");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.err, "gradaccum: error: --splits: 20x3 is a global batch of 60, 64x1 one of 64: compare splits of the same batch\n");
+}
+
+}  // namespace

@@ -6,6 +6,7 @@
 
 #include "gradaccum/cli/tokenize_command.h"
 #include "gradaccum/cli/train_command.h"
+#include "gradaccum/cli/verify_command.h"
 #include "gradaccum/core/check.h"
 
 namespace {
@@ -26,6 +27,19 @@ int main(int argc, char** argv) {
       ->type_name("KEY=VALUE");
   train_cmd->add_flag("--print-config", train.print_config, "Print the resolved configuration and exit");
   train_cmd->add_option("--nproc", train.nproc, "Processes to start on this host (data parallel)");
+
+  gradaccum::cli::VerifyArgs verify;
+  auto* verify_cmd = app.add_subcommand(
+      "verify", "Check in float64 that splits of one global batch follow the same trajectory");
+  verify_cmd->add_option("config", verify.config_path, "YAML configuration file");
+  verify_cmd->add_option("--splits", verify.splits, "Comma-separated BxN splits of one global batch")
+      ->capture_default_str();
+  verify_cmd->add_option("--steps", verify.steps, "Optimizer steps per split")->capture_default_str();
+  verify_cmd->add_option("--tolerance", verify.tolerance, "Largest relative difference accepted")
+      ->capture_default_str();
+  verify_cmd->add_option("--set", verify.overrides, "Override a key: --set key=value (repeatable)")
+      ->allow_extra_args(false)
+      ->type_name("KEY=VALUE");
 
   gradaccum::cli::TokenizeArgs tokenize;
   auto* tokenize_cmd =
@@ -52,6 +66,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train_cmd->parsed()) return gradaccum::cli::run_train(train);
+    if (verify_cmd->parsed()) return gradaccum::cli::run_verify(verify);
     if (tokenize_cmd->parsed()) return gradaccum::cli::run_tokenize(tokenize);
   } catch (const gradaccum::Error& e) {
     fmt::print(stderr, "gradaccum: error: {}\n", e.what());

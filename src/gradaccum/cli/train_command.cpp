@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "gradaccum/cli/blas_probe.h"
 #include "gradaccum/cli/launcher.h"
+#include "gradaccum/cli/runtime.h"
 #include "gradaccum/cli/progress.h"
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/check.h"
@@ -40,16 +40,8 @@ int run_train(const TrainArgs& args) {
   }
   const bool rank0 = env.rank == 0;
 
-  // libtorch on Debian starts with one intra-op thread: use what the user gave,
-  // or this host's cores shared among its ranks.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = config.threads > 0
-                          ? static_cast<int>(config.threads)
-                          : std::max(1, cores / static_cast<int>(std::max<int64_t>(1, env.local_world_size)));
-  at::set_num_threads(threads);
-  if (const auto warning = blas_warning(probe_blas()); !warning.empty() && rank0) {
-    fmt::print(stderr, "{}\n", warning);
-  }
+  const int threads = configure_threads(config.threads, env.local_world_size);
+  if (rank0) warn_if_slow_blas();
   GA_CHECK(!config.trainer.device.is_cuda() || torch::cuda::is_available(),
            "key 'device': cuda requested but this libtorch has no CUDA device");
 

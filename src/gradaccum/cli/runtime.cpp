@@ -1,0 +1,28 @@
+#include "gradaccum/cli/runtime.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "gradaccum/cli/blas_probe.h"
+
+namespace gradaccum::cli {
+
+int configure_threads(int64_t requested, int64_t local_ranks) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = requested > 0
+                          ? static_cast<int>(requested)
+                          : std::max(1, cores / static_cast<int>(std::max<int64_t>(1, local_ranks)));
+  at::set_num_threads(threads);
+  return threads;
+}
+
+void warn_if_slow_blas() {
+  if (const auto warning = blas_warning(probe_blas()); !warning.empty()) {
+    fmt::print(stderr, "{}\n", warning);
+  }
+}
+
+}  // namespace gradaccum::cli

@@ -1,0 +1,15 @@
+// Process set-up shared by the commands: threads and the BLAS check.
+#pragma once
+
+#include <cstdint>
+
+namespace gradaccum::cli {
+
+// libtorch on Debian starts with one intra-op thread: sets `requested`, or (0)
+// this host's cores shared among its `local_ranks`. Returns the count set.
+int configure_threads(int64_t requested, int64_t local_ranks);
+
+// Prints the slow-BLAS warning (blas_probe.h) on stderr when there is one.
+void warn_if_slow_blas();
+
+}  // namespace gradaccum::cli
