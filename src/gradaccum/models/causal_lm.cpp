@@ -1,0 +1,34 @@
+#include "gradaccum/models/causal_lm.h"
+
+namespace gradaccum::models {
+
+core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
+  TORCH_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
+                  logits.size(1) == labels.size(1),
+              "causal LM: logits ", logits.sizes(), " do not match labels ", labels.sizes());
+  const int64_t time = logits.size(1);
+  // Shift: logits at t predict the label at t + 1; the last position predicts nothing.
+  auto shifted_logits = logits.slice(1, 0, time - 1).reshape({-1, logits.size(2)});
+  auto shifted_labels = labels.slice(1, 1, time).reshape({-1}).to(torch::kLong);
+  // Summed, not averaged: the engine divides by the window's count (DESIGN.md §1).
+  auto sum = torch::nn::functional::cross_entropy(shifted_logits, shifted_labels,
+                                                  torch::nn::functional::CrossEntropyFuncOptions()
+                                                      .reduction(torch::kSum)
+                                                      .ignore_index(kIgnoreIndex));
+  // The count of exactly the labels cross_entropy did not ignore: after the
+  // shift, so a row's first token (never a target) is not counted and a row
+  // with n real tokens contributes n - 1.
+  auto count = shifted_labels.ne(kIgnoreIndex).sum();
+  return {sum, count};
+}
+
+core::LossSum CausalLm::loss(const core::Batch& batch) {
+  return causal_lm_loss(model_->forward(batch.input, batch.attention_mask), batch.target);
+}
+
+core::EvalSums CausalLm::evaluate(const core::Batch& batch) {
+  auto l = loss(batch);
+  return {l.sum, l.count, torch::Tensor()};
+}
+
+}  // namespace gradaccum::models

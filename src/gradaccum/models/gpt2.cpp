@@ -1,0 +1,152 @@
+#include "gradaccum/models/gpt2.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace gradaccum::models {
+
+namespace {
+torch::nn::LayerNorm layer_norm(const Gpt2Config& config) {
+  return torch::nn::LayerNorm(
+      torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon));
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// HF's GPT2PreTrainedModel._init_weights: weights N(0, initializer_range),
+// biases 0, LayerNorm (1, 0); the residual projections (c_proj) N(0,
+// initializer_range / sqrt(2 n_layer)) so the residual stream's variance does
+// not grow with depth. Drawn from a generator of our own in registration order.
+void init_weights(torch::nn::Module& model, const Gpt2Config& config) {
+  torch::NoGradGuard no_grad;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(config.init_seed);
+  const double std = config.initializer_range;
+  const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  for (auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    if (name.find(".ln_") != std::string::npos) {
+      if (ends_with(name, ".weight"))
+        p.fill_(1.0);
+      else
+        p.zero_();
+    } else if (ends_with(name, ".bias")) {
+      p.zero_();
+    } else {
+      p.normal_(0.0, ends_with(name, "c_proj.weight") ? residual_std : std, generator);
+    }
+  }
+}
+}  // namespace
+
+torch::Tensor gpt2_position_ids(const torch::Tensor& attention_mask) {
+  auto mask = attention_mask.to(torch::kLong);
+  return (mask.cumsum(-1) - 1).masked_fill(mask.eq(0), 1);
+}
+
+Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& config) : n_head_(config.n_head) {
+  TORCH_CHECK(config.n_embd % config.n_head == 0, "GPT-2: n_embd ", config.n_embd,
+              " is not divisible by n_head ", config.n_head);
+  c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
+}
+
+torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& allowed) {
+  const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
+  const int64_t head_dim = channels / n_head_;
+  auto qkv = c_attn->forward(x).split(channels, /*dim=*/2);
+  // [B, T, C] → [B, H, T, D]
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({batch, time, n_head_, head_dim}).transpose(1, 2);
+  };
+  auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+  // Masked scores get the dtype's lowest finite value, as HF does, not -inf: a
+  // padding query that sees no real key (left padding) then gets a uniform
+  // softmax instead of NaN, and exp(lowest - max) is exactly 0 for every row
+  // that has a real key, so real tokens never see padding.
+  const double lowest = scores.scalar_type() == torch::kDouble
+                            ? std::numeric_limits<double>::lowest()
+                            : static_cast<double>(std::numeric_limits<float>::lowest());
+  scores = scores.masked_fill(allowed.logical_not(), lowest);
+  auto y = torch::matmul(torch::softmax(scores, -1), v);  // [B, H, T, D]
+  y = y.transpose(1, 2).contiguous().view({batch, time, channels});
+  return c_proj->forward(y);
+}
+
+Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& config) {
+  c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+}
+
+torch::Tensor Gpt2MlpImpl::forward(const torch::Tensor& x) {
+  return c_proj->forward(torch::gelu(c_fc->forward(x), "tanh"));
+}
+
+Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& config) {
+  ln_1 = register_module("ln_1", layer_norm(config));
+  attn = register_module("attn", Gpt2Attention(config));
+  ln_2 = register_module("ln_2", layer_norm(config));
+  mlp = register_module("mlp", Gpt2Mlp(config));
+}
+
+torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& allowed) {
+  auto hidden = x + attn->forward(ln_1->forward(x), allowed);
+  return hidden + mlp->forward(ln_2->forward(hidden));
+}
+
+Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& config) : config_(config) {
+  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(config.n_positions, config.n_embd));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Gpt2Block(config));
+  ln_f = register_module("ln_f", layer_norm(config));
+}
+
+torch::Tensor Gpt2ModelImpl::forward(const torch::Tensor& input_ids,
+                                     const torch::Tensor& attention_mask) {
+  TORCH_CHECK(input_ids.dim() == 2, "GPT-2: input_ids must be [batch, time], got ",
+              input_ids.sizes());
+  const int64_t time = input_ids.size(1);
+  TORCH_CHECK(time <= config_.n_positions, "GPT-2: sequence length ", time, " exceeds n_positions ",
+              config_.n_positions);
+  const auto device = input_ids.device();
+  auto causal =
+      torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(device)).tril();
+  torch::Tensor allowed;    // [B or 1, 1, T, T]: query t may attend key s
+  torch::Tensor positions;  // [B or 1, T]
+  if (attention_mask.defined()) {
+    TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "GPT-2: attention_mask ",
+                attention_mask.sizes(), " does not match input_ids ", input_ids.sizes());
+    auto real_key = attention_mask.ne(0).view({input_ids.size(0), 1, 1, time});
+    allowed = causal.view({1, 1, time, time}).logical_and(real_key);
+    positions = gpt2_position_ids(attention_mask);
+  } else {
+    allowed = causal.view({1, 1, time, time});
+    positions =
+        torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(device)).unsqueeze(0);
+  }
+  auto x = wte->forward(input_ids) + wpe->forward(positions);
+  for (const auto& block : *h) x = block->as<Gpt2BlockImpl>()->forward(x, allowed);
+  return ln_f->forward(x);
+}
+
+Gpt2LmHeadModelImpl::Gpt2LmHeadModelImpl(const Gpt2Config& config) : config_(config) {
+  transformer = register_module("transformer", Gpt2Model(config));
+  init_weights(*this, config);
+}
+
+torch::Tensor Gpt2LmHeadModelImpl::forward(const torch::Tensor& input_ids,
+                                           const torch::Tensor& attention_mask) {
+  // Tied head: logits = hidden · wteᵀ (HF's lm_head shares wte's weight, no bias).
+  return torch::nn::functional::linear(transformer->forward(input_ids, attention_mask),
+                                       transformer->wte->weight);
+}
+
+}  // namespace gradaccum::models

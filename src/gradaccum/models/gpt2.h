@@ -1,0 +1,125 @@
+// A GPT-2 decoder (Radford et al. 2019) in libtorch, structured like Hugging
+// Face's modeling_gpt2 so that parameter names match theirs:
+//
+//   transformer.wte.weight                 token embedding [vocab, n_embd]
+//   transformer.wpe.weight                 learned positions [n_positions, n_embd]
+//   transformer.h.<i>.ln_1.{weight,bias}
+//   transformer.h.<i>.attn.c_attn.{weight,bias}   fused q, k, v
+//   transformer.h.<i>.attn.c_proj.{weight,bias}
+//   transformer.h.<i>.ln_2.{weight,bias}
+//   transformer.h.<i>.mlp.c_fc.{weight,bias}
+//   transformer.h.<i>.mlp.c_proj.{weight,bias}
+//   transformer.ln_f.{weight,bias}
+//
+// The LM head is tied to transformer.wte (no parameter of its own, as HF's
+// lm_head.weight is the same tensor as wte.weight).
+//
+// Differences from HF: the projections are torch::nn::Linear, whose weight is
+// [out, in]; HF's Conv1D stores [in, out]. A loader of HF checkpoints must
+// transpose c_attn, c_proj and c_fc weights. No dropout (the engine's tests need
+// a deterministic forward).
+//
+// Padding: attention_mask (1 = real token, 0 = padding) is combined with the
+// causal mask, and position ids are computed from it as HF's generate() does
+// (position = number of real tokens before this one), so left padding, right
+// padding and no padding give the real tokens the same positions and thus the
+// same logits.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace gradaccum::models {
+
+// Field names as in HF's GPT2Config. The defaults are GPT-2 small's.
+struct Gpt2Config {
+  int64_t vocab_size = 50257;
+  int64_t n_positions = 1024;
+  int64_t n_embd = 768;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  double layer_norm_epsilon = 1e-5;
+  double initializer_range = 0.02;
+  // Seed of the initialization's own generator: equal configs give equal
+  // weights, independent of the global RNG.
+  uint64_t init_seed = 0;
+};
+
+// Causal multi-head self-attention with fused q, k, v projection.
+class Gpt2AttentionImpl : public torch::nn::Module {
+ public:
+  explicit Gpt2AttentionImpl(const Gpt2Config& config);
+  // x [B, T, C]; allowed [B, 1, T, T] bool (causal ∧ key is a real token).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& allowed);
+
+  torch::nn::Linear c_attn{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+
+ private:
+  int64_t n_head_;
+};
+TORCH_MODULE(Gpt2Attention);
+
+// Linear(C, 4C) → GELU (tanh approximation, HF's "gelu_new") → Linear(4C, C).
+class Gpt2MlpImpl : public torch::nn::Module {
+ public:
+  explicit Gpt2MlpImpl(const Gpt2Config& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_fc{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+};
+TORCH_MODULE(Gpt2Mlp);
+
+// Pre-LayerNorm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+class Gpt2BlockImpl : public torch::nn::Module {
+ public:
+  explicit Gpt2BlockImpl(const Gpt2Config& config);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& allowed);
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  Gpt2Attention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  Gpt2Mlp mlp{nullptr};
+};
+TORCH_MODULE(Gpt2Block);
+
+// Embeddings, blocks and final LayerNorm: hidden states [B, T, n_embd].
+class Gpt2ModelImpl : public torch::nn::Module {
+ public:
+  explicit Gpt2ModelImpl(const Gpt2Config& config);
+  // input_ids [B, T] int64; attention_mask [B, T] (any dtype, 1 = real token)
+  // or undefined for no padding.
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  Gpt2Config config_;
+};
+TORCH_MODULE(Gpt2Model);
+
+// GPT2LMHeadModel: the transformer and an LM head tied to its token embedding.
+class Gpt2LmHeadModelImpl : public torch::nn::Module {
+ public:
+  explicit Gpt2LmHeadModelImpl(const Gpt2Config& config);
+  // Logits [B, T, vocab_size].
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  const Gpt2Config& config() const { return config_; }
+
+  Gpt2Model transformer{nullptr};
+
+ private:
+  Gpt2Config config_;
+};
+TORCH_MODULE(Gpt2LmHeadModel);
+
+// HF's position ids for a padded batch: the number of real tokens before each
+// position (cumsum(mask) - 1), with padding positions set to 0. [B, T] int64.
+torch::Tensor gpt2_position_ids(const torch::Tensor& attention_mask);
+
+}  // namespace gradaccum::models
