@@ -1,0 +1,151 @@
+#!/usr/bin/python3
+"""The Python PyTorch peer of `gradaccum train` in data parallel: DistributedDataParallel
+on Gloo with gradient accumulation.
+
+Same model as gradaccum's `model.type=mlp, model.norm=none` (Flatten, then per hidden
+width Linear + ReLU, then Linear(., 10)), same data (Fashion-MNIST train split, the first
+--train-limit images, normalized per micro-batch), same decomposition (window of
+B = b * N * W samples from a seeded permutation, micro-step s of rank r takes b of them),
+same math (cross-entropy summed over the window and divided by B, AdamW lr 2e-3 with a
+cosine schedule, clipping at 1.0, one small all-reduce of the loss totals per step as
+gradaccum does).
+
+--mode deferred: `with ddp.no_sync():` on the first N-1 micro-steps, so DDP all-reduces
+only during the last backward (what the DDP docs recommend for accumulation).
+--mode eager: no no_sync(), DDP all-reduces during every backward.
+
+Launched like torchrun would, one process per rank, with RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT (and GLOO_SOCKET_IFNAME) in the environment:
+  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 /usr/bin/python3 bench/dist/py_ddp.py --output m.jsonl &
+  RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 /usr/bin/python3 bench/dist/py_ddp.py
+Rank 0 writes one JSON object per optimizer step to --output, with the fields gradaccum's
+metrics.jsonl uses (step, loss, step_time_s, allreduce_calls, allreduce_bytes, world_size).
+allreduce_bytes is computed (gradient bytes x all-reducing backwards per step, what DDP's
+default allreduce hook sends as bucket contents); DDP does not report it.
+"""
+import argparse
+import contextlib
+import gzip
+import json
+import math
+import os
+import struct
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.2860, 0.3530
+
+
+def read_images(path: str, limit: int) -> torch.Tensor:
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    n, rows, cols = struct.unpack(">iii", raw[4:16])
+    data = torch.frombuffer(bytearray(raw[16:]), dtype=torch.uint8).view(n, rows, cols)
+    return data[:limit] if limit > 0 else data
+
+
+def read_labels(path: str, limit: int) -> torch.Tensor:
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    labels = torch.frombuffer(bytearray(raw[8:]), dtype=torch.uint8).long()
+    return labels[:limit] if limit > 0 else labels
+
+
+def make_mlp(hidden, classes=10):
+    layers = [nn.Flatten()]
+    width = 28 * 28
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, classes))
+    return nn.Sequential(*layers)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--accum", type=int, default=8)
+    ap.add_argument("--max-steps", type=int, default=12)
+    ap.add_argument("--hidden", default="2048,2048,2048")
+    ap.add_argument("--mode", choices=["deferred", "eager"], default="deferred")
+    ap.add_argument("--train-limit", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--output", default="")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    images = read_images(os.path.join(DATA_DIR, "train-images-idx3-ubyte.gz"), args.train_limit)
+    labels = read_labels(os.path.join(DATA_DIR, "train-labels-idx1-ubyte.gz"), args.train_limit)
+    n = images.shape[0]
+    b, N = args.micro_batch, args.accum
+    B = b * N * world
+    windows_per_epoch = n // B
+    assert windows_per_epoch > 0, "--train-limit smaller than one window"
+
+    torch.manual_seed(args.seed)
+    model = make_mlp([int(h) for h in args.hidden.split(",")])
+    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)  # broadcasts rank 0's weights
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+    total = args.max_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total)))
+
+    out = open(args.output, "w") if (rank == 0 and args.output) else None
+    perm = None
+    for step in range(args.max_steps):
+        epoch, k = divmod(step, windows_per_epoch)
+        if k == 0:
+            g = torch.Generator()
+            g.manual_seed(args.seed + epoch)
+            perm = torch.randperm(n, generator=g)
+        window = perm[k * B:(k + 1) * B]
+        start = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for s in range(N):
+            idx = window[(s * world + rank) * b:(s * world + rank + 1) * b]
+            x = (images[idx].float().div_(255.0) - MEAN) / STD
+            y = labels[idx]
+            sync_now = args.mode == "eager" or s == N - 1
+            ctx = contextlib.nullcontext() if sync_now else ddp.no_sync()
+            with ctx:
+                logits = ddp(x)
+                loss = F.cross_entropy(logits, y, reduction="sum")
+                # DDP averages over W ranks: / (b N) here makes the window mean / B.
+                (loss / (b * N)).backward()
+            loss_sum += loss.detach().double()
+        totals = torch.stack([loss_sum, torch.tensor(float(b * N), dtype=torch.float64)])
+        dist.all_reduce(totals)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        host = torch.stack([totals[0] / totals[1], grad_norm.double()]).tolist()  # the one host sync
+        step_time = time.perf_counter() - start
+        if out:
+            syncs = N if args.mode == "eager" else 1
+            out.write(json.dumps({
+                "step": step + 1, "loss": host[0], "grad_norm": host[1],
+                "step_time_s": step_time, "world_size": world,
+                "allreduce_bytes": grad_bytes * syncs,
+                "mode": args.mode, "micro_batch": b, "accum": N,
+            }) + "\n")
+            out.flush()
+    if out:
+        out.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+#!/usr/bin/python3
+"""Data parallel, deferred vs per-micro-step gradient synchronization: gradaccum against
+Python DDP (bench/dist/py_ddp.py), W = 2 ranks, N accumulation steps, one thread per rank.
+
+Links:
+  lo      both ranks on this host's loopback (gradaccum: `train --nproc 2`; Python: two
+          processes with MASTER_ADDR=127.0.0.1)
+  RATE    e.g. 1gbit, 10gbit: rank 0 in network namespace ga0, rank 1 in ga1, joined by a
+          veth pair shaped with tbf at RATE in both directions (bench/dist/netns.sh)
+Modes: deferred (gradaccum's default / DDP with no_sync() on the first N-1 micro-steps) and
+eager (sync_each_micro_step=true / DDP without no_sync()).
+
+Runs alternate: each repetition goes through every link, and within a link through every
+(implementation, mode), in an order rotated per repetition. Each run (both ranks) holds
+/tmp/gradaccum-bench.lock. Reported: the median of step_time_s over all steps after the
+warm-up of all repetitions, the range of the per-run medians, and bytes all-reduced per step.
+
+  /usr/bin/python3 bench/dist/run_bench.py --bin build-dist/gradaccum --reps 3
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NETNS = os.path.join(HERE, "netns.sh")
+PY_DDP = os.path.join(HERE, "py_ddp.py")
+LOCK = "/tmp/gradaccum-bench.lock"
+NS = [("ga0", "ga-veth0"), ("ga1", "ga-veth1")]
+MASTER_NETNS = "10.213.0.1"
+
+
+def netns(*args):
+    subprocess.run(["bash", NETNS, *args], check=True)
+
+
+def our_args(a, mode, out_dir):
+    hidden = "[" + ",".join(a.hidden.split(",")) + "]"
+    sets = {
+        "model.type": "mlp", "model.norm": "none", "model.hidden": hidden,
+        "per_device_train_batch_size": a.micro_batch, "gradient_accumulation_steps": a.accum,
+        "max_steps": a.max_steps, "threads": 1, "data.train_limit": a.train_limit,
+        "data.eval_limit": -1, "ddp_bucket_cap_mb": 25, "dist_timeout": 300,
+        "sync_each_micro_step": "true" if mode == "eager" else "false",
+        "output_dir": out_dir, "logging_steps": 1000,
+    }
+    cmd = [a.bin, "train"]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    return cmd
+
+
+def py_args(a, mode, out_file):
+    return ["/usr/bin/python3", PY_DDP, "--micro-batch", str(a.micro_batch), "--accum", str(a.accum),
+            "--max-steps", str(a.max_steps), "--hidden", a.hidden, "--mode", mode,
+            "--train-limit", str(a.train_limit), "--threads", "1", "--bucket-cap-mb", "25",
+            "--output", out_file]
+
+
+def sh_quote(args):
+    return " ".join("'" + str(x).replace("'", "'\\''") + "'" for x in args)
+
+
+def run_locked(script, timeout, log):
+    """Runs a bash script under the benchmark lock, in its own process group."""
+    # The timeout starts once the lock is held: waiting for other benchmarks is not a hang.
+    cmd = ["flock", LOCK, "timeout", "-k", "10", str(int(timeout)), "bash", "-c", script]
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return p.wait()
+        except BaseException:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            raise
+
+
+def launch(a, impl, mode, link, port, run_dir):
+    os.makedirs(run_dir, exist_ok=True)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    log = os.path.join(run_dir, "log.txt")
+    if link == "lo":
+        base = f"export GLOO_SOCKET_IFNAME=lo MASTER_ADDR=127.0.0.1 MASTER_PORT={port}; "
+        if impl == "ours":
+            script = base + sh_quote(our_args(a, mode, run_dir) + ["--nproc", "2"])
+        else:
+            ranks = [f"RANK={r} LOCAL_RANK={r} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 " +
+                     sh_quote(py_args(a, mode, metrics if r == 0 else "")) for r in range(2)]
+            script = base + f"{ranks[0]} & p0=$!; {ranks[1]} & p1=$!; " \
+                            "wait $p0; r0=$?; wait $p1; r1=$?; exit $((r0|r1))"
+    else:
+        parts = []
+        for r, (ns, dev) in enumerate(NS):
+            cmd = our_args(a, mode, run_dir) if impl == "ours" \
+                else py_args(a, mode, metrics if r == 0 else "")
+            env = (f"RANK={r} LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 MASTER_ADDR={MASTER_NETNS} "
+                   f"MASTER_PORT={port} GLOO_SOCKET_IFNAME={dev}")
+            parts.append(f"ip netns exec {ns} env {env} {sh_quote(cmd)}")
+        script = f"{parts[0]} & p0=$!; {parts[1]} & p1=$!; wait $p0; r0=$?; wait $p1; r1=$?; exit $((r0|r1))"
+    t0 = time.time()
+    rc = run_locked(script, a.timeout, log)
+    wall = time.time() - t0
+    if rc != 0:
+        tail = open(log).read()[-1500:]
+        print(f"  FAILED rc={rc} ({impl} {mode} {link}); log {log}:\n{tail}", flush=True)
+        return None
+    steps = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l]
+    return {"steps": steps, "wall_s": wall}
+
+
+def link_check(rate, size_mb=200):
+    """Measures the shaped link: rank-1 namespace sends size_mb MB to the rank-0 namespace."""
+    recv = ("import socket,time;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+            "s.bind(('10.213.0.1',29599));s.listen(1);c,_=s.accept();n=0;t=None\n"
+            "while True:\n d=c.recv(1<<20)\n if not d: break\n t=t or time.time();n+=len(d)\n"
+            "print(n*8/(time.time()-t)/1e9)")
+    send = (f"import socket,time;time.sleep(0.5);s=socket.create_connection(('10.213.0.1',29599));"
+            f"b=bytes(1<<20)\nfor _ in range({size_mb}): s.sendall(b)\ns.close()")
+    r = subprocess.Popen(["ip", "netns", "exec", "ga0", "/usr/bin/python3", "-c", recv],
+                         stdout=subprocess.PIPE, text=True)
+    subprocess.run(["ip", "netns", "exec", "ga1", "/usr/bin/python3", "-c", send], check=True)
+    out, _ = r.communicate(timeout=120)
+    return float(out.strip())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="the gradaccum program")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--links", default="lo,10gbit,1gbit")
+    ap.add_argument("--impls", default="ours,py")
+    ap.add_argument("--modes", default="deferred,eager")
+    ap.add_argument("--hidden", default="2048,2048,2048")
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--accum", type=int, default=8)
+    ap.add_argument("--max-steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2, help="steps dropped at the start of each run")
+    ap.add_argument("--train-limit", type=int, default=4096)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--work", default="/tmp/ga-dist-bench")
+    ap.add_argument("--results", default="", help="write all per-run results here (JSON)")
+    a = ap.parse_args()
+    a.bin = os.path.abspath(a.bin)
+    # A SIGTERM or SIGHUP still runs the `finally` below, which removes the namespaces.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(1))
+
+    links = a.links.split(",")
+    combos = [(i, m) for i in a.impls.split(",") for m in a.modes.split(",")]
+    results = {}  # (link, impl, mode) -> list of runs
+    link_rates = {}
+    port = 29700 + (os.getpid() % 100) * 10
+    try:
+        for rep in range(a.reps):
+            for link in links:
+                if link != "lo":
+                    netns("up", link)
+                    if link not in link_rates:
+                        link_rates[link] = link_check(link)
+                        print(f"link {link}: measured {link_rates[link]:.2f} Gbit/s (one TCP stream)", flush=True)
+                k = rep % len(combos)
+                for impl, mode in combos[k:] + combos[:k]:
+                    port += 1
+                    run_dir = os.path.join(a.work, f"{link}-{impl}-{mode}-{rep}")
+                    r = launch(a, impl, mode, link, port, run_dir)
+                    if r is None:
+                        continue
+                    times = [s["step_time_s"] for s in r["steps"][a.warmup:]]
+                    r["median_s"] = statistics.median(times)
+                    results.setdefault((link, impl, mode), []).append(r)
+                    print(f"rep {rep} {link:7s} {impl:4s} {mode:8s} median {r['median_s']:.3f} s/step "
+                          f"({len(times)} steps, run {r['wall_s']:.0f} s)", flush=True)
+    finally:
+        if any(l != "lo" for l in links):
+            netns("down")
+
+    if a.results:
+        with open(a.results, "w") as f:
+            json.dump({f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}, f)
+
+    def stat(link, impl, mode):
+        runs = results.get((link, impl, mode))
+        if not runs:
+            return None
+        times = [s["step_time_s"] for r in runs for s in r["steps"][a.warmup:]]
+        mb = statistics.median(s["allreduce_bytes"] for r in runs for s in r["steps"]) / 1e6
+        per_run = [r["median_s"] for r in runs]
+        return {"median": statistics.median(times), "lo": min(per_run), "hi": max(per_run),
+                "mb": mb, "runs": len(runs)}
+
+    f3 = lambda x: f"{x:.3f}"
+    print()
+    print(f"W = 2, N = {a.accum}, micro-batch {a.micro_batch}, MLP 784-{a.hidden.replace(',', '-')}-10, "
+          f"1 thread per rank; median over steps {a.warmup + 1}..{a.max_steps} of all runs "
+          f"[range of per-run medians]; MB = 10^6 bytes")
+    print()
+    print("| link | mode | gradaccum s/step | Python DDP s/step | gradaccum / DDP | MB all-reduced / step | runs |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for link in links:
+        for mode in a.modes.split(","):
+            o, p = stat(link, "ours", mode), stat(link, "py", mode)
+            cell = lambda s: f"{f3(s['median'])} [{f3(s['lo'])}–{f3(s['hi'])}]" if s else "–"
+            ratio = f"{o['median'] / p['median']:.2f}" if o and p else "–"
+            mb = f"{o['mb']:.1f}" if o else (f"{p['mb']:.1f}" if p else "–")
+            runs = f"{o['runs'] if o else 0} + {p['runs'] if p else 0}"
+            label = "deferred (no_sync)" if mode == "deferred" else "every micro-step"
+            print(f"| {link} | {label} | {cell(o)} | {cell(p)} | {ratio} | {mb} | {runs} |")
+    print()
+    print("| link | eager / deferred, gradaccum | eager / deferred, Python DDP |")
+    print("| --- | --- | --- |")
+    for link in links:
+        cells = []
+        for impl in ("ours", "py"):
+            d, e = stat(link, impl, "deferred"), stat(link, impl, "eager")
+            cells.append(f"{e['median'] / d['median']:.2f}x" if d and e else "–")
+        print(f"| {link} | {cells[0]} | {cells[1]} |")
+    if link_rates:
+        print()
+        print("Measured shaped links (one TCP stream, 200 MB): " +
+              ", ".join(f"{k}: {v:.2f} Gbit/s" for k, v in link_rates.items()))
+
+
+if __name__ == "__main__":
+    main()
