@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <thread>
 
 #include "gradaccum/cli/launcher.h"
 #include "gradaccum/cli/runtime.h"

@@ -35,7 +35,8 @@ FashionMnist::FashionMnist(const std::string& directory, const std::string& spli
            "{}: {} labels for {} images", labels_path.string(), labels.size(0), images.size(0));
   GA_CHECK(labels.max().item<int64_t>() < 10, "{}: label out of range 0..9", labels_path.string());
   const int64_t n = limit > 0 ? std::min(limit, images.size(0)) : images.size(0);
-  images_ = images.slice(0, 0, n).unsqueeze(1).contiguous();
+  // clone(): a slice would keep the whole file's storage alive under train_limit.
+  images_ = images.slice(0, 0, n).unsqueeze(1).clone();
   labels_ = labels.slice(0, 0, n).to(torch::kLong);
 }
 
