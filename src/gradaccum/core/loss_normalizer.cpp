@@ -49,6 +49,13 @@ torch::Tensor LossNormalizer::local_totals() const {
   return torch::stack({zero(sum_).to(device), zero(count_).to(device), zero(naive_terms_).to(device)});
 }
 
+void LossNormalizer::restore(const torch::Tensor& totals) {
+  auto t = totals.to(torch::kDouble);
+  sum_ = t[0].clone();
+  count_ = t[1].clone();
+  naive_terms_ = t[2].clone();
+}
+
 WindowLoss LossNormalizer::finish(const torch::Tensor& global_totals,
                                   const std::vector<torch::Tensor>& params,
                                   int64_t world_size) const {

@@ -44,6 +44,8 @@ class LossNormalizer {
   torch::Tensor objective(const LossSum& micro);
   // Local totals to be summed over ranks: [Σ sum, Σ count, Σ naive_terms].
   torch::Tensor local_totals() const;
+  // Puts back local_totals() saved inside a window (resuming a preempted run).
+  void restore(const torch::Tensor& totals);
   // Given the totals summed over ranks, scales the (summed) gradients once and
   // returns the window loss. Device tensors only: no host synchronization.
   WindowLoss finish(const torch::Tensor& global_totals, const std::vector<torch::Tensor>& params,

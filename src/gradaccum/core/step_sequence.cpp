@@ -30,4 +30,15 @@ StepResult StepSequence::apply() {
   return result;
 }
 
+void StepSequence::resume_at(int64_t step) {
+  step_ = step;
+  optim::set_learning_rate(optimizer_, schedule_.at(step_));
+}
+
+void StepSequence::skip() {
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  ++step_;
+  optim::set_learning_rate(optimizer_, schedule_.at(step_));
+}
+
 }  // namespace gradaccum::core

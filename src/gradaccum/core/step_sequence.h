@@ -27,6 +27,12 @@ class StepSequence {
 
   // Performs optimizer step number `step()` and advances to the next.
   StepResult apply();
+  // Counts step `step()` without changing the parameters (a window skipped for
+  // a non-finite loss): the gradients are released and the schedule advances,
+  // since the window's data was consumed.
+  void skip();
+  // Continues a resumed run at `step` (sets the schedule's learning rate).
+  void resume_at(int64_t step);
   int64_t step() const { return step_; }
   const optim::LrSchedule& schedule() const { return schedule_; }
 

@@ -82,13 +82,72 @@ core::Batch Trainer::fetch(const torch::Tensor& indices) const {
   return batch;
 }
 
+void Trainer::restore(const TrainingState& state) {
+  const auto& g = plan_.geometry();
+  GA_CHECK(state.global_batch == g.global_batch(),
+           "checkpoint: it was saved with global batch {} and this run has {}", state.global_batch,
+           g.global_batch());
+  GA_CHECK(state.position.step <= total_steps_,
+           "checkpoint: it is at step {}, beyond this run's {} steps", state.position.step,
+           total_steps_);
+  GA_CHECK(state.position.window < plan_.windows_per_epoch(),
+           "checkpoint: window {} does not exist in an epoch of {} windows", state.position.window,
+           plan_.windows_per_epoch());
+  if (state.position.micro_step > 0) {
+    // The partial sums belong to particular micro-batches of particular ranks.
+    GA_CHECK(state.micro_batch == g.micro_batch() && state.accumulation_steps == g.accumulation_steps() &&
+                 state.world_size == g.world_size(),
+             "checkpoint: it was saved inside a window with {}x{}x{} (b x N x W); resume it with the "
+             "same decomposition, not {}x{}x{}",
+             state.micro_batch, state.accumulation_steps, state.world_size, g.micro_batch(),
+             g.accumulation_steps(), g.world_size());
+    GA_CHECK(state.partial.grads.size() == params_.size() && state.partial.totals.defined(),
+             "checkpoint: the partial window holds {} gradients for {} parameters",
+             state.partial.grads.size(), params_.size());
+  }
+  position_ = state.position;
+  resume_partial_ = state.partial;
+  steps_->resume_at(position_.step);
+}
+
+void Trainer::set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop) {
+  hook_ = hook;
+  stop_ = stop;
+}
+
+TrainingState Trainer::state_at(const TrainingPosition& position) const {
+  TrainingState state;
+  state.position = position;
+  const auto& g = plan_.geometry();
+  state.micro_batch = g.micro_batch();
+  state.accumulation_steps = g.accumulation_steps();
+  state.world_size = g.world_size();
+  state.global_batch = g.global_batch();
+  return state;
+}
+
 StepRecord Trainer::train_window(const Window& window) {
+  return *run_window(window, 0, nullptr);
+}
+
+std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t first_micro_step,
+                                              PartialWindow* partial) {
   const auto start = Clock::now();
   double data_time = 0.0;
   const int64_t rank = sync_.rank();
+  const bool one_process = sync_.world_size() == 1;
 
   normalizer_.begin_window();
-  for (int64_t s = 0; s < window.micro_steps(); ++s) {
+  if (first_micro_step > 0) {  // a preempted window: put its sums back
+    normalizer_.restore(resume_partial_.totals.to(options_.device));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& g = resume_partial_.grads[i];
+      if (g.defined()) params_[i].mutable_grad() = g.to(params_[i].device(), params_[i].scalar_type()).clone();
+    }
+    resume_partial_ = PartialWindow{};
+  }
+  std::vector<torch::Tensor> micro_sums;  // only read when the loss is not finite
+  for (int64_t s = first_micro_step; s < window.micro_steps(); ++s) {
     const bool last = s + 1 == window.micro_steps();
     const auto fetch_start = Clock::now();
     const auto indices = window.micro_batch(s, rank);
@@ -96,23 +155,67 @@ StepRecord Trainer::train_window(const Window& window) {
     if (indices.size(0) > 0) {  // a rank may have no samples left in a partial window
       auto batch = fetch(indices);
       data_time += seconds_since(fetch_start);
-      normalizer_.objective(model_.loss(batch)).backward();
+      auto micro = model_.loss(batch);
+      micro_sums.push_back(micro.sum.detach());
+      normalizer_.objective(micro).backward();
+    } else {
+      micro_sums.emplace_back();
     }
     sync_.after_backward(last);
+    // One process may stop between micro-steps and keep the partial window;
+    // several ranks stop together at the window's end (below).
+    if (!last && one_process && partial != nullptr && stop_requested()) {
+      partial->totals = normalizer_.local_totals().to(torch::kCPU);
+      for (const auto& p : params_) {
+        partial->grads.push_back(p.grad().defined() ? p.grad().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
+                                                    : torch::Tensor());
+      }
+      stopped_after_ = s + 1;
+      return std::nullopt;
+    }
   }
   // Every gradient now holds this rank's Σ over micro-steps; after the sync,
-  // the Σ over ranks. One division by the global count makes it exact.
-  auto totals = normalizer_.local_totals();
+  // the Σ over ranks. One division by the global count makes it exact. The
+  // stop flag rides along in the same all-reduce.
+  auto local = normalizer_.local_totals();
+  auto totals = torch::cat({local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options())});
   sync_.finish_window(totals);
   const auto window_loss = normalizer_.finish(totals, params_, sync_.world_size());
 
+  auto report_non_finite = [&](int64_t step) {
+    int64_t bad = -1;
+    for (size_t i = 0; i < micro_sums.size() && bad < 0; ++i) {
+      if (micro_sums[i].defined() && !torch::isfinite(micro_sums[i]).item<bool>()) {
+        bad = first_micro_step + static_cast<int64_t>(i);
+      }
+    }
+    return fmt::format(
+        "non-finite loss at optimizer step {} (micro-step {} of {}; epoch {}, window {}); "
+        "nan_policy: abort stops here, nan_policy: skip would skip such steps",
+        step, bad >= 0 ? fmt::format("{}", bad) : std::string("?"), window.micro_steps(),
+        window.epoch(), window.index());
+  };
+
   StepRecord record;
-  const auto step = steps_->apply();  // clip → step → zero grads → schedule
-  record.lr = step.lr;
+  StepResult step;
+  if (options_.nan_policy == NanPolicy::skip &&
+      !torch::isfinite(window_loss.loss).item<bool>()) {  // the extra sync skip mode costs
+    record.lr = steps_->schedule().at(steps_->step());
+    steps_->skip();
+    record.skipped = true;
+    auto zero = torch::zeros({}, torch::kDouble);
+    step.grad_norm = zero;
+    step.grad_norm_clipped = zero;
+  } else {
+    step = steps_->apply();  // clip → step → zero grads → schedule
+    record.lr = step.lr;
+  }
 
   // The one host synchronization of the step.
-  auto host = torch::stack({window_loss.loss, window_loss.count, step.grad_norm,
-                            step.grad_norm_clipped, optim::global_weight_norm(params_)})
+  auto host = torch::stack({window_loss.loss, window_loss.count, step.grad_norm.to(window_loss.loss.device()),
+                            step.grad_norm_clipped.to(window_loss.loss.device()),
+                            optim::global_weight_norm(params_).to(window_loss.loss.device()),
+                            totals[3]})
                   .to(torch::kCPU);
   auto v = host.accessor<double, 1>();
   record.loss = v[0];
@@ -120,7 +223,11 @@ StepRecord Trainer::train_window(const Window& window) {
   record.grad_norm = v[2];
   record.grad_norm_clipped = v[3];
   record.weight_norm = v[4];
+  stop_agreed_ = v[5] > 0.0;
   record.step = steps_->step();
+  if (!record.skipped && !std::isfinite(record.loss)) {
+    GA_CHECK(options_.nan_policy != NanPolicy::abort, "{}", report_non_finite(record.step));
+  }
   record.epoch = window.epoch();
   record.samples = window.size();
   record.micro_steps = window.micro_steps();
@@ -145,16 +252,37 @@ TrainSummary Trainer::run() {
 
   TrainSummary summary;
   const auto start = Clock::now();
-  double loss_total = 0.0;
-  for (int64_t epoch = 0; steps_->step() < total_steps_; ++epoch) {
+  TrainingPosition& pos = position_;
+  auto advance = [&] {
+    pos.micro_step = 0;
+    if (++pos.window == plan_.windows_per_epoch()) {
+      pos.window = 0;
+      ++pos.epoch;
+    }
+  };
+  while (steps_->step() < total_steps_ && !summary.preempted) {
+    const int64_t epoch = pos.epoch;
     const auto permutation = plan_.permutation(epoch);
-    for (int64_t k = 0; k < plan_.windows_per_epoch() && steps_->step() < total_steps_; ++k) {
-      auto record = train_window(plan_.window(permutation, epoch, k));
+    while (pos.epoch == epoch && steps_->step() < total_steps_) {
+      const auto window = plan_.window(permutation, pos.epoch, pos.window);
+      PartialWindow partial;
+      auto outcome = run_window(window, pos.micro_step, hook_ != nullptr ? &partial : nullptr);
+      if (!outcome) {  // stopped inside the window: save it as it is
+        auto state = state_at(pos);
+        state.position.micro_step = stopped_after_;
+        state.partial = std::move(partial);
+        hook_->save(state, SaveReason::preempted);
+        summary.preempted = true;
+        break;
+      }
+      auto record = *outcome;
       record.time_s = seconds_since(start);
-      loss_total += record.loss;
-      summary.samples += record.samples;
-      summary.items += record.items;
+      pos.step = record.step;
+      pos.loss_total += record.loss;
+      pos.samples += record.samples;
+      pos.items += record.items;
       summary.final_loss = record.loss;
+      advance();
       observer_.on_step(record);
       const bool last_step = record.step == total_steps_;
       if (eval_data_ != nullptr && !last_step && options_.eval_steps > 0 &&
@@ -164,14 +292,28 @@ TrainSummary Trainer::run() {
         eval.step = record.step;
         observer_.on_eval(eval);
       }
+      if (hook_ != nullptr) {
+        if (stop_agreed_ && !last_step) {
+          hook_->save(state_at(pos), SaveReason::preempted);
+          summary.preempted = true;
+          break;
+        }
+        if (last_step) {
+          hook_->save(state_at(pos), SaveReason::final);
+        } else if (options_.save_steps > 0 && record.step % options_.save_steps == 0) {
+          hook_->save(state_at(pos), SaveReason::periodic);
+        }
+      }
     }
   }
   summary.steps = steps_->step();
+  summary.samples = pos.samples;
+  summary.items = pos.items;
   summary.wall_s = seconds_since(start);
-  summary.train_loss = summary.steps > 0 ? loss_total / static_cast<double>(summary.steps) : 0.0;
+  summary.train_loss = summary.steps > 0 ? pos.loss_total / static_cast<double>(summary.steps) : 0.0;
   summary.samples_per_s = static_cast<double>(summary.samples) / summary.wall_s;
   summary.items_per_s = static_cast<double>(summary.items) / summary.wall_s;
-  if (eval_data_ != nullptr) {
+  if (eval_data_ != nullptr && !summary.preempted) {
     summary.eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size,
                             options_.dtype, options_.device);
     summary.eval.step = summary.steps;

@@ -6,7 +6,9 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "gradaccum/core/batch_geometry.h"
@@ -14,12 +16,20 @@
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/trainable.h"
+#include "gradaccum/core/training_state.h"
 #include "gradaccum/core/training_observer.h"
 #include "gradaccum/core/window_plan.h"
 #include "gradaccum/optim/lr_schedule.h"
 #include "gradaccum/optim/optimizer_factory.h"
 
 namespace gradaccum::core {
+
+// What to do when a window's loss is not finite (fp32: a real divergence).
+enum class NanPolicy {
+  abort,  // throw, naming the step and the first non-finite micro-step
+  skip,   // leave the parameters unchanged, count the step as skipped (costs
+          // one extra host synchronization per step, to decide before stepping)
+};
 
 struct TrainerOptions {
   int64_t per_device_train_batch_size = 16;
@@ -37,6 +47,8 @@ struct TrainerOptions {
   uint64_t seed = 42;
   int64_t eval_steps = 0;  // 0: evaluate at the end only
   int64_t per_device_eval_batch_size = 256;
+  int64_t save_steps = 0;  // > 0: a checkpoint every save_steps optimizer steps
+  NanPolicy nan_policy = NanPolicy::abort;
   torch::ScalarType dtype = torch::kFloat;
   torch::Device device = torch::kCPU;
 
@@ -57,6 +69,18 @@ class Trainer {
           const Dataset* eval_data, TrainingObserver& observer, GradSync* sync = nullptr,
           std::unique_ptr<torch::optim::Optimizer> optimizer = nullptr);
 
+  // Continue a saved run (call before run()). A state saved inside a window
+  // needs the same b, N and W; a state between windows any decomposition of
+  // the same global batch.
+  void restore(const TrainingState& state);
+
+  // Checkpoints: `hook` is called every options.save_steps steps, at the end,
+  // and when `*stop` becomes true (SIGTERM/SIGINT). With one process the loop
+  // stops after the micro-step in flight and saves the partial window; with
+  // several, ranks agree at the window's end (the flag travels with the loss
+  // totals, so stopping costs no extra collective) and save there.
+  void set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop);
+
   TrainSummary run();
 
   // One optimizer step over `window` (exposed for tests).
@@ -68,6 +92,12 @@ class Trainer {
 
  private:
   core::Batch fetch(const torch::Tensor& indices) const;
+  // Runs micro-steps [first, N) of `window`; nullopt when a stop request ended
+  // it early (then *partial holds the accumulated state).
+  std::optional<StepRecord> run_window(const Window& window, int64_t first_micro_step,
+                                       PartialWindow* partial);
+  TrainingState state_at(const TrainingPosition& position) const;
+  bool stop_requested() const { return stop_ != nullptr && stop_->load(); }
 
   TrainerOptions options_;
   Trainable& model_;
@@ -82,6 +112,12 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LossNormalizer normalizer_;
   std::unique_ptr<StepSequence> steps_;
+  TrainingPosition position_;
+  PartialWindow resume_partial_;
+  CheckpointHook* hook_ = nullptr;
+  const std::atomic<bool>* stop_ = nullptr;
+  bool stop_agreed_ = false;
+  int64_t stopped_after_ = 0;  // micro-steps done when run_window stopped early  // set by a window whose all-reduced stop flag was raised
 };
 
 }  // namespace gradaccum::core

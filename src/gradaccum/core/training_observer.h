@@ -63,6 +63,7 @@ struct TrainSummary {
   double items_per_s = 0.0;
   bool has_eval = false;
   EvalRecord eval;
+  bool preempted = false;  // stopped early by a stop request, after saving
 };
 
 class TrainingObserver {
