@@ -39,9 +39,25 @@ std::string describe(int status) {
   return fmt::format("exited with status {}", WEXITSTATUS(status));
 }
 
+// The ranks, for the signal handler: a SIGTERM sent to the launcher is passed
+// on, so every rank stops at the same window and saves (torchrun does the
+// same). SIGINT from a terminal already reaches the whole process group, so the
+// launcher only survives it and waits. Plain array: a handler may only make
+// async-signal-safe calls.
+constexpr int kMaxRanks = 1024;
+pid_t g_children[kMaxRanks];
+volatile sig_atomic_t g_child_count = 0;
+
+extern "C" void forward_signal(int signal_number) {
+  for (int i = 0; i < g_child_count; ++i) kill(g_children[i], signal_number);
+}
+
+extern "C" void ignore_signal(int) {}
+
 }  // namespace
 
 int launch_local(int64_t nproc, const std::vector<std::string>& child_args) {
+  GA_CHECK(nproc <= kMaxRanks, "--nproc {}: at most {} local ranks", nproc, kMaxRanks);
   const int port = free_port();
   std::map<pid_t, int64_t> ranks;
   for (int64_t rank = 0; rank < nproc; ++rank) {
@@ -66,7 +82,15 @@ int launch_local(int64_t nproc, const std::vector<std::string>& child_args) {
       _exit(127);
     }
     ranks[pid] = rank;
+    g_children[g_child_count] = pid;
+    g_child_count = g_child_count + 1;
   }
+  struct sigaction action {};
+  action.sa_handler = forward_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  action.sa_handler = ignore_signal;
+  sigaction(SIGINT, &action, nullptr);
 
   int exit_code = 0;
   while (!ranks.empty()) {

@@ -58,4 +58,17 @@ void check_same_on_all_ranks(c10d::ProcessGroup& group, int64_t value, const std
   }
 }
 
+void barrier(c10d::ProcessGroup& group, const std::string& what) {
+  // An all-reduce of one element: Gloo's barrier() would do, but this works
+  // unchanged on NCCL, whose barrier needs a device guess.
+  std::vector<torch::Tensor> flag{torch::zeros({1})};
+  try {
+    group.allreduce(flag)->wait();
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    throw Error(fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}",
+                            group.getRank(), what, message.substr(0, message.find('\n'))));
+  }
+}
+
 }  // namespace gradaccum::dist

@@ -20,4 +20,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> connect(const DistEnvironment& env,
 // value differs (used to refuse mismatched configurations across ranks).
 void check_same_on_all_ranks(c10d::ProcessGroup& group, int64_t value, const std::string& what);
 
+// Waits until every rank arrives (checkpoint writes use it); a dead or stalled
+// peer is an error naming `what` after the group's timeout.
+void barrier(c10d::ProcessGroup& group, const std::string& what);
+
 }  // namespace gradaccum::dist

@@ -96,4 +96,13 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   return {};
 }
 
+void ShardedOptimizer::save(torch::serialize::OutputArchive& archive) const {
+  // An empty range (more ranks than elements) has no optimizer and no state.
+  if (local_) local_->save(archive);
+}
+
+void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
+  if (local_) local_->load(archive);
+}
+
 }  // namespace gradaccum::dist

@@ -31,6 +31,10 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
 
   int64_t owned_elements() const { return end_ - begin_; }
 
+  // This rank's shard of the state (each rank saves and loads its own).
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
  private:
   // A piece of one parameter inside this rank's range.
   struct Piece {
