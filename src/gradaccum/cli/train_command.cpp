@@ -1,7 +1,12 @@
 #include "gradaccum/cli/train_command.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <atomic>
+#include <mutex>
 #include <filesystem>
 
 #include "gradaccum/cli/launcher.h"
@@ -15,12 +20,102 @@
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/dist/process_group.h"
 #include "gradaccum/dist/sharded_optimizer.h"
-#include "gradaccum/io/process_stats.h"
+#include "gradaccum/io/checkpoint.h"
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/metrics_writer.h"
+#include "gradaccum/io/process_stats.h"
 #include "gradaccum/models/model_factory.h"
+#include "gradaccum/models/module_tensors.h"
 
 namespace gradaccum::cli {
+
+namespace {
+
+// SIGTERM / SIGINT ask the loop to stop and save (preemption); a second one
+// falls back to the default action, so a stuck run can still be interrupted.
+std::atomic<bool> g_stop_requested{false};
+
+extern "C" void request_stop(int signal_number) {
+  if (g_stop_requested.exchange(true)) {
+    ::signal(signal_number, SIG_DFL);
+    ::raise(signal_number);
+  }
+}
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = request_stop;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+// Saves what the loop hands over plus what this program owns: the weights, the
+// optimizer and the configuration.
+class CheckpointWriter final : public core::CheckpointHook {
+ public:
+  CheckpointWriter(io::CheckpointStore& store, torch::nn::Module& module, bool rank0,
+                   bool optimizer_per_rank, std::string resolved_config, uint64_t seed)
+      : store_(store),
+        module_(module),
+        rank0_(rank0),
+        optimizer_per_rank_(optimizer_per_rank),
+        resolved_config_(std::move(resolved_config)),
+        seed_(seed) {}
+
+  void set_optimizer(torch::optim::Optimizer& optimizer) { optimizer_ = &optimizer; }
+
+  void save(const core::TrainingState& state, core::SaveReason reason) override {
+    io::CheckpointContents contents;
+    contents.state = state;
+    if (rank0_) contents.model = models::module_tensors(module_);
+    if (rank0_ || optimizer_per_rank_) contents.optimizer = io::serialize_optimizer(*optimizer_);
+    contents.optimizer_per_rank = optimizer_per_rank_;
+    contents.resolved_config = resolved_config_;
+    contents.seed = seed_;
+    last_ = store_.save(contents);
+    last_reason_ = reason;
+  }
+
+  const std::string& last() const { return last_; }
+
+ private:
+  io::CheckpointStore& store_;
+  torch::nn::Module& module_;
+  bool rank0_;
+  bool optimizer_per_rank_;
+  std::string resolved_config_;
+  uint64_t seed_;
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  std::string last_;
+  core::SaveReason last_reason_ = core::SaveReason::periodic;
+};
+
+// Checks a checkpoint against this run and adapts its position when the user
+// allowed a different global batch.
+core::TrainingState resume_state(const io::LoadedCheckpoint& loaded, const io::TrainConfig& config,
+                                 const core::BatchGeometry& geometry) {
+  auto state = loaded.state;
+  GA_CHECK(loaded.seed == config.trainer.seed,
+           "checkpoint {}: it was saved with seed {} and this run has seed {}; the data order would "
+           "change",
+           loaded.directory, loaded.seed, config.trainer.seed);
+  if (state.global_batch != geometry.global_batch()) {
+    GA_CHECK(config.allow_batch_change,
+             "checkpoint {}: it was saved with global batch {} and this run has {}; that changes the "
+             "trajectory (set allow_batch_change=true to continue anyway)",
+             loaded.directory, state.global_batch, geometry.global_batch());
+    GA_CHECK(state.position.micro_step == 0,
+             "checkpoint {}: saved inside a window, it cannot continue with another global batch",
+             loaded.directory);
+    // Continue at the window holding the first sample not yet seen.
+    state.position.window = state.position.window * state.global_batch / geometry.global_batch();
+    state.global_batch = geometry.global_batch();
+  }
+  return state;
+}
+
+}  // namespace
 
 int run_train(const TrainArgs& args) {
   GA_CHECK(args.nproc >= 1, "--nproc must be >= 1, got {}", args.nproc);
@@ -45,6 +140,11 @@ int run_train(const TrainArgs& args) {
            "key 'device': cuda requested but this libtorch has no CUDA device");
 
   // Everything that can fail on bad input happens before output_dir is created.
+  std::optional<io::LoadedCheckpoint> checkpoint;
+  if (!config.resume_from_checkpoint.empty()) {
+    checkpoint = io::read_checkpoint(
+        io::resolve_checkpoint(config.resume_from_checkpoint, config.output_dir), env.rank);
+  }
   torch::manual_seed(config.trainer.seed);
   data::FashionMnist train_data(config.data.directory, "train", config.data.train_limit);
   std::unique_ptr<data::FashionMnist> eval_data;
@@ -61,10 +161,14 @@ int run_train(const TrainArgs& args) {
 
   // Data parallel: connect, refuse mismatched configurations, and hook the
   // reducer onto the parameters in their final device and dtype.
+  std::optional<core::TrainingState> resumed;
+  if (checkpoint) resumed = resume_state(*checkpoint, config, geometry);
+
   std::unique_ptr<dist::BucketedGradSync> sync;
   std::unique_ptr<torch::optim::Optimizer> sharded;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
   if (env.distributed()) {
-    const auto group = dist::connect(env, std::chrono::seconds(config.dist_timeout_s));
+    group = dist::connect(env, std::chrono::seconds(config.dist_timeout_s));
     dist::check_same_on_all_ranks(*group, static_cast<int64_t>(std::hash<std::string>{}(config.resolved_yaml) >> 1),
                                   "configuration");
     model->module().to(config.trainer.device, config.trainer.dtype);
@@ -89,16 +193,61 @@ int run_train(const TrainArgs& args) {
     std::filesystem::create_directories(config.output_dir);
     io::write_file_atomically((std::filesystem::path(config.output_dir) / "config.yaml").string(),
                               config.resolved_yaml);
-    metrics = std::make_unique<io::MetricsWriter>(config.output_dir);
+    metrics = std::make_unique<io::MetricsWriter>(config.output_dir, false,
+                                                  resumed ? resumed->position.step : -1);
     progress = std::make_unique<Progress>(stdout, isatty(STDOUT_FILENO) != 0, config.logging_steps);
     observers.add(*metrics);
     observers.add(*progress);
     fmt::print("threads: {}, dtype: {}, device: {}, world size: {}, output: {}\n", threads,
                config.dtype, config.device, world, config.output_dir);
   }
+  const bool optimizer_per_rank = sharded != nullptr;
   core::Trainer trainer(config.trainer, *model, train_data, eval_data.get(), observers, sync.get(),
                         std::move(sharded));
-  trainer.run();
+  if (checkpoint) {
+    const auto& dir = checkpoint->directory;
+    models::load_module_tensors(model->module(), checkpoint->model, dir + "/model.safetensors");
+    io::deserialize_optimizer(trainer.optimizer(), checkpoint->optimizer, dir);
+    if (checkpoint->rng_state.defined()) {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(checkpoint->rng_state);
+    }
+    trainer.restore(*resumed);
+    if (rank0) {
+      fmt::print("resuming from {} at step {} (epoch {}, window {}, micro-step {})\n", dir,
+                 resumed->position.step, resumed->position.epoch, resumed->position.window,
+                 resumed->position.micro_step);
+    }
+  }
+
+  io::CheckpointStoreOptions store_options;
+  store_options.output_dir = config.output_dir;
+  store_options.rank = env.rank;
+  store_options.world_size = world;
+  store_options.save_total_limit = config.save_total_limit;
+  if (group) store_options.barrier = [&group] { dist::barrier(*group, "the checkpoint barrier"); };
+  io::CheckpointStore store(store_options);
+  CheckpointWriter writer(store, model->module(), rank0, optimizer_per_rank, config.resolved_yaml,
+                          config.trainer.seed);
+  writer.set_optimizer(trainer.optimizer());
+  install_stop_handlers();
+  trainer.set_checkpointing(&writer, &g_stop_requested);
+
+  const auto summary = trainer.run();
+  if (summary.preempted) {
+    if (rank0) {
+      fmt::print("stopped at step {} on request; checkpoint: {}\nresume with: --set "
+                 "resume_from_checkpoint=latest\n",
+                 summary.steps, writer.last());
+    }
+  } else if (rank0) {
+    // The trained model on its own, for other programs.
+    const auto final_dir = std::filesystem::path(config.output_dir) / "final";
+    std::filesystem::create_directories(final_dir);
+    io::save_safetensors((final_dir / "model.safetensors").string(),
+                         models::module_tensors(model->module()));
+  }
   if (!rank0) {
     // Memory is per process: every rank leaves its own figure beside the summary.
     io::write_file_atomically(

@@ -53,8 +53,11 @@ loss_normalization: window        # window (exact mean) | sum | micro_batch (nai
 last_window: partial              # partial | drop
 logging_steps: 1
 eval_steps: 0
-save_steps: 0
-resume_from_checkpoint: ""
+save_steps: 0                     # > 0: a checkpoint every save_steps optimizer steps (and at the end)
+save_total_limit: 0               # > 0: keep only the newest K checkpoints
+resume_from_checkpoint: ""        # a checkpoint directory, or "latest" (under output_dir)
+allow_batch_change: false         # resume with another global batch size (not exact)
+nan_policy: abort                 # abort | skip: what a non-finite window loss does
 dist_timeout: 60                  # seconds before a stalled rank is an error
 ddp_bucket_cap_mb: 25             # gradient all-reduce bucket size
 sync_each_micro_step: false       # true: all-reduce every micro-step (comparison only)
@@ -282,10 +285,14 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   c.zero_stage = get_int(root, "zero_stage");
   require(c.zero_stage == 0 || c.zero_stage == 1, "zero_stage", "0 or 1", std::to_string(c.zero_stage));
   c.save_steps = get_int(root, "save_steps");
-  GA_CHECK(c.save_steps == 0, "key 'save_steps': checkpoints are not implemented yet; use 0");
+  require(c.save_steps >= 0, "save_steps", ">= 0 (0 = at the end only)", std::to_string(c.save_steps));
+  t.save_steps = c.save_steps;
+  c.save_total_limit = get_int(root, "save_total_limit");
+  require(c.save_total_limit >= 0, "save_total_limit", ">= 0 (0 = keep all)", std::to_string(c.save_total_limit));
   c.resume_from_checkpoint = get_string(root, "resume_from_checkpoint");
-  GA_CHECK(c.resume_from_checkpoint.empty(),
-           "key 'resume_from_checkpoint': resuming is not implemented yet; use \"\"");
+  c.allow_batch_change = get_bool(root, "allow_batch_change");
+  t.nan_policy = one_of(root, "nan_policy", {"abort", "skip"}) == "abort" ? core::NanPolicy::abort
+                                                                          : core::NanPolicy::skip;
 
   // The GA arithmetic must hold before anything runs: this throws naming the numbers.
   const auto geometry = t.geometry(world_size);

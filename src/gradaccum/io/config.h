@@ -33,8 +33,10 @@ struct TrainConfig {
   int64_t ddp_bucket_cap_mb = 25;     // gradient bucket size
   bool sync_each_micro_step = false;  // comparison only: all-reduce every micro-step
   int64_t zero_stage = 0;             // 1: optimizer state sharded across ranks
-  int64_t save_steps = 0;
-  std::string resume_from_checkpoint;
+  int64_t save_steps = 0;        // also in trainer.save_steps
+  int64_t save_total_limit = 0;  // > 0: keep the newest K checkpoints
+  std::string resume_from_checkpoint;  // "" | a directory | "latest"
+  bool allow_batch_change = false;
   models::ModelConfig model;
   DataConfig data;
   core::TrainerOptions trainer;

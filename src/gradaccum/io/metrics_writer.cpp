@@ -21,10 +21,27 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   GA_CHECK(std::rename(temporary.c_str(), path.c_str()) == 0, "{}: cannot rename to {}", temporary, path);
 }
 
-MetricsWriter::MetricsWriter(const std::string& output_dir, bool items_are_tokens)
+MetricsWriter::MetricsWriter(const std::string& output_dir, bool items_are_tokens,
+                             int64_t resumed_at_step)
     : output_dir_(output_dir), items_are_tokens_(items_are_tokens) {
   const auto path = (std::filesystem::path(output_dir) / "metrics.jsonl").string();
-  metrics_.open(path, std::ios::trunc);
+  if (resumed_at_step >= 0) {
+    // Keep the lines of the steps the checkpoint holds; later ones describe
+    // work that is lost and will be redone.
+    std::string kept;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+          j["step"].get<int64_t>() <= resumed_at_step) {
+        kept += line + "\n";
+      }
+    }
+    write_file_atomically(path, kept);
+    metrics_.open(path, std::ios::app);
+  } else {
+    metrics_.open(path, std::ios::trunc);
+  }
   GA_CHECK(metrics_.good(), "{}: cannot write", path);
 }
 
@@ -96,6 +113,7 @@ void MetricsWriter::on_end(const core::TrainSummary& s) {
       {"world_size", info_.geometry.world_size()},
       {"global_batch_size", info_.geometry.global_batch()},
       {"parameters", info_.parameters},
+      {"preempted", s.preempted},
   };
   if (items_are_tokens_) j["tokens_per_s"] = s.items_per_s;
   if (s.has_eval) {

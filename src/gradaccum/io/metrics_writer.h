@@ -14,7 +14,10 @@ namespace gradaccum::io {
 class MetricsWriter final : public core::TrainingObserver {
  public:
   // `items_are_tokens`: report items_per_s as tokens_per_s as well.
-  MetricsWriter(const std::string& output_dir, bool items_are_tokens = false);
+  // `resumed_at_step` >= 0: a resumed run; keeps the existing lines up to that
+  // step and appends, so the file reads as one uninterrupted run.
+  MetricsWriter(const std::string& output_dir, bool items_are_tokens = false,
+                int64_t resumed_at_step = -1);
 
   void on_start(const core::RunInfo& info) override;
   void on_step(const core::StepRecord& record) override;

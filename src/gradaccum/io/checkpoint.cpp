@@ -1,0 +1,311 @@
+#include "gradaccum/io/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "gradaccum/core/check.h"
+
+namespace gradaccum::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kTrainerState = "trainer_state.json";
+constexpr const char* kStateTensors = "state.safetensors";
+constexpr const char* kModel = "model.safetensors";
+constexpr const char* kModelConfig = "config.json";
+
+std::string step_name(int64_t step) { return fmt::format("step-{}", step); }
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  GA_CHECK(in.good(), "{}: cannot read", path.string());
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+uint32_t crc32_of(const std::string& bytes) {
+  // zlib's crc32 takes uInt lengths: feed it in pieces for files over 4 GB.
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* data = reinterpret_cast<const Bytef*>(bytes.data());
+  size_t left = bytes.size();
+  while (left > 0) {
+    const auto piece = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
+    crc = crc32(crc, data, piece);
+    data += piece;
+    left -= piece;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string optimizer_file(bool per_rank, int64_t rank) {
+  return per_rank ? fmt::format("optimizer-rank{}.pt", rank) : std::string("optimizer.pt");
+}
+
+// Step K of a directory named step-K, or -1.
+int64_t step_of(const fs::path& dir) {
+  const auto name = dir.filename().string();
+  if (name.rfind("step-", 0) != 0 || name.size() == 5) return -1;
+  int64_t k = 0;
+  for (char c : name.substr(5)) {
+    if (c < '0' || c > '9') return -1;
+    k = k * 10 + (c - '0');
+  }
+  return k;
+}
+
+// Complete checkpoints (a manifest present) under `root`, oldest first.
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return found;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const auto k = step_of(entry.path());
+    if (k >= 0 && entry.is_directory() && fs::exists(entry.path() / kManifest)) {
+      found.emplace_back(k, entry.path());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+nlohmann::json position_json(const core::TrainingPosition& p) {
+  return {{"step", p.step},       {"epoch", p.epoch},           {"window", p.window},
+          {"micro_step", p.micro_step}, {"loss_total", p.loss_total}, {"samples", p.samples},
+          {"items", p.items}};
+}
+
+template <typename T>
+T field(const nlohmann::json& j, const char* key, const std::string& what) {
+  GA_CHECK(j.is_object() && j.contains(key), "{}: missing field '{}'", what, key);
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw Error(fmt::format("{}: field '{}' has the wrong type", what, key));
+  }
+}
+
+}  // namespace
+
+CheckpointStore::CheckpointStore(CheckpointStoreOptions options)
+    : options_(std::move(options)), root_((fs::path(options_.output_dir) / "checkpoints").string()) {}
+
+std::string CheckpointStore::save(const CheckpointContents& c) {
+  const bool rank0 = options_.rank == 0;
+  const auto step = c.state.position.step;
+  const fs::path root(root_);
+  const fs::path final_dir = root / step_name(step);
+  const fs::path tmp = root / (".tmp-" + step_name(step));
+  auto barrier = [&] {
+    if (options_.world_size > 1 && options_.barrier) options_.barrier();
+  };
+
+  if (rank0) {
+    fs::create_directories(root);
+    // Left over from a crash during an earlier save: never published, safe to drop.
+    for (const auto& entry : fs::directory_iterator(root)) {
+      if (entry.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(entry.path());
+    }
+    fs::create_directories(tmp);
+  }
+  barrier();
+
+  if (c.optimizer_per_rank || rank0) {
+    write_file_atomically_fsync((tmp / optimizer_file(c.optimizer_per_rank, options_.rank)).string(),
+                                c.optimizer);
+  }
+  if (rank0) {
+    save_safetensors((tmp / kModel).string(), c.model);
+    if (!c.model_config.is_null()) {
+      write_file_atomically_fsync((tmp / kModelConfig).string(), c.model_config.dump(2) + "\n");
+    }
+    NamedTensors state_tensors;
+    state_tensors.emplace_back("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
+    if (c.state.position.micro_step > 0) {
+      state_tensors.emplace_back("partial.totals", c.state.partial.totals);
+      for (size_t i = 0; i < c.state.partial.grads.size(); ++i) {
+        const auto& g = c.state.partial.grads[i];
+        if (g.defined()) state_tensors.emplace_back(fmt::format("partial.grad.{:05d}", i), g);
+      }
+    }
+    save_safetensors((tmp / kStateTensors).string(), state_tensors);
+    nlohmann::json trainer_state = {
+        {"format_version", kCheckpointFormatVersion},
+        {"position", position_json(c.state.position)},
+        {"partial_grads", static_cast<int64_t>(c.state.partial.grads.size())},
+        {"micro_batch", c.state.micro_batch},
+        {"accumulation_steps", c.state.accumulation_steps},
+        {"world_size", c.state.world_size},
+        {"global_batch", c.state.global_batch},
+        {"seed", c.seed},
+        {"optimizer_per_rank", c.optimizer_per_rank},
+        {"config", c.resolved_config}};
+    write_file_atomically_fsync((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
+  }
+  barrier();  // every rank's files are in place
+
+  if (rank0) {
+    nlohmann::json files = nlohmann::json::object();
+    for (const auto& entry : fs::directory_iterator(tmp)) {
+      const auto bytes = read_bytes(entry.path());
+      files[entry.path().filename().string()] = {{"bytes", bytes.size()}, {"crc32", crc32_of(bytes)}};
+    }
+    const nlohmann::json manifest = {{"format_version", kCheckpointFormatVersion}, {"files", files}};
+    write_file_atomically_fsync((tmp / kManifest).string(), manifest.dump(2) + "\n");
+    fsync_directory(tmp.string());
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a rerun saving the same step
+    fs::rename(tmp, final_dir);
+    fsync_directory(root.string());
+
+    if (options_.save_total_limit > 0) {
+      auto all = complete_checkpoints(root);
+      const auto excess = static_cast<int64_t>(all.size()) - options_.save_total_limit;
+      for (int64_t i = 0; i < excess; ++i) fs::remove_all(all[static_cast<size_t>(i)].second);
+    }
+  }
+  barrier();  // published before any rank moves on
+  return final_dir.string();
+}
+
+std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir) {
+  if (spec != "latest") {
+    GA_CHECK(fs::is_directory(spec), "key 'resume_from_checkpoint': {} is not a directory", spec);
+    return spec;
+  }
+  const auto root = fs::path(output_dir) / "checkpoints";
+  const auto all = complete_checkpoints(root);
+  GA_CHECK(!all.empty(), "key 'resume_from_checkpoint': latest: no complete checkpoint under {}",
+           root.string());
+  return all.back().second.string();
+}
+
+LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
+  const fs::path dir(directory);
+  const auto what = [&](const char* file) { return (dir / file).string(); };
+  GA_CHECK(fs::is_directory(dir), "checkpoint {}: not a directory", directory);
+  GA_CHECK(fs::exists(dir / kManifest),
+           "checkpoint {}: no manifest.json (not a checkpoint, or one whose save did not finish)",
+           directory);
+
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(read_bytes(dir / kManifest));
+  } catch (const nlohmann::json::exception&) {
+    throw Error(fmt::format("{}: not valid JSON (corrupt checkpoint)", what(kManifest)));
+  }
+  const auto version = field<int64_t>(manifest, "format_version", what(kManifest));
+  GA_CHECK(version == kCheckpointFormatVersion,
+           "{}: format version {} is not supported (this build reads version {})", what(kManifest),
+           version, kCheckpointFormatVersion);
+  const auto files = field<nlohmann::json>(manifest, "files", what(kManifest));
+  GA_CHECK(files.is_object(), "{}: 'files' is not an object", what(kManifest));
+
+  // Every file is checked against the manifest before any parser sees it.
+  std::map<std::string, std::string> contents;
+  for (const auto& [name, info] : files.items()) {
+    const auto path = dir / name;
+    GA_CHECK(fs::exists(path), "checkpoint {}: {} is missing", directory, name);
+    auto bytes = read_bytes(path);
+    const auto expected_size = field<uint64_t>(info, "bytes", what(kManifest));
+    GA_CHECK(bytes.size() == expected_size,
+             "checkpoint {}: {} has {} bytes, the manifest says {} (truncated or corrupt)", directory,
+             name, bytes.size(), expected_size);
+    GA_CHECK(crc32_of(bytes) == field<uint32_t>(info, "crc32", what(kManifest)),
+             "checkpoint {}: {} fails its CRC-32 check (corrupt)", directory, name);
+    contents.emplace(name, std::move(bytes));
+  }
+  auto need = [&](const std::string& name) -> const std::string& {
+    auto it = contents.find(name);
+    GA_CHECK(it != contents.end(), "checkpoint {}: {} is not in the manifest", directory, name);
+    return it->second;
+  };
+
+  LoadedCheckpoint loaded;
+  loaded.directory = directory;
+  nlohmann::json ts;
+  try {
+    ts = nlohmann::json::parse(need(kTrainerState));
+  } catch (const nlohmann::json::exception&) {
+    throw Error(fmt::format("{}: not valid JSON", what(kTrainerState)));
+  }
+  const auto ts_what = what(kTrainerState);
+  GA_CHECK(field<int64_t>(ts, "format_version", ts_what) == kCheckpointFormatVersion,
+           "{}: unsupported format version", ts_what);
+  const auto pos = field<nlohmann::json>(ts, "position", ts_what);
+  auto& p = loaded.state.position;
+  p.step = field<int64_t>(pos, "step", ts_what);
+  p.epoch = field<int64_t>(pos, "epoch", ts_what);
+  p.window = field<int64_t>(pos, "window", ts_what);
+  p.micro_step = field<int64_t>(pos, "micro_step", ts_what);
+  p.loss_total = field<double>(pos, "loss_total", ts_what);
+  p.samples = field<int64_t>(pos, "samples", ts_what);
+  p.items = field<int64_t>(pos, "items", ts_what);
+  GA_CHECK(p.step >= 0 && p.epoch >= 0 && p.window >= 0 && p.micro_step >= 0,
+           "{}: negative position", ts_what);
+  loaded.state.micro_batch = field<int64_t>(ts, "micro_batch", ts_what);
+  loaded.state.accumulation_steps = field<int64_t>(ts, "accumulation_steps", ts_what);
+  loaded.state.world_size = field<int64_t>(ts, "world_size", ts_what);
+  loaded.state.global_batch = field<int64_t>(ts, "global_batch", ts_what);
+  loaded.seed = field<uint64_t>(ts, "seed", ts_what);
+  loaded.resolved_config = field<std::string>(ts, "config", ts_what);
+  const bool per_rank = field<bool>(ts, "optimizer_per_rank", ts_what);
+  const auto partial_grads = field<int64_t>(ts, "partial_grads", ts_what);
+  GA_CHECK(!per_rank || rank < loaded.state.world_size,
+           "checkpoint {}: rank {} has no optimizer shard (saved by {} ranks with zero_stage 1)",
+           directory, rank, loaded.state.world_size);
+
+  for (auto& [name, tensor] : parse_safetensors(need(kStateTensors), what(kStateTensors))) {
+    if (name == "rng.cpu") {
+      loaded.rng_state = tensor;
+    } else if (name == "partial.totals") {
+      loaded.state.partial.totals = tensor;
+    }
+  }
+  if (p.micro_step > 0) {
+    GA_CHECK(loaded.state.partial.totals.defined() && loaded.state.partial.totals.numel() == 3,
+             "{}: the partial window's totals are missing", what(kStateTensors));
+    loaded.state.partial.grads.resize(static_cast<size_t>(partial_grads));
+    for (auto& [name, tensor] : parse_safetensors(need(kStateTensors), what(kStateTensors))) {
+      if (name.rfind("partial.grad.", 0) != 0) continue;
+      const auto index = std::stoll(name.substr(13));
+      GA_CHECK(index >= 0 && index < partial_grads, "{}: {} is out of range", what(kStateTensors), name);
+      loaded.state.partial.grads[static_cast<size_t>(index)] = tensor;
+    }
+  }
+  loaded.model = parse_safetensors(need(kModel), what(kModel));
+  loaded.optimizer = need(optimizer_file(per_rank, rank));
+  return loaded;
+}
+
+std::string serialize_optimizer(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void deserialize_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes,
+                           const std::string& what) {
+  try {
+    std::istringstream in(bytes);
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    optimizer.load(archive);
+  } catch (const c10::Error& e) {
+    // libtorch's message spans many lines; its first one says what failed.
+    const std::string message = e.what_without_backtrace();
+    throw Error(fmt::format("{}: optimizer state does not fit this optimizer ({})", what,
+                            message.substr(0, message.find('\n'))));
+  }
+}
+
+}  // namespace gradaccum::io
