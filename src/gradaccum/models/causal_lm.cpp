@@ -2,6 +2,17 @@
 
 namespace gradaccum::models {
 
+CausalLmHeadImpl::CausalLmHeadImpl(Decoder backbone) {
+  transformer = register_module("transformer", std::move(backbone));
+}
+
+torch::Tensor CausalLmHeadImpl::forward(const torch::Tensor& input_ids,
+                                        const torch::Tensor& attention_mask) {
+  // Tied head: logits = hidden · embeddingᵀ (HF's lm_head shares the embedding's weight, no bias).
+  return torch::nn::functional::linear(transformer->hidden_states(input_ids, attention_mask),
+                                       transformer->token_embedding());
+}
+
 core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
   TORCH_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
                   logits.size(1) == labels.size(1),

@@ -1,15 +1,33 @@
-// Causal language modelling as a task head: next-token cross-entropy over the
-// tokens that are not ignored, as a (sum, count) the engine normalizes over the
-// whole window — the fix of trl#2175 / seed 000's GPT-2 experiment, where a
-// per-micro-batch mean over-weights micro-batches with few real tokens.
+// Causal language modelling on any decoder (decoder.h): the tied LM head
+// module, and the task head — next-token cross-entropy over the tokens that are
+// not ignored, as a (sum, count) the engine normalizes over the whole window —
+// the fix of trl#2175 / seed 000's GPT-2 experiment, where a per-micro-batch
+// mean over-weights micro-batches with few real tokens.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <memory>
+#include <type_traits>
+
 #include "gradaccum/core/trainable.h"
-#include "gradaccum/models/gpt2.h"
+#include "gradaccum/models/decoder.h"
 
 namespace gradaccum::models {
+
+// HF's *LMHeadModel / *ForCausalLM: a decoder registered as `transformer` and
+// an output projection tied to its token embedding, so the module has no
+// parameter of its own and its names are the decoder's (transformer.*). Gpt2's
+// and Bloom's LM head models are this module built from their configs.
+class CausalLmHeadImpl : public torch::nn::Module {
+ public:
+  explicit CausalLmHeadImpl(Decoder transformer);
+  // Logits [B, T, vocab_size] = hidden states · token_embeddingᵀ (no bias).
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+
+  Decoder transformer{nullptr};
+};
+TORCH_MODULE(CausalLmHead);
 
 // Labels equal to this value contribute neither loss nor count (HF's convention).
 inline constexpr int64_t kIgnoreIndex = -100;
@@ -25,18 +43,23 @@ inline constexpr int64_t kIgnoreIndex = -100;
 core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels);
 
 // batch.input = token ids [B, T], batch.target = labels [B, T] (kIgnoreIndex =
-// ignored), batch.attention_mask = [B, T] or undefined.
+// ignored), batch.attention_mask = [B, T] or undefined. Takes any LM head model
+// (CausalLmHead, Gpt2LmHeadModel, BloomForCausalLm).
 class CausalLm final : public core::Trainable {
  public:
-  explicit CausalLm(Gpt2LmHeadModel model) : model_(std::move(model)) {}
+  explicit CausalLm(CausalLmHead model) : model_(std::move(model)) {}
+  template <typename Impl, typename = std::enable_if_t<std::is_base_of_v<CausalLmHeadImpl, Impl> &&
+                                                       !std::is_same_v<CausalLmHeadImpl, Impl>>>
+  explicit CausalLm(const torch::nn::ModuleHolder<Impl>& model)
+      : model_(std::static_pointer_cast<CausalLmHeadImpl>(model.ptr())) {}
   core::LossSum loss(const core::Batch& batch) override;
   // Loss sum and token count; `correct` is undefined.
   core::EvalSums evaluate(const core::Batch& batch) override;
   torch::nn::Module& module() override { return *model_; }
-  Gpt2LmHeadModel& model() { return model_; }
+  CausalLmHead& model() { return model_; }
 
  private:
-  Gpt2LmHeadModel model_;
+  CausalLmHead model_;
 };
 
 }  // namespace gradaccum::models

@@ -3,8 +3,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
-#include <limits>
 #include <string>
+
+#include "gradaccum/core/check.h"
 
 namespace gradaccum::models {
 
@@ -23,6 +24,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // biases 0, LayerNorm (1, 0); the residual projections (c_proj) N(0,
 // initializer_range / sqrt(2 n_layer)) so the residual stream's variance does
 // not grow with depth. Drawn from a generator of our own in registration order.
+// `model` is the Gpt2Model itself: names are relative to it (ln_f.weight,
+// h.0.ln_1.weight), and the draws the same as from a head around it.
 void init_weights(torch::nn::Module& model, const Gpt2Config& config) {
   torch::NoGradGuard no_grad;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(config.init_seed);
@@ -31,7 +34,7 @@ void init_weights(torch::nn::Module& model, const Gpt2Config& config) {
   for (auto& item : model.named_parameters()) {
     const std::string& name = item.key();
     auto& p = item.value();
-    if (name.find(".ln_") != std::string::npos) {
+    if (name.rfind("ln_", 0) == 0 || name.find(".ln_") != std::string::npos) {
       if (ends_with(name, ".weight"))
         p.fill_(1.0);
       else
@@ -51,8 +54,6 @@ torch::Tensor gpt2_position_ids(const torch::Tensor& attention_mask) {
 }
 
 Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& config) : n_head_(config.n_head) {
-  TORCH_CHECK(config.n_embd % config.n_head == 0, "GPT-2: n_embd ", config.n_embd,
-              " is not divisible by n_head ", config.n_head);
   c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
 }
@@ -67,15 +68,7 @@ torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, const torch::Te
   };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  // Masked scores get the dtype's lowest finite value, as HF does, not -inf: a
-  // padding query that sees no real key (left padding) then gets a uniform
-  // softmax instead of NaN, and exp(lowest - max) is exactly 0 for every row
-  // that has a real key, so real tokens never see padding.
-  const double lowest = scores.scalar_type() == torch::kDouble
-                            ? std::numeric_limits<double>::lowest()
-                            : static_cast<double>(std::numeric_limits<float>::lowest());
-  scores = scores.masked_fill(allowed.logical_not(), lowest);
-  auto y = torch::matmul(torch::softmax(scores, -1), v);  // [B, H, T, D]
+  auto y = torch::matmul(masked_softmax(scores, allowed), v);  // [B, H, T, D]
   y = y.transpose(1, 2).contiguous().view({batch, time, channels});
   return c_proj->forward(y);
 }
@@ -102,51 +95,38 @@ torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& x, const torch::Tensor
 }
 
 Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& config) : config_(config) {
+  GA_CHECK(config.vocab_size > 0 && config.n_positions > 0 && config.n_embd > 0 &&
+               config.n_layer >= 0 && config.n_head > 0,
+           "GPT-2 config: vocab_size {}, n_positions {}, n_embd {}, n_head {} must be positive "
+           "and n_layer {} not negative",
+           config.vocab_size, config.n_positions, config.n_embd, config.n_head, config.n_layer);
+  GA_CHECK(config.n_embd % config.n_head == 0, "GPT-2 config: n_embd {} is not divisible by n_head {}",
+           config.n_embd, config.n_head);
   wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
   wpe = register_module("wpe", torch::nn::Embedding(config.n_positions, config.n_embd));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Gpt2Block(config));
   ln_f = register_module("ln_f", layer_norm(config));
+  init_weights(*this, config);
 }
 
 torch::Tensor Gpt2ModelImpl::forward(const torch::Tensor& input_ids,
                                      const torch::Tensor& attention_mask) {
-  TORCH_CHECK(input_ids.dim() == 2, "GPT-2: input_ids must be [batch, time], got ",
-              input_ids.sizes());
+  check_decoder_inputs("GPT-2", input_ids, attention_mask, config_.vocab_size,
+                       config_.n_positions);
   const int64_t time = input_ids.size(1);
-  TORCH_CHECK(time <= config_.n_positions, "GPT-2: sequence length ", time, " exceeds n_positions ",
-              config_.n_positions);
-  const auto device = input_ids.device();
-  auto causal =
-      torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(device)).tril();
-  torch::Tensor allowed;    // [B or 1, 1, T, T]: query t may attend key s
-  torch::Tensor positions;  // [B or 1, T]
-  if (attention_mask.defined()) {
-    TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "GPT-2: attention_mask ",
-                attention_mask.sizes(), " does not match input_ids ", input_ids.sizes());
-    auto real_key = attention_mask.ne(0).view({input_ids.size(0), 1, 1, time});
-    allowed = causal.view({1, 1, time, time}).logical_and(real_key);
-    positions = gpt2_position_ids(attention_mask);
-  } else {
-    allowed = causal.view({1, 1, time, time});
-    positions =
-        torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(device)).unsqueeze(0);
-  }
+  // [B or 1, 1, T, T]: query t may attend key s
+  auto allowed = causal_attention_allowed(input_ids, attention_mask);
+  // [B or 1, T]
+  auto positions = attention_mask.defined()
+                       ? gpt2_position_ids(attention_mask)
+                       : torch::arange(time, torch::TensorOptions()
+                                                 .dtype(torch::kLong)
+                                                 .device(input_ids.device()))
+                             .unsqueeze(0);
   auto x = wte->forward(input_ids) + wpe->forward(positions);
   for (const auto& block : *h) x = block->as<Gpt2BlockImpl>()->forward(x, allowed);
   return ln_f->forward(x);
-}
-
-Gpt2LmHeadModelImpl::Gpt2LmHeadModelImpl(const Gpt2Config& config) : config_(config) {
-  transformer = register_module("transformer", Gpt2Model(config));
-  init_weights(*this, config);
-}
-
-torch::Tensor Gpt2LmHeadModelImpl::forward(const torch::Tensor& input_ids,
-                                           const torch::Tensor& attention_mask) {
-  // Tied head: logits = hidden · wteᵀ (HF's lm_head shares wte's weight, no bias).
-  return torch::nn::functional::linear(transformer->forward(input_ids, attention_mask),
-                                       transformer->wte->weight);
 }
 
 }  // namespace gradaccum::models

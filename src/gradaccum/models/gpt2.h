@@ -11,8 +11,9 @@
 //   transformer.h.<i>.mlp.c_proj.{weight,bias}
 //   transformer.ln_f.{weight,bias}
 //
-// The LM head is tied to transformer.wte (no parameter of its own, as HF's
-// lm_head.weight is the same tensor as wte.weight).
+// Gpt2Model is a Decoder (decoder.h); Gpt2LmHeadModel is the generic causal-LM
+// head (causal_lm.h) on it, tied to transformer.wte (no parameter of its own, as
+// HF's lm_head.weight is the same tensor as wte.weight).
 //
 // Differences from HF: the projections are torch::nn::Linear, whose weight is
 // [out, in]; HF's Conv1D stores [in, out]. A loader of HF checkpoints must
@@ -29,6 +30,9 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+
+#include "gradaccum/models/causal_lm.h"
+#include "gradaccum/models/decoder.h"
 
 namespace gradaccum::models {
 
@@ -86,12 +90,24 @@ class Gpt2BlockImpl : public torch::nn::Module {
 TORCH_MODULE(Gpt2Block);
 
 // Embeddings, blocks and final LayerNorm: hidden states [B, T, n_embd].
-class Gpt2ModelImpl : public torch::nn::Module {
+// Initialized in its constructor (HF's _init_weights, from config.init_seed),
+// so the backbone alone and every head on it start from the same weights.
+class Gpt2ModelImpl : public DecoderImpl {
  public:
   explicit Gpt2ModelImpl(const Gpt2Config& config);
   // input_ids [B, T] int64; attention_mask [B, T] (any dtype, 1 = real token)
   // or undefined for no padding.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+
+  torch::Tensor hidden_states(const torch::Tensor& input_ids,
+                              const torch::Tensor& attention_mask) override {
+    return forward(input_ids, attention_mask);
+  }
+  torch::Tensor token_embedding() override { return wte->weight; }
+  int64_t hidden_size() const override { return config_.n_embd; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t max_positions() const override { return config_.n_positions; }
+  const Gpt2Config& config() const { return config_; }
 
   torch::nn::Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
@@ -103,18 +119,18 @@ class Gpt2ModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Gpt2Model);
 
-// GPT2LMHeadModel: the transformer and an LM head tied to its token embedding.
-class Gpt2LmHeadModelImpl : public torch::nn::Module {
+// GPT2LMHeadModel: the generic causal-LM head on a Gpt2Model. forward(ids,
+// mask) gives logits [B, T, vocab_size] (CausalLmHeadImpl); `transformer` is
+// the backbone as a Decoder, gpt2() the same module with its GPT-2 fields.
+class Gpt2LmHeadModelImpl : public CausalLmHeadImpl {
  public:
-  explicit Gpt2LmHeadModelImpl(const Gpt2Config& config);
-  // Logits [B, T, vocab_size].
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
-  const Gpt2Config& config() const { return config_; }
-
-  Gpt2Model transformer{nullptr};
+  explicit Gpt2LmHeadModelImpl(const Gpt2Config& config) : Gpt2LmHeadModelImpl(Gpt2Model(config)) {}
+  const Gpt2Config& config() const { return gpt2_->config(); }
+  Gpt2Model& gpt2() { return gpt2_; }
 
  private:
-  Gpt2Config config_;
+  explicit Gpt2LmHeadModelImpl(Gpt2Model gpt2) : CausalLmHeadImpl(as_decoder(gpt2)), gpt2_(gpt2) {}
+  Gpt2Model gpt2_;  // the module registered as `transformer`, not registered twice
 };
 TORCH_MODULE(Gpt2LmHeadModel);
 

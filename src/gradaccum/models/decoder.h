@@ -1,0 +1,66 @@
+// The decoder backbone as the heads see it: token ids and an attention mask in,
+// hidden states out. GPT-2 (gpt2.h) and BLOOM (bloom.h) implement it, so the
+// causal-LM head (causal_lm.h) and the sequence classifier
+// (sequence_classifier.h) work on either without knowing which.
+//
+// A head registers its backbone as `transformer`, which keeps HF's parameter
+// names (transformer.wte.weight, transformer.word_embeddings.weight, ...).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+namespace gradaccum::models {
+
+class DecoderImpl : public torch::nn::Module {
+ public:
+  // input_ids [B, T] int64; attention_mask [B, T] (1 = real token, 0 = padding)
+  // or undefined for no padding. Returns the final hidden states [B, T,
+  // hidden_size()], after the final LayerNorm. Every real token's state is the
+  // same whether its row is padded on the left, on the right or not at all.
+  virtual torch::Tensor hidden_states(const torch::Tensor& input_ids,
+                                      const torch::Tensor& attention_mask) = 0;
+  // The token embedding [vocab_size, hidden_size], which a tied LM head reuses
+  // as its output projection (the parameter itself, not a copy).
+  virtual torch::Tensor token_embedding() = 0;
+  virtual int64_t hidden_size() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // The longest sequence the model accepts; 0 = unbounded (BLOOM's ALiBi has no
+  // position table).
+  virtual int64_t max_positions() const = 0;
+};
+TORCH_MODULE(Decoder);
+
+// A concrete backbone's holder (Gpt2Model, BloomModel) as a Decoder sharing the
+// same module.
+template <typename Impl>
+Decoder as_decoder(const torch::nn::ModuleHolder<Impl>& backbone) {
+  static_assert(std::is_base_of_v<DecoderImpl, Impl>, "as_decoder: not a DecoderImpl");
+  return Decoder(std::static_pointer_cast<DecoderImpl>(backbone.ptr()));
+}
+
+// Checks a decoder's inputs and throws gradaccum::Error naming `model` and what
+// is wrong: input_ids [B, T] int64 or int32 with T ≥ 1 (and ≤ max_positions unless
+// 0), ids in [0, vocab_size) (checked on CPU tensors only, where it costs no
+// device synchronization), attention_mask undefined or of input_ids' shape.
+void check_decoder_inputs(const std::string& model, const torch::Tensor& input_ids,
+                          const torch::Tensor& attention_mask, int64_t vocab_size,
+                          int64_t max_positions);
+
+// Which keys each query may attend to: causal (key s ≤ query t) and, with a
+// mask, the key is a real token. [B or 1, 1, T, T] bool.
+torch::Tensor causal_attention_allowed(const torch::Tensor& input_ids,
+                                       const torch::Tensor& attention_mask);
+
+// Softmax over the last dimension of `scores` where `allowed`, as HF does it:
+// disallowed scores become the dtype's lowest finite value, not -inf, so a
+// query that sees no real key (a pad query under left padding) gets a uniform
+// distribution instead of NaN, while for every query with a real key
+// exp(lowest - max) is exactly 0 and padding stays invisible.
+torch::Tensor masked_softmax(const torch::Tensor& scores, const torch::Tensor& allowed);
+
+}  // namespace gradaccum::models
