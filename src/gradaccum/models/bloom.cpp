@@ -1,0 +1,147 @@
+#include "gradaccum/models/bloom.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <string>
+
+#include "gradaccum/core/check.h"
+
+namespace gradaccum::models {
+
+namespace {
+torch::nn::LayerNorm layer_norm(const BloomConfig& config) {
+  return torch::nn::LayerNorm(
+      torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layer_norm_epsilon));
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// HF's BloomPreTrainedModel._init_weights (no depth-scaled residual
+// projections, unlike GPT-2). Names are relative to the BloomModel.
+void init_weights(torch::nn::Module& model, const BloomConfig& config) {
+  torch::NoGradGuard no_grad;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(config.init_seed);
+  for (auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    const bool layer_norm = name.find("layernorm.") != std::string::npos ||
+                            name.rfind("ln_f.", 0) == 0;
+    if (layer_norm && ends_with(name, ".weight"))
+      p.fill_(1.0);
+    else if (ends_with(name, ".bias"))
+      p.zero_();
+    else
+      p.normal_(0.0, config.initializer_range, generator);
+  }
+}
+}  // namespace
+
+torch::Tensor bloom_alibi_slopes(int64_t n_head) {
+  GA_CHECK(n_head > 0, "BLOOM: n_head must be positive, got {}", n_head);
+  int64_t p = 1;  // the largest power of two <= n_head
+  while (2 * p <= n_head) p *= 2;
+  const double log2_p = std::log2(static_cast<double>(p));
+  const double base = std::pow(2.0, -std::pow(2.0, -(log2_p - 3.0)));
+  const double extra_base = std::pow(2.0, -std::pow(2.0, -(log2_p + 1.0 - 3.0)));
+  auto slopes = torch::empty({n_head}, torch::kDouble);
+  auto s = slopes.accessor<double, 1>();
+  for (int64_t i = 0; i < p; ++i) s[i] = std::pow(base, static_cast<double>(i + 1));
+  for (int64_t i = p; i < n_head; ++i)
+    s[i] = std::pow(extra_base, static_cast<double>(2 * (i - p) + 1));
+  return slopes;
+}
+
+torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int64_t n_head,
+                          torch::ScalarType dtype, torch::Device device) {
+  torch::Tensor positions;  // [B or 1, T] float64
+  if (attention_mask.defined()) {
+    auto mask = attention_mask.ne(0).to(torch::kDouble);
+    positions = (mask.cumsum(-1) - 1) * mask;
+  } else {
+    positions = torch::arange(time, torch::TensorOptions().dtype(torch::kDouble).device(device))
+                    .unsqueeze(0);
+  }
+  auto slopes = bloom_alibi_slopes(n_head).to(positions.device());
+  return (slopes.view({1, n_head, 1, 1}) * positions.unsqueeze(1).unsqueeze(1)).to(dtype);
+}
+
+BloomAttentionImpl::BloomAttentionImpl(const BloomConfig& config) : n_head_(config.n_head) {
+  query_key_value = register_module(
+      "query_key_value", torch::nn::Linear(config.hidden_size, 3 * config.hidden_size));
+  dense = register_module("dense", torch::nn::Linear(config.hidden_size, config.hidden_size));
+}
+
+torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& alibi,
+                                          const torch::Tensor& allowed) {
+  const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
+  const int64_t head_dim = channels / n_head_;
+  // Per head: [q | k | v] of head_dim each, head after head.
+  auto fused = query_key_value->forward(x).view({batch, time, n_head_, 3, head_dim});
+  auto q = fused.select(3, 0).transpose(1, 2);  // [B, H, T, D]
+  auto k = fused.select(3, 1).transpose(1, 2);
+  auto v = fused.select(3, 2).transpose(1, 2);
+  // alibi + q·kᵀ / √D, in HF's order (baddbmm with alpha = 1/√D).
+  const double inv_norm = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  auto scores = alibi + torch::matmul(q, k.transpose(-2, -1)) * inv_norm;  // [B, H, T, T]
+  auto y = torch::matmul(masked_softmax(scores, allowed), v);              // [B, H, T, D]
+  return dense->forward(y.transpose(1, 2).reshape({batch, time, channels}));
+}
+
+BloomMlpImpl::BloomMlpImpl(const BloomConfig& config) {
+  dense_h_to_4h = register_module(
+      "dense_h_to_4h", torch::nn::Linear(config.hidden_size, 4 * config.hidden_size));
+  dense_4h_to_h = register_module(
+      "dense_4h_to_h", torch::nn::Linear(4 * config.hidden_size, config.hidden_size));
+}
+
+torch::Tensor BloomMlpImpl::forward(const torch::Tensor& x) {
+  return dense_4h_to_h->forward(torch::gelu(dense_h_to_4h->forward(x), "tanh"));
+}
+
+BloomBlockImpl::BloomBlockImpl(const BloomConfig& config) {
+  input_layernorm = register_module("input_layernorm", layer_norm(config));
+  self_attention = register_module("self_attention", BloomAttention(config));
+  post_attention_layernorm = register_module("post_attention_layernorm", layer_norm(config));
+  mlp = register_module("mlp", BloomMlp(config));
+}
+
+torch::Tensor BloomBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& alibi,
+                                      const torch::Tensor& allowed) {
+  auto hidden = x + self_attention->forward(input_layernorm->forward(x), alibi, allowed);
+  return hidden + mlp->forward(post_attention_layernorm->forward(hidden));
+}
+
+BloomModelImpl::BloomModelImpl(const BloomConfig& config) : config_(config) {
+  GA_CHECK(config.vocab_size > 0 && config.hidden_size > 0 && config.n_head > 0 &&
+               config.n_layer >= 0,
+           "BLOOM config: vocab_size {}, hidden_size {}, n_head {} must be positive and n_layer "
+           "{} not negative",
+           config.vocab_size, config.hidden_size, config.n_head, config.n_layer);
+  GA_CHECK(config.hidden_size % config.n_head == 0,
+           "BLOOM config: hidden_size {} is not divisible by n_head {}", config.hidden_size,
+           config.n_head);
+  word_embeddings = register_module("word_embeddings",
+                                    torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  word_embeddings_layernorm = register_module("word_embeddings_layernorm", layer_norm(config));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(BloomBlock(config));
+  ln_f = register_module("ln_f", layer_norm(config));
+  init_weights(*this, config);
+}
+
+torch::Tensor BloomModelImpl::forward(const torch::Tensor& input_ids,
+                                      const torch::Tensor& attention_mask) {
+  check_decoder_inputs("BLOOM", input_ids, attention_mask, config_.vocab_size, 0);
+  auto x = word_embeddings_layernorm->forward(word_embeddings->forward(input_ids));
+  auto alibi = bloom_alibi(attention_mask, input_ids.size(1), config_.n_head, x.scalar_type(),
+                           x.device());
+  auto allowed = causal_attention_allowed(input_ids, attention_mask);
+  for (const auto& block : *h) x = block->as<BloomBlockImpl>()->forward(x, alibi, allowed);
+  return ln_f->forward(x);
+}
+
+}  // namespace gradaccum::models
