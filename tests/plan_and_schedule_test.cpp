@@ -92,6 +92,29 @@ TEST(WindowPlan, EpochsArePermutationsAndDiffer) {
   EXPECT_EQ(WindowPlan::epoch_seed(42, 0), 0xbdd732262feb6e95ULL);
 }
 
+TEST(WindowPlan, GroupByLengthSortsInsideWindowsOnly) {
+  const int64_t n = 50;
+  const auto lengths = torch::arange(n, torch::kLong).remainder(7) + 1;  // ties on purpose
+  WindowPlan plain(n, BatchGeometry::from_accumulation(4, 3), LastWindow::partial, 9);
+  WindowPlan grouped(n, BatchGeometry::from_accumulation(4, 3), LastWindow::partial, 9);
+  grouped.group_by_length(lengths);
+  const auto permutation = plain.permutation(1);
+  for (int64_t k = 0; k < plain.windows_per_epoch(); ++k) {
+    const auto a = plain.window(permutation, 1, k).samples();
+    const auto b = grouped.window(permutation, 1, k).samples();
+    // The same samples...
+    EXPECT_TRUE(torch::equal(std::get<0>(a.sort()), std::get<0>(b.sort()))) << k;
+    // ...longest first.
+    const auto l = lengths.index_select(0, b);
+    EXPECT_TRUE((l.slice(0, 0, -1) >= l.slice(0, 1)).all().item<bool>()) << k;
+  }
+  // The first window's first micro-batch holds its 4 longest samples.
+  const auto w = grouped.window(permutation, 1, 0);
+  EXPECT_EQ(lengths.index_select(0, w.micro_batch(0)).min().item<int64_t>(),
+            std::get<0>(lengths.index_select(0, w.samples()).sort(0, true)).select(0, 3).item<int64_t>());
+  EXPECT_THROW(grouped.group_by_length(torch::ones({3})), gradaccum::Error);
+}
+
 TEST(WindowPlan, DropAndTooSmallDatasets) {
   EXPECT_EQ(WindowPlan(10, BatchGeometry::from_accumulation(2, 4), LastWindow::partial, 1).windows_per_epoch(), 2);
   EXPECT_EQ(WindowPlan(10, BatchGeometry::from_accumulation(2, 4), LastWindow::drop, 1).windows_per_epoch(), 1);

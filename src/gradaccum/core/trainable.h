@@ -33,6 +33,9 @@ class Dataset {
   // The samples `indices` (int64, any order) as one batch on the CPU; floating
   // inputs in `dtype`.
   virtual Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const = 0;
+  // Each sample's length in tokens (int64 [size()]) for length-grouped
+  // windows; undefined when samples have no length.
+  virtual torch::Tensor sample_lengths() const { return {}; }
 };
 
 }  // namespace gradaccum::core

@@ -52,6 +52,11 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
             options_.seed),
       total_steps_(total_optimizer_steps(options_, plan_)),
       normalizer_(options_.loss_normalization, plan_.geometry().accumulation_steps()) {
+  if (options_.group_by_length) {
+    const auto lengths = train_data_.sample_lengths();
+    GA_CHECK(lengths.defined(), "key 'data.group_by_length': this dataset's samples have no length");
+    plan_.group_by_length(lengths);
+  }
   model_.module().to(options_.device, options_.dtype);
   model_.module().train();
   params_ = trainable_parameters(model_.module());

@@ -68,7 +68,20 @@ Window WindowPlan::window(const torch::Tensor& permutation, int64_t epoch, int64
            windows_per_epoch());
   const int64_t begin = k * geometry_.global_batch();
   const int64_t end = std::min(begin + geometry_.global_batch(), dataset_size_);
-  return Window(epoch, k, permutation.slice(0, begin, end), geometry_);
+  auto samples = permutation.slice(0, begin, end);
+  if (lengths_.defined()) {
+    // Longest first, ties in permutation order: micro-batches of similar
+    // lengths waste less padding, and the window's set is unchanged.
+    const auto order = std::get<1>(lengths_.index_select(0, samples).sort(/*stable=*/true, 0, /*descending=*/true));
+    samples = samples.index_select(0, order);
+  }
+  return Window(epoch, k, samples, geometry_);
+}
+
+void WindowPlan::group_by_length(torch::Tensor lengths) {
+  GA_CHECK(lengths.dim() == 1 && lengths.size(0) == dataset_size_,
+           "group_by_length: {} lengths for {} samples", lengths.numel(), dataset_size_);
+  lengths_ = lengths.to(torch::kLong).contiguous();
 }
 
 }  // namespace gradaccum::core

@@ -63,11 +63,19 @@ class WindowPlan {
   // splitmix64(seed + (epoch + 1) * 0x9E3779B97F4A7C15).
   static uint64_t epoch_seed(uint64_t seed, int64_t epoch);
 
+  // Length-grouped batching: each window's samples are sorted by `lengths`
+  // (one per sample), longest first, before they are cut into micro-batches.
+  // Only the order inside a window changes, never which samples form it, so
+  // accumulation stays exact; it differs from HF's group_by_length, which
+  // sorts across mega-batches and so changes the windows themselves.
+  void group_by_length(torch::Tensor lengths);
+
  private:
   int64_t dataset_size_;
   BatchGeometry geometry_;
   LastWindow last_window_;
   uint64_t seed_;
+  torch::Tensor lengths_;  // undefined: no grouping
 };
 
 }  // namespace gradaccum::core
