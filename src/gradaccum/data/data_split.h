@@ -1,0 +1,29 @@
+// Deterministic train/eval splits that need no download and no shuffling: the
+// assignment of an item depends only on its index and the fraction, never on
+// batch settings, so every decomposition of a run sees the same two sets.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace gradaccum::data {
+
+struct IndexSplit {
+  std::vector<int64_t> train;  // ascending
+  std::vector<int64_t> eval;   // ascending
+};
+
+// Item i of n goes to eval when ⌊(i+1)·f⌋ > ⌊i·f⌋: the eval items are spread
+// evenly through the sequence (f = 0.1: items 9, 19, 29, ...), so every region
+// of an ordered corpus (every book of the Bible) is represented. The sum
+// telescopes: exactly ⌊n·f⌋ eval items. eval_fraction must be in [0, 1).
+IndexSplit interleaved_split(int64_t n, double eval_fraction);
+
+// The items of `indices` whose class (labels[index]) keeps a seeded random
+// subset as large as the rarest class present among them; order is kept. The
+// draw uses std::mt19937_64 with its own Fisher–Yates loop, so it is the same
+// on every platform and standard library.
+std::vector<int64_t> balance_classes(const std::vector<int64_t>& indices,
+                                     const std::vector<int64_t>& labels, uint64_t seed);
+
+}  // namespace gradaccum::data
