@@ -176,6 +176,19 @@ TEST(BloomAlibi, KeyPositionsComeFromTheMask) {
   EXPECT_TRUE(torch::equal(unmasked[0][1][0], torch::tensor({0.0, 0.25, 0.5}, torch::kDouble)));
 }
 
+// HF's BLOOM GELU: torch's tanh GELU up to the literal 0.79788456 for √(2/π)
+// (8e-11 relative in the constant), a difference a float64 comparison sees.
+TEST(BloomModel, GeluIsHfsBloomGelu) {
+  auto x = torch::linspace(-6, 6, 1201, torch::kDouble);
+  auto y = gradaccum::models::bloom_gelu(x);
+  auto by_hand = x * 0.5 * (1.0 + torch::tanh(0.79788456 * x * (1.0 + 0.044715 * x * x)));
+  EXPECT_LE((y - by_hand).abs().max().item<double>(), 1e-15);
+  const double to_torch = (y - torch::gelu(x, "tanh")).abs().max().item<double>();
+  std::printf("[ measured ] bloom_gelu vs torch's tanh GELU: %.3e\n", to_torch);
+  EXPECT_GT(to_torch, 1e-12);
+  EXPECT_LT(to_torch, 1e-9);
+}
+
 // The logits of an independent plain-torch BLOOM forward (float64), for a
 // 6-head model with random LayerNorms, padded on the right and on the left.
 TEST(BloomModel, MatchesGoldenLogits) {
@@ -240,7 +253,9 @@ TEST(BloomModel, PaddingDoesNotChangeRealTokenLogits) {
   std::printf("[ measured ] padded vs unpadded real-token logits: %.3e\n", worst);
   EXPECT_LE(worst, 1e-12);
   EXPECT_TRUE(torch::isfinite(left_logits).all().item<bool>());  // fully masked pad queries
-  // Without the mask, left padding would shift every real token's ALiBi position.
+  // The mask matters: without it the real tokens attend to the padding. (ALiBi's
+  // positions alone could not show it: shifting every key of a row by the same
+  // amount leaves its softmax unchanged; KeyPositionsComeFromTheMask checks them.)
   auto unmasked = model.model()->forward(left.ids);
   EXPECT_GT(max_relative_difference(unmasked[2].slice(0, 9, 12), left_logits[2].slice(0, 9, 12)),
             1e-6);

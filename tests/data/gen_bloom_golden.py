@@ -74,7 +74,8 @@ def linear(x, name):
 
 
 def gelu_tanh(x):
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    # BLOOM's GELU: the tanh approximation with sqrt(2/pi) written as 0.79788456.
+    return 0.5 * x * (1.0 + torch.tanh(0.79788456 * (x + 0.044715 * x ** 3)))
 
 
 def forward(ids, mask):

@@ -91,6 +91,10 @@ torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::T
   return dense->forward(y.transpose(1, 2).reshape({batch, time, channels}));
 }
 
+torch::Tensor bloom_gelu(const torch::Tensor& x) {
+  return x * 0.5 * (1.0 + torch::tanh(0.79788456 * x * (1.0 + 0.044715 * x * x)));
+}
+
 BloomMlpImpl::BloomMlpImpl(const BloomConfig& config) {
   dense_h_to_4h = register_module(
       "dense_h_to_4h", torch::nn::Linear(config.hidden_size, 4 * config.hidden_size));
@@ -99,7 +103,7 @@ BloomMlpImpl::BloomMlpImpl(const BloomConfig& config) {
 }
 
 torch::Tensor BloomMlpImpl::forward(const torch::Tensor& x) {
-  return dense_4h_to_h->forward(torch::gelu(dense_h_to_4h->forward(x), "tanh"));
+  return dense_4h_to_h->forward(bloom_gelu(dense_h_to_4h->forward(x)));
 }
 
 BloomBlockImpl::BloomBlockImpl(const BloomConfig& config) {

@@ -28,9 +28,9 @@
 // of width 4·hidden, pre-LayerNorm residual blocks (HF's
 // apply_residual_connection_post_layernorm = false), final ln_f. No dropout.
 //
-// HF's BLOOM GELU writes √(2/π) as the literal 0.79788456; torch's tanh GELU
-// (used here) has the exact constant, 1e-10 relative away: invisible in
-// float32 and far below the float64 golden test's tolerance.
+// The GELU is HF's BLOOM GELU exactly, with √(2/π) written as the literal
+// 0.79788456 (bloom_gelu): torch's tanh GELU, with the exact constant, moves
+// logits by ~1e-10 relative, which a float64 comparison with HF would see.
 #pragma once
 
 #include <torch/torch.h>
@@ -85,7 +85,12 @@ class BloomAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(BloomAttention);
 
-// Linear(C, 4C) → GELU (tanh approximation) → Linear(4C, C).
+// HF's bloom_gelu_forward: x/2 · (1 + tanh(0.79788456 · x · (1 + 0.044715 x²))),
+// the tanh approximation of GELU with BLOOM's literal for √(2/π). Autograd
+// differentiates it (HF's hand-written backward is the same derivative).
+torch::Tensor bloom_gelu(const torch::Tensor& x);
+
+// Linear(C, 4C) → bloom_gelu → Linear(4C, C).
 class BloomMlpImpl : public torch::nn::Module {
  public:
   explicit BloomMlpImpl(const BloomConfig& config);

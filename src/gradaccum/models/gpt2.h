@@ -135,7 +135,8 @@ class Gpt2LmHeadModelImpl : public CausalLmHeadImpl {
 TORCH_MODULE(Gpt2LmHeadModel);
 
 // HF's position ids for a padded batch: the number of real tokens before each
-// position (cumsum(mask) - 1), with padding positions set to 0. [B, T] int64.
+// position (cumsum(mask) - 1), with padding positions set to 1 as HF's generate()
+// does (no real token attends to padding, so any valid index would do). [B, T] int64.
 torch::Tensor gpt2_position_ids(const torch::Tensor& attention_mask);
 
 }  // namespace gradaccum::models
