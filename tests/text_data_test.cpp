@@ -72,6 +72,7 @@ TEST(TextDataLm, PadsEachMicroBatchToItsLongestRow) {
   EXPECT_EQ(d.truncated_documents(), 1);
   EXPECT_EQ(d.lengths(), (std::vector<int64_t>{3, 2, 4}));
   EXPECT_EQ(d.tokens(), 9);
+  EXPECT_TRUE(d.sample_lengths().equal(ids({3, 2, 4})));
   EXPECT_EQ(d.summary(),
             "4 documents, 1 dropped (< 2 tokens), 1 truncated to 4 tokens: 3 samples, 9 tokens");
 
@@ -190,6 +191,7 @@ TEST(TextDataClassification, PadsRightKeepsTheStartAndStacksLabels) {
   ASSERT_EQ(d.size(), 3);
   EXPECT_EQ(d.truncated_examples(), 1);
   EXPECT_EQ(d.lengths(), (std::vector<int64_t>{3, 1, 2}));
+  EXPECT_TRUE(d.sample_lengths().equal(ids({3, 1, 2})));
   EXPECT_EQ(d.label_counts(), (std::vector<int64_t>{1, 1, 1}));
   auto b = d.get(ids({1, 2}), torch::kFloat);
   EXPECT_EQ(b.samples, 2);
@@ -285,6 +287,15 @@ TEST_F(TextDataSourceErrors, EachNamesTheFileAndLine) {
   const auto mixed2 = write("mixed2.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\", \"label\": 1}\n");
   EXPECT_EQ(error_of([&] { read_jsonl_records(mixed2); }),
             mixed2 + ":2: has a \"label\" but line 1 has none; label every line or none");
+}
+
+TEST_F(TextDataSourceErrors, ByteOrderMarkIsSkipped) {
+  const auto jsonl = write("bom.jsonl", "\xEF\xBB\xBF{\"text\": \"a\"}\r\n{\"text\": \"b\"}\r\n");
+  const auto r = read_jsonl_records(jsonl);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].text, "a");
+  const auto txt = write("bom.txt", "\xEF\xBB\xBF" "first\nsecond\n");
+  EXPECT_EQ(read_text_lines(txt)[0].text, "first");
 }
 
 TEST_F(TextDataSourceErrors, EmptyAndMissingFiles) {
@@ -438,7 +449,8 @@ TEST(TextDataKjv, LanguageModelDataPaddedAndPacked) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   RecordProperty("tokenize_kjv_seconds", std::to_string(seconds));
-  std::printf("tokenizing and building the 31102-verse LM data took %.2f s\n", seconds);
+  std::printf("tokenizing and building the 31102-verse LM data took %.2f s (%lld tokens)\n",
+              seconds, static_cast<long long>(data.train->tokens() + data.eval->tokens()));
   ASSERT_TRUE(data.eval);
   EXPECT_EQ(data.train->size(), 27992);
   EXPECT_EQ(data.eval->size(), 3110);

@@ -37,7 +37,9 @@ class SequenceClassificationDataset final : public core::Dataset {
   // int64 labels. `dtype` is unused. An index outside [0, size()) throws.
   core::Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const override;
 
+  // Each example's token count after truncation (for length-grouped windows).
   const std::vector<int64_t>& lengths() const { return rows_.lengths(); }
+  torch::Tensor sample_lengths() const override { return rows_.length_tensor(); }
   int64_t tokens() const { return rows_.tokens(); }
   const std::vector<int64_t>& labels() const { return labels_; }
   // Examples per class, [num_labels].

@@ -24,7 +24,10 @@ std::string read_file(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   GA_CHECK(!in.bad(), "{}: read error", path);
-  return text.str();
+  std::string bytes = text.str();
+  // A UTF-8 byte order mark (Windows editors) is not part of the first document.
+  if (bytes.rfind("\xEF\xBB\xBF", 0) == 0) bytes.erase(0, 3);
+  return bytes;
 }
 
 // Calls f(line_number, line) for each line, without "\n" or "\r\n".

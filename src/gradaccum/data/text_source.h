@@ -1,5 +1,6 @@
 // Documents from a user's text file: plain text (one document per non-empty
 // line) or JSON lines ({"text": ...} or {"text": ..., "label": int} per line).
+// Lines end in "\n" or "\r\n"; a leading UTF-8 byte order mark is skipped.
 // Errors are gradaccum::Error naming the file and the 1-based line.
 #pragma once
 

@@ -15,6 +15,10 @@ void TokenRows::add(const TokenId* ids, int64_t n, const std::string& where) {
   }
 }
 
+torch::Tensor TokenRows::length_tensor() const {
+  return torch::tensor(lengths_, torch::kLong);
+}
+
 PaddedRows TokenRows::gather(const torch::Tensor& indices, TokenId pad_id,
                              const std::string& what) const {
   GA_CHECK(indices.dim() == 1 && !indices.is_floating_point() && !indices.is_complex(),

@@ -26,6 +26,8 @@ class TokenRows {
   int64_t size() const { return static_cast<int64_t>(lengths_.size()); }
   const std::vector<int64_t>& lengths() const { return lengths_; }
   int64_t tokens() const { return static_cast<int64_t>(stream_.size()); }
+  // lengths() as an int64 [size()] tensor (a copy).
+  torch::Tensor length_tensor() const;
 
   // Rows `indices` (1-D integer tensor, any order, repeats allowed), T = the
   // longest of them (0 for no rows). An index outside [0, size()) throws
