@@ -481,6 +481,13 @@ TEST(TextDataKjv, LanguageModelDataPaddedAndPacked) {
   const int64_t verse0 = data.train->lengths()[0];
   EXPECT_EQ(first.input[0][verse0].item<int64_t>(), eot);
   EXPECT_TRUE(first.attention_mask.equal(torch::ones({1, 128}, torch::kLong)));
+
+  KjvLmOptions no_eval;
+  no_eval.eval_fraction = 0.0;
+  const auto all = make_kjv_lm_data(kjv(), gpt2(), no_eval);
+  EXPECT_EQ(all.eval, nullptr);
+  EXPECT_EQ(all.train->size(), 31102);
+  EXPECT_EQ(all.train->tokens(), all_tokens);
 }
 
 }  // namespace

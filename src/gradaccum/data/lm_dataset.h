@@ -3,7 +3,8 @@
 //  - one document per sample (truncated to max_length), padded per micro-batch
 //    to its own longest row (dynamic padding), labels -100 on the padding;
 //  - packing (run_clm's group_texts): documents joined with an EOS separator
-//    into one stream cut into blocks of exactly max_length tokens, no padding.
+//    into one stream cut into blocks of exactly max_length tokens, no padding;
+//    attention crosses document boundaries inside a block, as in run_clm.
 // Labels are the input ids, not shifted: the loss shifts them
 // (models/causal_lm.h), so a row of n real tokens gives n - 1 targets.
 #pragma once
