@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "gradaccum/cli/lm_commands.h"
 #include "gradaccum/cli/tokenize_command.h"
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/cli/verify_command.h"
@@ -50,6 +51,29 @@ int main(int argc, char** argv) {
                            "(default: $GRADACCUM_TOKENIZER_DIR, else /var/lib/gradaccum/gpt2)");
   tokenize_cmd->add_flag("--decode", tokenize.decode, "Read JSON arrays of ids and print the text");
 
+  gradaccum::cli::GenerateArgs generate;
+  auto* generate_cmd = app.add_subcommand("generate", "Continue a prompt with a trained causal language model");
+  generate_cmd->add_option("--checkpoint", generate.checkpoint, "HF checkpoint directory (e.g. a run's output_dir/final)")
+      ->required();
+  generate_cmd->add_option("--prompt", generate.prompt, "The text to continue")->required();
+  generate_cmd->add_option("--max-new-tokens", generate.max_new_tokens, "Tokens to generate")->capture_default_str();
+  generate_cmd->add_option("--temperature", generate.temperature, "Sampling temperature (0 = greedy)")
+      ->capture_default_str();
+  generate_cmd->add_option("--top-k", generate.top_k, "Sample among the k likeliest tokens (0 = all)")
+      ->capture_default_str();
+  generate_cmd->add_option("--seed", generate.seed, "Sampling seed")->capture_default_str();
+  generate_cmd->add_option("--tokenizer", generate.tokenizer, "Tokenizer (default: the checkpoint's own)");
+  generate_cmd->add_option("--threads", generate.threads, "Intra-op threads (0 = all cores)");
+
+  gradaccum::cli::EvalArgs eval;
+  auto* eval_cmd = app.add_subcommand(
+      "eval", "Mean token loss and perplexity of a text file (one document per line) under a checkpoint");
+  eval_cmd->add_option("--checkpoint", eval.checkpoint, "HF checkpoint directory")->required();
+  eval_cmd->add_option("file", eval.file, "Text file, one document per line")->required();
+  eval_cmd->add_option("--batch-size", eval.batch_size, "Documents per forward pass")->capture_default_str();
+  eval_cmd->add_option("--tokenizer", eval.tokenizer, "Tokenizer (default: the checkpoint's own)");
+  eval_cmd->add_option("--threads", eval.threads, "Intra-op threads (0 = all cores)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -68,6 +92,8 @@ int main(int argc, char** argv) {
     if (train_cmd->parsed()) return gradaccum::cli::run_train(train);
     if (verify_cmd->parsed()) return gradaccum::cli::run_verify(verify);
     if (tokenize_cmd->parsed()) return gradaccum::cli::run_tokenize(tokenize);
+    if (generate_cmd->parsed()) return gradaccum::cli::run_generate(generate);
+    if (eval_cmd->parsed()) return gradaccum::cli::run_eval(eval);
   } catch (const gradaccum::Error& e) {
     fmt::print(stderr, "gradaccum: error: {}\n", e.what());
     return 1;

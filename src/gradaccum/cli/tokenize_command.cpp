@@ -12,21 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/cli/workload.h"
 #include "gradaccum/data/tokenizer.h"
 
 namespace gradaccum::cli {
 namespace {
 
-std::string resolve_tokenizer_dir(const std::string& given) {
-  if (!given.empty()) return given;
-  const char* env = std::getenv("GRADACCUM_TOKENIZER_DIR");
-  const std::string dir = env != nullptr && *env != '\0' ? env : data::kDefaultTokenizerDir;
-  std::error_code ec;
-  GA_CHECK(std::filesystem::exists(dir, ec),
-           "tokenizer directory {} does not exist: run scripts/setup.sh, or pass --tokenizer DIR",
-           dir);
-  return dir;
-}
 
 std::vector<data::TokenId> parse_ids(const std::string& line, std::size_t line_no) {
   nlohmann::json array;
@@ -48,7 +39,7 @@ std::vector<data::TokenId> parse_ids(const std::string& line, std::size_t line_n
 }  // namespace
 
 int run_tokenize(const TokenizeArgs& args) {
-  const auto tokenizer = data::Tokenizer::load(resolve_tokenizer_dir(args.tokenizer_dir));
+  const auto tokenizer = data::Tokenizer::load(tokenizer_directory(args.tokenizer_dir));
 
   std::ifstream file;
   std::istream* in = &std::cin;

@@ -15,7 +15,6 @@
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/check.h"
 #include "gradaccum/core/trainer.h"
-#include "gradaccum/data/fashion_mnist.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/dist/process_group.h"
@@ -24,8 +23,9 @@
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/metrics_writer.h"
 #include "gradaccum/io/process_stats.h"
-#include "gradaccum/models/model_factory.h"
-#include "gradaccum/models/module_tensors.h"
+#include "gradaccum/cli/workload.h"
+#include "gradaccum/models/generation.h"
+#include "gradaccum/models/hf_checkpoint.h"
 
 namespace gradaccum::cli {
 
@@ -54,10 +54,10 @@ void install_stop_handlers() {
 // optimizer and the configuration.
 class CheckpointWriter final : public core::CheckpointHook {
  public:
-  CheckpointWriter(io::CheckpointStore& store, torch::nn::Module& module, bool rank0,
+  CheckpointWriter(io::CheckpointStore& store, models::BuiltModel& model, bool rank0,
                    bool optimizer_per_rank, std::string resolved_config, uint64_t seed)
       : store_(store),
-        module_(module),
+        model_(model),
         rank0_(rank0),
         optimizer_per_rank_(optimizer_per_rank),
         resolved_config_(std::move(resolved_config)),
@@ -68,7 +68,10 @@ class CheckpointWriter final : public core::CheckpointHook {
   void save(const core::TrainingState& state, core::SaveReason reason) override {
     io::CheckpointContents contents;
     contents.state = state;
-    if (rank0_) contents.model = models::module_tensors(module_);
+    if (rank0_) {
+      contents.model = model_.weights();
+      contents.model_config = model_.hf_config;
+    }
     if (rank0_ || optimizer_per_rank_) contents.optimizer = io::serialize_optimizer(*optimizer_);
     contents.optimizer_per_rank = optimizer_per_rank_;
     contents.resolved_config = resolved_config_;
@@ -81,7 +84,7 @@ class CheckpointWriter final : public core::CheckpointHook {
 
  private:
   io::CheckpointStore& store_;
-  torch::nn::Module& module_;
+  models::BuiltModel& model_;
   bool rank0_;
   bool optimizer_per_rank_;
   std::string resolved_config_;
@@ -115,6 +118,44 @@ core::TrainingState resume_state(const io::LoadedCheckpoint& loaded, const io::T
   return state;
 }
 
+// The trained model on its own, for `generate`, `eval` and other programs: an
+// HF checkpoint (with the tokenizer's files) for language models, the weights
+// alone for the image networks.
+void save_final_model(Workload& workload, const std::string& dir) {
+  auto& model = workload.model;
+  if (!model.is_language_model()) {
+    std::filesystem::create_directories(dir);
+    io::save_safetensors(dir + "/model.safetensors", model.weights());
+    return;
+  }
+  models::write_hf_checkpoint(dir, {model.hf_config, model.weights()});
+  if (workload.tokenizer) {
+    // tokenizer.json, or encoder.json + vocab.bpe: whatever it was loaded from.
+    for (const auto& file : tokenizer_files(*workload.tokenizer)) {
+      std::filesystem::copy_file(file, std::filesystem::path(dir) / std::filesystem::path(file).filename(),
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+  }
+}
+
+void print_sample(Workload& workload, const io::SampleConfig& sample) {
+  const auto& tokenizer = *workload.tokenizer;
+  const auto prompt = tokenizer.encode(sample.prompt);
+  if (prompt.empty()) return;
+  models::GenerationOptions options;
+  options.max_new_tokens = sample.max_new_tokens;
+  options.temperature = sample.temperature;
+  options.top_k = sample.top_k;
+  options.max_positions = workload.model.max_positions;
+  const auto eot = tokenizer.token_id("<|endoftext|>");
+  if (eot) options.stop_token = *eot;
+  const auto ids = models::generate(*workload.model.causal_lm(),
+                                    std::vector<int64_t>(prompt.begin(), prompt.end()), options);
+  std::vector<data::TokenId> tokens(ids.begin(), ids.end());
+  if (!tokens.empty() && eot && tokens.back() == *eot) tokens.pop_back();
+  fmt::print("sample: {}{}\n", sample.prompt, tokenizer.decode(tokens));
+}
+
 }  // namespace
 
 int run_train(const TrainArgs& args) {
@@ -146,12 +187,9 @@ int run_train(const TrainArgs& args) {
         io::resolve_checkpoint(config.resume_from_checkpoint, config.output_dir), env.rank);
   }
   torch::manual_seed(config.trainer.seed);
-  data::FashionMnist train_data(config.data.directory, "train", config.data.train_limit);
-  std::unique_ptr<data::FashionMnist> eval_data;
-  if (config.data.eval_limit >= 0 && rank0) {  // rank 0 evaluates and reports
-    eval_data = std::make_unique<data::FashionMnist>(config.data.directory, "test", config.data.eval_limit);
-  }
-  auto model = models::make_image_classifier(config.model, 10);
+  auto workload = make_workload(config, /*with_eval=*/rank0);  // rank 0 evaluates and reports
+  auto& built = workload.model;
+  auto* model = built.task.get();
   const auto geometry = config.trainer.geometry(world);
   if (const auto warning = core::batch_dependence_warning(
           model->module(), geometry.accumulation_steps(), geometry.world_size());
@@ -159,11 +197,11 @@ int run_train(const TrainArgs& args) {
     fmt::print(stderr, "{}\n", warning);
   }
 
-  // Data parallel: connect, refuse mismatched configurations, and hook the
-  // reducer onto the parameters in their final device and dtype.
   std::optional<core::TrainingState> resumed;
   if (checkpoint) resumed = resume_state(*checkpoint, config, geometry);
 
+  // Data parallel: connect, refuse mismatched configurations, and hook the
+  // reducer onto the parameters in their final device and dtype.
   std::unique_ptr<dist::BucketedGradSync> sync;
   std::unique_ptr<torch::optim::Optimizer> sharded;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
@@ -193,20 +231,21 @@ int run_train(const TrainArgs& args) {
     std::filesystem::create_directories(config.output_dir);
     io::write_file_atomically((std::filesystem::path(config.output_dir) / "config.yaml").string(),
                               config.resolved_yaml);
-    metrics = std::make_unique<io::MetricsWriter>(config.output_dir, false,
+    metrics = std::make_unique<io::MetricsWriter>(config.output_dir, workload.items_are_tokens,
                                                   resumed ? resumed->position.step : -1);
     progress = std::make_unique<Progress>(stdout, isatty(STDOUT_FILENO) != 0, config.logging_steps);
     observers.add(*metrics);
     observers.add(*progress);
     fmt::print("threads: {}, dtype: {}, device: {}, world size: {}, output: {}\n", threads,
                config.dtype, config.device, world, config.output_dir);
+    if (!workload.description.empty()) fmt::print("data: {}\n", workload.description);
   }
   const bool optimizer_per_rank = sharded != nullptr;
-  core::Trainer trainer(config.trainer, *model, train_data, eval_data.get(), observers, sync.get(),
-                        std::move(sharded));
+  core::Trainer trainer(config.trainer, *model, *workload.train, workload.eval.get(), observers,
+                        sync.get(), std::move(sharded));
   if (checkpoint) {
     const auto& dir = checkpoint->directory;
-    models::load_module_tensors(model->module(), checkpoint->model, dir + "/model.safetensors");
+    built.load_weights(checkpoint->model, dir + "/model.safetensors");
     io::deserialize_optimizer(trainer.optimizer(), checkpoint->optimizer, dir);
     if (checkpoint->rng_state.defined()) {
       auto generator = at::detail::getDefaultCPUGenerator();
@@ -228,7 +267,7 @@ int run_train(const TrainArgs& args) {
   store_options.save_total_limit = config.save_total_limit;
   if (group) store_options.barrier = [&group] { dist::barrier(*group, "the checkpoint barrier"); };
   io::CheckpointStore store(store_options);
-  CheckpointWriter writer(store, model->module(), rank0, optimizer_per_rank, config.resolved_yaml,
+  CheckpointWriter writer(store, built, rank0, optimizer_per_rank, config.resolved_yaml,
                           config.trainer.seed);
   writer.set_optimizer(trainer.optimizer());
   install_stop_handlers();
@@ -242,11 +281,10 @@ int run_train(const TrainArgs& args) {
                  summary.steps, writer.last());
     }
   } else if (rank0) {
-    // The trained model on its own, for other programs.
-    const auto final_dir = std::filesystem::path(config.output_dir) / "final";
-    std::filesystem::create_directories(final_dir);
-    io::save_safetensors((final_dir / "model.safetensors").string(),
-                         models::module_tensors(model->module()));
+    save_final_model(workload, (std::filesystem::path(config.output_dir) / "final").string());
+    if (workload.tokenizer && built.causal_lm() != nullptr && !config.sample.prompt.empty()) {
+      print_sample(workload, config.sample);
+    }
   }
   if (!rank0) {
     // Memory is per process: every rank leaves its own figure beside the summary.

@@ -20,16 +20,35 @@ threads: 0                        # 0 = all cores
 dtype: float32                    # float32 | float64
 device: cpu                       # cpu | cuda
 model:
-  type: cnn                       # mlp | cnn | resnet
-  norm: group                     # batch | group | layer | none
+  type: cnn                       # mlp | cnn | resnet | gpt2 | bloom
+  norm: group                     # batch | group | layer | none (image networks)
   norm_groups: 8
   channels: [32, 64]
   hidden: [128]
+  n_layer: 4                      # language models (HF GPT2Config names)
+  n_embd: 128
+  n_head: 4
+  n_positions: 128                # gpt2's context; bloom (ALiBi) has no limit
+  vocab_size: 0                   # 0 = the tokenizer's
+  hf_checkpoint: ""               # start from an HF checkpoint directory instead
 data:
-  type: fashion_mnist
-  directory: ""                   # "" = /usr/share/datasets/fashion-mnist
+  type: fashion_mnist             # fashion_mnist | kjv | kjv_testament | text
+  directory: ""                   # fashion_mnist: "" = /usr/share/datasets/fashion-mnist
+  path: ""                        # text: a .txt (one document per line) or .jsonl file
+  eval_path: ""                   # text: evaluation file ("" = split off eval_fraction)
+  tokenizer: ""                   # "" = $GRADACCUM_TOKENIZER_DIR, else /var/lib/gradaccum/gpt2
+  max_length: 128                 # tokens per sample (truncation, or the block size when packing)
+  packing: false                  # join documents into blocks of max_length (causal LM)
+  group_by_length: false          # sort each window's samples by length (exact; less padding)
+  eval_fraction: 0.1              # kjv, kjv_testament, text without eval_path
+  balanced: false                 # kjv_testament: as many Old as New Testament verses
   train_limit: 0
   eval_limit: 0
+sample:                           # causal LMs: a generated sample printed at the end
+  prompt: ""                      # "" = none
+  max_new_tokens: 40
+  temperature: 0.8
+  top_k: 40
 per_device_train_batch_size: 16
 per_device_eval_batch_size: 500
 gradient_accumulation_steps: 4
@@ -205,16 +224,52 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   c.device = one_of(root, "device", {"cpu", "cuda"});
   t.device = c.device == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
 
-  c.model.type = one_of(root, "model.type", {"mlp", "cnn", "resnet"});
+  c.model.type = one_of(root, "model.type", {"mlp", "cnn", "resnet", "gpt2", "bloom"});
   c.model.norm = one_of(root, "model.norm", {"batch", "group", "layer", "none"});
   c.model.norm_groups = get_int(root, "model.norm_groups");
   require(c.model.norm_groups >= 1, "model.norm_groups", ">= 1", std::to_string(c.model.norm_groups));
   c.model.channels = get<std::vector<int64_t>>(root, "model.channels", "a list of integers");
   c.model.hidden = get<std::vector<int64_t>>(root, "model.hidden", "a list of integers");
+  for (const char* key : {"model.n_layer", "model.n_embd", "model.n_head", "model.n_positions"}) {
+    require(get_int(root, key) >= 1, key, ">= 1", std::to_string(get_int(root, key)));
+  }
+  c.model.n_layer = get_int(root, "model.n_layer");
+  c.model.n_embd = get_int(root, "model.n_embd");
+  c.model.n_head = get_int(root, "model.n_head");
+  c.model.n_positions = get_int(root, "model.n_positions");
+  c.model.vocab_size = get_int(root, "model.vocab_size");
+  require(c.model.vocab_size >= 0, "model.vocab_size", ">= 0 (0 = the tokenizer's)", std::to_string(c.model.vocab_size));
+  c.model.hf_checkpoint = get_string(root, "model.hf_checkpoint");
 
-  c.data.type = one_of(root, "data.type", {"fashion_mnist"});
+  c.data.type = one_of(root, "data.type", {"fashion_mnist", "kjv", "kjv_testament", "text"});
+  const bool text_data = c.data.type != "fashion_mnist";
+  const bool language_model = c.model.type == "gpt2" || c.model.type == "bloom" || !c.model.hf_checkpoint.empty();
+  GA_CHECK(text_data == language_model,
+           "key 'data.type': {} data needs {} (model.type is {})", c.data.type,
+           text_data ? "a language model: model.type gpt2 or bloom, or model.hf_checkpoint"
+                     : "an image model: model.type mlp, cnn or resnet",
+           c.model.type);
   c.data.directory = get_string(root, "data.directory");
   if (c.data.directory.empty()) c.data.directory = data::kFashionMnistDir;
+  c.data.path = get_string(root, "data.path");
+  GA_CHECK(c.data.type != "text" || !c.data.path.empty(), "key 'data.path': data.type text needs a file");
+  c.data.eval_path = get_string(root, "data.eval_path");
+  c.data.tokenizer = get_string(root, "data.tokenizer");
+  c.data.max_length = get_int(root, "data.max_length");
+  require(c.data.max_length >= 2, "data.max_length", ">= 2", std::to_string(c.data.max_length));
+  c.data.packing = get_bool(root, "data.packing");
+  t.group_by_length = get_bool(root, "data.group_by_length");
+  c.data.eval_fraction = get_double(root, "data.eval_fraction");
+  require(c.data.eval_fraction >= 0 && c.data.eval_fraction < 1, "data.eval_fraction", "in [0, 1)",
+          fmt::format("{}", c.data.eval_fraction));
+  c.data.balanced = get_bool(root, "data.balanced");
+  c.sample.prompt = get_string(root, "sample.prompt");
+  c.sample.max_new_tokens = get_int(root, "sample.max_new_tokens");
+  require(c.sample.max_new_tokens >= 0, "sample.max_new_tokens", ">= 0", std::to_string(c.sample.max_new_tokens));
+  c.sample.temperature = get_double(root, "sample.temperature");
+  require(c.sample.temperature >= 0, "sample.temperature", ">= 0 (0 = greedy)", fmt::format("{}", c.sample.temperature));
+  c.sample.top_k = get_int(root, "sample.top_k");
+  require(c.sample.top_k >= 0, "sample.top_k", ">= 0 (0 = all)", std::to_string(c.sample.top_k));
   c.data.train_limit = get_int(root, "data.train_limit");
   require(c.data.train_limit >= 0, "data.train_limit", ">= 0 (0 = all)", std::to_string(c.data.train_limit));
   c.data.eval_limit = get_int(root, "data.eval_limit");

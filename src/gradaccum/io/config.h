@@ -16,10 +16,25 @@
 namespace gradaccum::io {
 
 struct DataConfig {
-  std::string type = "fashion_mnist";
+  std::string type = "fashion_mnist";  // fashion_mnist | kjv | kjv_testament | text
   std::string directory;  // the dataset's files; default: the Debian package's path
+  std::string path;       // text: the training file (.txt or .jsonl)
+  std::string eval_path;  // text: an evaluation file ("" = split off eval_fraction)
+  std::string tokenizer;  // "" = $GRADACCUM_TOKENIZER_DIR, else the setup script's GPT-2 files
+  int64_t max_length = 128;
+  bool packing = false;
+  double eval_fraction = 0.1;
+  bool balanced = false;
   int64_t train_limit = 0;  // > 0: the first train_limit training samples
   int64_t eval_limit = 0;   // > 0: the first eval_limit test samples; < 0: no evaluation
+};
+
+// A sample generated at the end of a causal-LM run.
+struct SampleConfig {
+  std::string prompt;  // "" = none
+  int64_t max_new_tokens = 40;
+  double temperature = 0.8;
+  int64_t top_k = 40;
 };
 
 struct TrainConfig {
@@ -39,6 +54,7 @@ struct TrainConfig {
   bool allow_batch_change = false;
   models::ModelConfig model;
   DataConfig data;
+  SampleConfig sample;
   core::TrainerOptions trainer;
   std::string resolved_yaml;  // the whole resolved configuration, as written to config.yaml
 };

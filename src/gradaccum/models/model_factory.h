@@ -11,11 +11,18 @@
 namespace gradaccum::models {
 
 struct ModelConfig {
-  std::string type = "cnn";  // mlp | cnn | resnet
+  std::string type = "cnn";  // mlp | cnn | resnet | gpt2 | bloom
   std::string norm = "group";
   int64_t norm_groups = 8;
   std::vector<int64_t> channels = {32, 64};  // cnn and resnet
   std::vector<int64_t> hidden = {256, 128};  // mlp; the cnn uses hidden[0] for its dense layer
+  // Language models (HF's GPT2Config names; BLOOM's hidden_size is n_embd).
+  int64_t n_layer = 4;
+  int64_t n_embd = 128;
+  int64_t n_head = 4;
+  int64_t n_positions = 128;  // GPT-2's position table; BLOOM has none
+  int64_t vocab_size = 0;     // 0: the tokenizer's
+  std::string hf_checkpoint;  // a directory with config.json + model.safetensors
 };
 
 // An image classifier for 28×28 grey images and `classes` classes.

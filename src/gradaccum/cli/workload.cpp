@@ -1,0 +1,187 @@
+#include "gradaccum/cli/workload.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "gradaccum/core/check.h"
+#include "gradaccum/data/classification_dataset.h"
+#include "gradaccum/data/data_split.h"
+#include "gradaccum/data/fashion_mnist.h"
+#include "gradaccum/data/kjv.h"
+#include "gradaccum/data/lm_dataset.h"
+#include "gradaccum/data/text_source.h"
+
+namespace gradaccum::cli {
+
+namespace {
+
+// The first `limit` samples of a dataset (limit <= 0 or >= size: all of it).
+class PrefixDataset final : public core::Dataset {
+ public:
+  PrefixDataset(std::shared_ptr<core::Dataset> inner, int64_t limit)
+      : inner_(std::move(inner)),
+        size_(limit > 0 ? std::min(limit, inner_->size()) : inner_->size()) {}
+  int64_t size() const override { return size_; }
+  core::Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const override {
+    return inner_->get(indices, dtype);  // indices are < size_ by construction
+  }
+  torch::Tensor sample_lengths() const override {
+    auto lengths = inner_->sample_lengths();
+    return lengths.defined() ? lengths.slice(0, 0, size_) : lengths;
+  }
+
+ private:
+  std::shared_ptr<core::Dataset> inner_;
+  int64_t size_;
+};
+
+std::shared_ptr<core::Dataset> limit(std::shared_ptr<core::Dataset> data, int64_t n) {
+  if (data == nullptr || n <= 0 || n >= data->size()) return data;
+  return std::make_shared<PrefixDataset>(std::move(data), n);
+}
+
+data::TokenId end_of_text(const data::Tokenizer& tokenizer) {
+  const auto id = tokenizer.token_id("<|endoftext|>");
+  GA_CHECK(id.has_value(), "tokenizer {}: it has no <|endoftext|> token to pad with", tokenizer.source());
+  return *id;
+}
+
+// Text files: a causal LM for unlabelled documents, a classifier for labelled ones.
+void make_text_data(const io::TrainConfig& config, const data::Tokenizer& tokenizer, Workload& w,
+                    int64_t& num_labels) {
+  const auto& d = config.data;
+  auto records = data::read_text_records(d.path);
+  std::vector<data::TextRecord> eval_records;
+  if (!d.eval_path.empty()) {
+    eval_records = data::read_text_records(d.eval_path);
+  } else if (d.eval_fraction > 0) {
+    const auto split = data::interleaved_split(static_cast<int64_t>(records.size()), d.eval_fraction);
+    std::vector<data::TextRecord> train;
+    for (auto i : split.train) train.push_back(records[static_cast<size_t>(i)]);
+    for (auto i : split.eval) eval_records.push_back(records[static_cast<size_t>(i)]);
+    records = std::move(train);
+  }
+  const bool labelled = records.front().label >= 0;
+  const auto pad = end_of_text(tokenizer);
+  if (!labelled) {
+    data::LmDatasetOptions options;
+    options.max_length = d.max_length;
+    options.packing = d.packing;
+    options.pad_token_id = pad;
+    options.eos_token_id = pad;
+    auto train = std::make_shared<data::CausalLmDataset>(data::encode_records(tokenizer, records), options);
+    w.description = train->summary();
+    w.train = train;
+    if (!eval_records.empty()) {
+      w.eval = std::make_shared<data::CausalLmDataset>(data::encode_records(tokenizer, eval_records), options);
+    }
+    num_labels = 0;
+    return;
+  }
+  int64_t max_label = 0;
+  for (const auto* set : {&records, &eval_records}) {
+    for (const auto& r : *set) {
+      GA_CHECK(r.label >= 0, "{}: every record needs a label once one has", d.path);
+      max_label = std::max(max_label, r.label);
+    }
+  }
+  num_labels = max_label + 1;
+  data::ClassificationDatasetOptions options;
+  options.max_length = d.max_length;
+  options.pad_token_id = pad;
+  options.num_labels = num_labels;
+  auto to_examples = [&](const std::vector<data::TextRecord>& set) {
+    std::vector<data::LabelledTokens> examples;
+    for (const auto& r : set) examples.push_back({tokenizer.encode(r.text), r.label});
+    return examples;
+  };
+  w.train = std::make_shared<data::SequenceClassificationDataset>(to_examples(records), options);
+  if (!eval_records.empty()) {
+    w.eval = std::make_shared<data::SequenceClassificationDataset>(to_examples(eval_records), options);
+  }
+  w.description = fmt::format("{}: {} labelled documents, {} labels", d.path, records.size(), num_labels);
+}
+
+}  // namespace
+
+std::string tokenizer_directory(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  const char* env = std::getenv("GRADACCUM_TOKENIZER_DIR");
+  const std::string dir = env != nullptr && *env != '\0' ? env : data::kDefaultTokenizerDir;
+  std::error_code ec;
+  GA_CHECK(std::filesystem::exists(dir, ec),
+           "tokenizer directory {} does not exist: run scripts/setup.sh, or pass --tokenizer DIR", dir);
+  return dir;
+}
+
+std::vector<std::string> tokenizer_files(const data::Tokenizer& tokenizer) {
+  // Tokenizer::source() is "path" or "encoder.json path + vocab.bpe path".
+  std::vector<std::string> files;
+  const std::string& source = tokenizer.source();
+  const std::string separator = " + ";
+  size_t begin = 0;
+  for (size_t at; (at = source.find(separator, begin)) != std::string::npos; begin = at + separator.size()) {
+    files.push_back(source.substr(begin, at - begin));
+  }
+  files.push_back(source.substr(begin));
+  return files;
+}
+
+Workload make_workload(const io::TrainConfig& config, bool with_eval) {
+  Workload w;
+  const auto& d = config.data;
+  if (d.type == "fashion_mnist") {
+    w.train = std::make_shared<data::FashionMnist>(d.directory, "train", d.train_limit);
+    if (with_eval && d.eval_limit >= 0) {
+      w.eval = std::make_shared<data::FashionMnist>(d.directory, "test", d.eval_limit);
+    }
+    w.model = models::make_image_model(config.model, 10);
+    return w;
+  }
+
+  w.tokenizer.emplace(data::Tokenizer::load(tokenizer_directory(d.tokenizer)));
+  const auto& tokenizer = *w.tokenizer;
+  int64_t num_labels = 0;
+  if (d.type == "kjv") {
+    data::KjvLmOptions options;
+    options.dataset.max_length = d.max_length;
+    options.dataset.packing = d.packing;
+    options.eval_fraction = d.eval_fraction;
+    auto lm = data::make_kjv_lm_data(tokenizer, options);
+    w.description = "KJV verses: " + lm.train->summary();
+    w.train = lm.train;
+    w.eval = lm.eval;
+  } else if (d.type == "kjv_testament") {
+    data::KjvTestamentOptions options;
+    options.max_length = d.max_length;
+    options.eval_fraction = d.eval_fraction;
+    options.balanced = d.balanced;
+    options.seed = config.trainer.seed;
+    auto cls = data::make_kjv_testament_data(tokenizer, options);
+    w.description = fmt::format("KJV Old (0) vs New (1) Testament: {} training verses, {} eval verses{}",
+                                cls.train->size(), cls.eval ? cls.eval->size() : 0,
+                                d.balanced ? " (balanced)" : "");
+    w.train = cls.train;
+    w.eval = cls.eval;
+    num_labels = 2;
+  } else {
+    make_text_data(config, tokenizer, w, num_labels);
+  }
+  w.train = limit(w.train, d.train_limit);
+  w.eval = with_eval && d.eval_limit >= 0 ? limit(w.eval, d.eval_limit) : nullptr;
+  GA_CHECK(w.train->size() > 0, "data: no training samples ({})", w.description);
+
+  const auto vocab = static_cast<int64_t>(tokenizer.id_count());
+  w.model = config.model.hf_checkpoint.empty()
+                ? models::make_language_model(config.model, vocab, num_labels, config.trainer.seed)
+                : models::load_language_model(config.model.hf_checkpoint, num_labels, config.trainer.seed);
+  GA_CHECK(w.model.vocab_size >= vocab, "model: its vocabulary has {} ids, the tokenizer {}: they do not fit",
+           w.model.vocab_size, vocab);
+  GA_CHECK(w.model.max_positions == 0 || d.max_length <= w.model.max_positions,
+           "key 'data.max_length': {} is longer than the model's context of {} positions (n_positions)",
+           d.max_length, w.model.max_positions);
+  w.items_are_tokens = num_labels == 0;
+  return w;
+}
+
+}  // namespace gradaccum::cli

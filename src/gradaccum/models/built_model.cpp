@@ -1,0 +1,131 @@
+#include "gradaccum/models/built_model.h"
+
+#include "gradaccum/core/check.h"
+#include "gradaccum/models/bloom.h"
+#include "gradaccum/models/gpt2.h"
+#include "gradaccum/models/hf_checkpoint.h"
+#include "gradaccum/models/module_tensors.h"
+#include "gradaccum/models/sequence_classifier.h"
+
+namespace gradaccum::models {
+
+namespace {
+
+// The backbone, the head and the HF config for one architecture.
+BuiltModel assemble(const std::string& architecture, const Gpt2Config* gpt2, const BloomConfig* bloom,
+                    int64_t num_labels, uint64_t init_seed) {
+  BuiltModel built;
+  built.architecture = architecture;
+  built.num_labels = num_labels;
+  Decoder decoder{nullptr};
+  double initializer_range = 0.02;
+  if (gpt2 != nullptr) {
+    built.hf_config = gpt2_hf_config(*gpt2, num_labels);
+    initializer_range = gpt2->initializer_range;
+    if (num_labels == 0) {
+      built.task = std::make_unique<CausalLm>(Gpt2LmHeadModel(*gpt2));
+    } else {
+      decoder = as_decoder(Gpt2Model(*gpt2));
+    }
+  } else {
+    built.hf_config = bloom_hf_config(*bloom, num_labels);
+    initializer_range = bloom->initializer_range;
+    if (num_labels == 0) {
+      built.task = std::make_unique<CausalLm>(BloomForCausalLm(*bloom));
+    } else {
+      decoder = as_decoder(BloomModel(*bloom));
+    }
+  }
+  if (num_labels > 0) {
+    built.task = std::make_unique<SequenceClassifier>(
+        SequenceClassificationModel(decoder, num_labels, initializer_range, init_seed));
+  }
+  auto* backbone = num_labels == 0 ? static_cast<CausalLm&>(*built.task).model()->transformer.get()
+                                   : static_cast<SequenceClassifier&>(*built.task).model()->transformer.get();
+  built.max_positions = backbone->max_positions();
+  built.vocab_size = backbone->vocab_size();
+  return built;
+}
+
+}  // namespace
+
+WeightList BuiltModel::weights() {
+  return is_language_model() ? hf_tensors(task->module(), architecture) : module_tensors(task->module());
+}
+
+void BuiltModel::load_weights(const WeightList& weights, const std::string& what,
+                              const std::vector<std::string>& may_be_missing) {
+  if (is_language_model()) {
+    load_hf_tensors(task->module(), weights, architecture, what, may_be_missing);
+  } else {
+    load_module_tensors(task->module(), weights, what);
+  }
+}
+
+CausalLmHeadImpl* BuiltModel::causal_lm() {
+  auto* lm = dynamic_cast<CausalLm*>(task.get());
+  return lm != nullptr ? lm->model().get() : nullptr;
+}
+
+BuiltModel make_language_model(const ModelConfig& config, int64_t vocab_size, int64_t num_labels,
+                               uint64_t init_seed) {
+  GA_CHECK(config.n_layer >= 1 && config.n_embd >= 1 && config.n_head >= 1,
+           "model: n_layer, n_embd and n_head must be >= 1");
+  GA_CHECK(config.n_embd % config.n_head == 0, "model: n_embd {} is not a multiple of n_head {}",
+           config.n_embd, config.n_head);
+  const int64_t vocab = config.vocab_size > 0 ? config.vocab_size : vocab_size;
+  GA_CHECK(vocab >= vocab_size, "key 'model.vocab_size': {} is smaller than the tokenizer's {} ids",
+           vocab, vocab_size);
+  if (config.type == "gpt2") {
+    GA_CHECK(config.n_positions >= 2, "key 'model.n_positions': must be >= 2, got {}", config.n_positions);
+    Gpt2Config c;
+    c.vocab_size = vocab;
+    c.n_positions = config.n_positions;
+    c.n_embd = config.n_embd;
+    c.n_layer = config.n_layer;
+    c.n_head = config.n_head;
+    c.init_seed = init_seed;
+    return assemble("gpt2", &c, nullptr, num_labels, init_seed);
+  }
+  GA_CHECK(config.type == "bloom", "key 'model.type': '{}' is not a language model", config.type);
+  BloomConfig c;
+  c.vocab_size = vocab;
+  c.hidden_size = config.n_embd;
+  c.n_layer = config.n_layer;
+  c.n_head = config.n_head;
+  c.init_seed = init_seed;
+  return assemble("bloom", nullptr, &c, num_labels, init_seed);
+}
+
+BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint64_t init_seed) {
+  auto checkpoint = read_hf_checkpoint(dir);
+  const auto what = dir + "/config.json";
+  const auto type = hf_model_type(checkpoint.config, what);
+  const int64_t saved_labels = hf_num_labels(checkpoint.config, what);
+  const int64_t labels = num_labels < 0 ? saved_labels : num_labels;
+  BuiltModel built;
+  if (type == "gpt2") {
+    const auto c = gpt2_config_from_hf(checkpoint.config, what);
+    built = assemble("gpt2", &c, nullptr, labels, init_seed);
+  } else {
+    const auto c = bloom_config_from_hf(checkpoint.config, what);
+    built = assemble("bloom", nullptr, &c, labels, init_seed);
+  }
+  // A causal-LM checkpoint fine-tuned as a classifier starts its head fresh;
+  // a classifier's head is never silently dropped or resized.
+  GA_CHECK(saved_labels == 0 || saved_labels == labels,
+           "{}: the checkpoint classifies {} labels, the task has {}", what, saved_labels, labels);
+  std::vector<std::string> fresh;
+  if (saved_labels == 0 && labels > 0) fresh.push_back("score.weight");
+  built.load_weights(checkpoint.tensors, dir + "/model.safetensors", fresh);
+  return built;
+}
+
+BuiltModel make_image_model(const ModelConfig& config, int64_t classes) {
+  BuiltModel built;
+  built.task = make_image_classifier(config, classes);
+  built.num_labels = classes;
+  return built;
+}
+
+}  // namespace gradaccum::models

@@ -1,0 +1,51 @@
+#include "gradaccum/models/generation.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "gradaccum/core/check.h"
+
+namespace gradaccum::models {
+
+std::vector<int64_t> generate(CausalLmHeadImpl& model, const std::vector<int64_t>& prompt,
+                              const GenerationOptions& options) {
+  GA_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
+  GA_CHECK(options.max_new_tokens >= 0, "--max-new-tokens must be >= 0, got {}", options.max_new_tokens);
+  GA_CHECK(options.temperature >= 0, "--temperature must be >= 0, got {}", options.temperature);
+  GA_CHECK(options.top_k >= 0, "--top-k must be >= 0, got {}", options.top_k);
+  torch::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  const auto device = model.parameters().front().device();
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+
+  std::vector<int64_t> context = prompt;
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < options.max_new_tokens; ++i) {
+    const auto first = options.max_positions > 0 && static_cast<int64_t>(context.size()) > options.max_positions
+                           ? context.size() - static_cast<size_t>(options.max_positions)
+                           : size_t{0};
+    auto ids = torch::tensor(std::vector<int64_t>(context.begin() + static_cast<std::ptrdiff_t>(first), context.end()),
+                             torch::kLong)
+                   .unsqueeze(0)
+                   .to(device);
+    auto logits = model.forward(ids).select(1, -1).squeeze(0).to(torch::kCPU, torch::kDouble);
+    int64_t next = 0;
+    if (options.temperature == 0.0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      logits = logits / options.temperature;
+      if (options.top_k > 0 && options.top_k < logits.size(0)) {
+        const auto kth = std::get<0>(logits.topk(options.top_k)).select(0, -1);
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
+      }
+      next = torch::multinomial(torch::softmax(logits, 0), 1, false, generator).item<int64_t>();
+    }
+    out.push_back(next);
+    context.push_back(next);
+    if (next == options.stop_token) break;
+  }
+  model.train(was_training);
+  return out;
+}
+
+}  // namespace gradaccum::models
