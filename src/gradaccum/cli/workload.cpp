@@ -102,6 +102,20 @@ void make_text_data(const io::TrainConfig& config, const data::Tokenizer& tokeni
   w.description = fmt::format("{}: {} labelled documents, {} labels", d.path, records.size(), num_labels);
 }
 
+// The loss of the best model that ignores context: the entropy of the
+// training targets' token frequencies, in nats. A language model that has
+// learned anything beats it; the log prints it beside the first losses.
+double unigram_entropy(const core::Dataset& data, int64_t vocab) {
+  auto counts = torch::zeros({vocab}, torch::kLong);
+  for (int64_t begin = 0; begin < data.size(); begin += 4096) {
+    const auto batch = data.get(torch::arange(begin, std::min(begin + 4096, data.size())), torch::kFloat);
+    const auto labels = batch.target.slice(1, 1);  // what the shifted loss predicts
+    counts += torch::bincount(labels.masked_select(labels != models::kIgnoreIndex), {}, vocab);
+  }
+  const auto p = counts.to(torch::kDouble) / counts.sum().clamp_min(1).to(torch::kDouble);
+  return -(p * p.clamp_min(1e-300).log()).sum().item<double>();
+}
+
 }  // namespace
 
 std::string tokenizer_directory(const std::string& configured) {
@@ -181,6 +195,9 @@ Workload make_workload(const io::TrainConfig& config, bool with_eval) {
            "key 'data.max_length': {} is longer than the model's context of {} positions (n_positions)",
            d.max_length, w.model.max_positions);
   w.items_are_tokens = num_labels == 0;
+  if (w.items_are_tokens) {
+    w.description += fmt::format("; unigram baseline {:.3f} nats/token", unigram_entropy(*w.train, vocab));
+  }
   return w;
 }
 
