@@ -105,7 +105,7 @@ TEST(Safetensors, HeaderIsPaddedToEightBytesAndEveryTensorAligned) {
   const uint64_t n = header_length(bytes);
   EXPECT_EQ(n % 8, 0u);
   const auto header = nlohmann::json::parse(bytes.substr(8, n));
-  const std::map<std::string, uint64_t> sizes = {{"F64", 8}, {"I64", 8}, {"F32", 4}, {"I32", 4},
+  const std::map<std::string, uint64_t> sizes = {{"F64", 8}, {"I64", 8},  {"F32", 4}, {"I32", 4},
                                                  {"F16", 2}, {"BF16", 2}, {"I16", 2}, {"I8", 1},
                                                  {"U8", 1},  {"BOOL", 1}};
   uint64_t covered = 0;
@@ -154,7 +154,8 @@ TEST(Safetensors, SavesAtomicallyAndLoadsFromDisk) {
   EXPECT_TRUE(metadata.empty());
   // Only the file itself is left: no temporary.
   int entries = 0;
-  for (const auto& e : fs::directory_iterator(dir)) entries += e.path().filename() == "model.safetensors" ? 1 : 100;
+  for (const auto& e : fs::directory_iterator(dir))
+    entries += e.path().filename() == "model.safetensors" ? 1 : 100;
   EXPECT_EQ(entries, 1);
 }
 
@@ -224,10 +225,12 @@ TEST(SafetensorsErrors, HeaderNotJsonOrNotAnObject) {
 }
 
 TEST(SafetensorsErrors, EntryMissingAField) {
-  EXPECT_ONE_LINE_ERROR(parse_safetensors(one_tensor(R"({"shape":[3],"data_offsets":[0,12]})"), "f.st"),
-                        "f.st: tensor w: header entry has no \"dtype\"");
-  EXPECT_ONE_LINE_ERROR(parse_safetensors(one_tensor(R"({"dtype":"F32","data_offsets":[0,12]})"), "f.st"),
-                        "f.st: tensor w: header entry has no \"shape\"");
+  EXPECT_ONE_LINE_ERROR(
+      parse_safetensors(one_tensor(R"({"shape":[3],"data_offsets":[0,12]})"), "f.st"),
+      "f.st: tensor w: header entry has no \"dtype\"");
+  EXPECT_ONE_LINE_ERROR(
+      parse_safetensors(one_tensor(R"({"dtype":"F32","data_offsets":[0,12]})"), "f.st"),
+      "f.st: tensor w: header entry has no \"shape\"");
   EXPECT_ONE_LINE_ERROR(parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3]})"), "f.st"),
                         "f.st: tensor w: header entry has no \"data_offsets\"");
 }
@@ -240,10 +243,12 @@ TEST(SafetensorsErrors, WrongJsonTypes) {
       parse_safetensors(one_tensor(R"({"dtype":"F32","shape":3,"data_offsets":[0,12]})"), "f.st"),
       "tensor w: \"shape\" is not an array");
   EXPECT_ONE_LINE_ERROR(
-      parse_safetensors(one_tensor(R"({"dtype":"F32","shape":["3"],"data_offsets":[0,12]})"), "f.st"),
+      parse_safetensors(one_tensor(R"({"dtype":"F32","shape":["3"],"data_offsets":[0,12]})"),
+                        "f.st"),
       "tensor w: shape [\"3\"] is not a list of integers");
   EXPECT_ONE_LINE_ERROR(
-      parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3.0],"data_offsets":[0,12]})"), "f.st"),
+      parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3.0],"data_offsets":[0,12]})"),
+                        "f.st"),
       "tensor w: shape [3.0] is not a list of integers");
   EXPECT_ONE_LINE_ERROR(
       parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":"0-12"})"), "f.st"),
@@ -252,22 +257,26 @@ TEST(SafetensorsErrors, WrongJsonTypes) {
 
 TEST(SafetensorsErrors, UnknownDtype) {
   EXPECT_ONE_LINE_ERROR(
-      parse_safetensors(one_tensor(R"({"dtype":"F8_E4M3","shape":[12],"data_offsets":[0,12]})"), "f.st"),
+      parse_safetensors(one_tensor(R"({"dtype":"F8_E4M3","shape":[12],"data_offsets":[0,12]})"),
+                        "f.st"),
       "f.st: tensor w: unknown dtype \"F8_E4M3\"");
 }
 
 TEST(SafetensorsErrors, NegativeOrOverflowingShape) {
   EXPECT_ONE_LINE_ERROR(
-      parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[-3],"data_offsets":[0,12]})"), "f.st"),
+      parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[-3],"data_offsets":[0,12]})"),
+                        "f.st"),
       "f.st: tensor w: shape [-3] has a negative dimension");
   // 2^32 * 2^32 elements: the byte count overflows 64 bits.
   EXPECT_ONE_LINE_ERROR(
-      parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,12]})"),
-                        "f.st"),
+      parse_safetensors(
+          one_tensor(R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,12]})"),
+          "f.st"),
       "f.st: tensor w: shape [4294967296,4294967296] overflows");
   EXPECT_ONE_LINE_ERROR(
-      parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,12]})"),
-                        "f.st"),
+      parse_safetensors(
+          one_tensor(R"({"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,12]})"),
+          "f.st"),
       "overflows");
 }
 
@@ -276,7 +285,8 @@ TEST(SafetensorsErrors, DataOffsetsNotABeginEndPair) {
       parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":[12]})"), "f.st"),
       "f.st: tensor w: \"data_offsets\" [12] is not [begin, end]");
   EXPECT_ONE_LINE_ERROR(
-      parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":[-1,11]})"), "f.st"),
+      parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":[-1,11]})"),
+                        "f.st"),
       "\"data_offsets\" [-1,11] is not [begin, end] of non-negative integers");
   EXPECT_ONE_LINE_ERROR(
       parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[0],"data_offsets":[12,0]})"), "f.st"),
@@ -284,8 +294,9 @@ TEST(SafetensorsErrors, DataOffsetsNotABeginEndPair) {
 }
 
 TEST(SafetensorsErrors, DataOffsetsPastTheEnd) {
-  EXPECT_ONE_LINE_ERROR(parse_safetensors(one_tensor(kGood, /*data_size=*/11), "f.st"),
-                        "f.st: tensor w: data_offsets [0, 12] extend past the data region of 11 bytes");
+  EXPECT_ONE_LINE_ERROR(
+      parse_safetensors(one_tensor(kGood, /*data_size=*/11), "f.st"),
+      "f.st: tensor w: data_offsets [0, 12] extend past the data region of 11 bytes");
 }
 
 TEST(SafetensorsErrors, ByteCountDoesNotMatchShape) {
@@ -298,22 +309,19 @@ TEST(SafetensorsErrors, ByteCountDoesNotMatchShape) {
 }
 
 TEST(SafetensorsErrors, OverlappingTensors) {
-  const std::string header =
-      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
   EXPECT_ONE_LINE_ERROR(parse_safetensors(file_bytes(header, std::string(12, '\0')), "f.st"),
                         "f.st: tensor b: data_offsets [4, 12] overlap tensor a [0, 8]");
   // Empty tensors occupy no bytes and overlap nothing.
-  const std::string empty =
-      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})";
+  const std::string empty = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                            R"("b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})";
   EXPECT_EQ(parse_safetensors(file_bytes(empty, std::string(8, '\0')), "f.st").size(), 2u);
 }
 
 TEST(SafetensorsErrors, DuplicateNames) {
-  const std::string header =
-      R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-      R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  const std::string header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
   EXPECT_ONE_LINE_ERROR(parse_safetensors(file_bytes(header, std::string(8, '\0')), "f.st"),
                         "f.st: tensor w: name appears twice in the header");
 }
@@ -337,7 +345,8 @@ TEST(SafetensorsErrors, LoadNamesThePath) {
   const auto dir = gradaccum::testing::make_temp_dir("safetensors-bad");
   const auto path = dir + "/bad.safetensors";
   gradaccum::io::write_file_atomically_fsync(path, one_tensor(kGood, 4));
-  EXPECT_ONE_LINE_ERROR(load_safetensors(path), path + ": tensor w: data_offsets [0, 12] extend past");
+  EXPECT_ONE_LINE_ERROR(load_safetensors(path),
+                        path + ": tensor w: data_offsets [0, 12] extend past");
   gradaccum::io::write_file_atomically_fsync(path, "");
   EXPECT_ONE_LINE_ERROR(load_safetensors(path), path + ": not a safetensors file: 0 bytes");
   EXPECT_ONE_LINE_ERROR(load_safetensors(dir), dir + ": not a regular file");

@@ -5,19 +5,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "gradaccum/core/check.h"
 
 // The format is little-endian; tensors are copied byte for byte.
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors I/O assumes a little-endian host");
 
 namespace gradaccum::io {
 
@@ -30,9 +30,9 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {"F64", torch::kDouble, 8},  {"F32", torch::kFloat, 4},  {"F16", torch::kHalf, 2},
-    {"BF16", torch::kBFloat16, 2}, {"I64", torch::kLong, 8}, {"I32", torch::kInt, 4},
-    {"I16", torch::kShort, 2},   {"I8", torch::kChar, 1},    {"U8", torch::kByte, 1},
+    {"F64", torch::kDouble, 8},    {"F32", torch::kFloat, 4}, {"F16", torch::kHalf, 2},
+    {"BF16", torch::kBFloat16, 2}, {"I64", torch::kLong, 8},  {"I32", torch::kInt, 4},
+    {"I16", torch::kShort, 2},     {"I8", torch::kChar, 1},   {"U8", torch::kByte, 1},
     {"BOOL", torch::kBool, 1},
 };
 
@@ -133,8 +133,9 @@ torch::Tensor copy_out(const Entry& e, const char* data, const std::string& what
 
 NamedTensors parse_safetensors(std::string_view bytes, const std::string& what,
                                std::map<std::string, std::string>* metadata) {
-  GA_CHECK(bytes.size() >= 8, "{}: not a safetensors file: {} bytes, shorter than the 8-byte header length",
-           what, bytes.size());
+  GA_CHECK(bytes.size() >= 8,
+           "{}: not a safetensors file: {} bytes, shorter than the 8-byte header length", what,
+           bytes.size());
   const uint64_t header_size = read_u64_le(bytes.data());
   GA_CHECK(header_size <= kSafetensorsMaxHeaderBytes,
            "{}: safetensors header length {} exceeds the limit of {} bytes", what, header_size,
@@ -193,8 +194,9 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& what,
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const Entry& prev = *by_offset[i - 1];
     const Entry& cur = *by_offset[i];
-    GA_CHECK(cur.begin >= prev.end, "{}: tensor {}: data_offsets [{}, {}] overlap tensor {} [{}, {}]",
-             what, cur.name, cur.begin, cur.end, prev.name, prev.begin, prev.end);
+    GA_CHECK(cur.begin >= prev.end,
+             "{}: tensor {}: data_offsets [{}, {}] overlap tensor {} [{}, {}]", what, cur.name,
+             cur.begin, cur.end, prev.name, prev.begin, prev.end);
   }
 
   NamedTensors tensors;
@@ -325,7 +327,8 @@ void write_file_atomically_fsync(const std::string& path, std::string_view bytes
   if (::rename(temporary.c_str(), path.c_str()) != 0) {
     const int error = errno;
     ::unlink(temporary.c_str());
-    throw Error(fmt::format("{}: cannot rename {} over it: {}", path, temporary, std::strerror(error)));
+    throw Error(
+        fmt::format("{}: cannot rename {} over it: {}", path, temporary, std::strerror(error)));
   }
   fsync_directory(directory.string());
 }

@@ -210,8 +210,8 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
       // aside first, then remove it once the new one is in place.
       const fs::path old = target.string() + ".old-" + std::to_string(::getpid());
       fs::remove_all(old, ec);
-      GA_CHECK(std::rename(target.c_str(), old.c_str()) == 0, "{}: cannot move the old checkpoint aside to {}",
-               dir, old.string());
+      GA_CHECK(std::rename(target.c_str(), old.c_str()) == 0,
+               "{}: cannot move the old checkpoint aside to {}", dir, old.string());
       if (std::rename(staging.c_str(), target.c_str()) != 0) {
         std::rename(old.c_str(), target.c_str());
         throw Error(fmt::format("{}: cannot rename {} to it", dir, staging.string()));
@@ -245,8 +245,9 @@ void load_hf_tensors(torch::nn::Module& module,
       const std::string head_source = parameter_name(params, rules, rules.tied_to);
       if (name == rules.tied_head && !head_source.empty()) {
         // A tied head HF saved anyway: it must at least fit the embedding.
-        const auto& source = params.own.count(head_source) ? params.own.at(head_source)
-                                                           : params.own.at(params.alias_of.at(head_source));
+        const auto& source = params.own.count(head_source)
+                                 ? params.own.at(head_source)
+                                 : params.own.at(params.alias_of.at(head_source));
         GA_CHECK(tensor.sizes() == source.sizes(),
                  "{}: tensor {}: shape {} does not match the tied {} {}", what, name,
                  shape_string(tensor.sizes()), head_source, shape_string(source.sizes()));
@@ -288,10 +289,9 @@ void load_hf_tensors(torch::nn::Module& module,
       missing.push_back(name);
   }
   if (!missing.empty()) {
-    throw Error(fmt::format("{}: missing tensor {}{}", what, missing.front(),
-                            missing.size() > 1
-                                ? fmt::format(" (and {} more)", missing.size() - 1)
-                                : std::string()));
+    throw Error(fmt::format(
+        "{}: missing tensor {}{}", what, missing.front(),
+        missing.size() > 1 ? fmt::format(" (and {} more)", missing.size() - 1) : std::string()));
   }
 
   torch::NoGradGuard no_grad;
@@ -344,10 +344,10 @@ int64_t hf_num_labels(const nlohmann::json& config, const std::string& what) {
   GA_CHECK(config.is_object(), "{}: config.json is not a JSON object", what);
   const auto* architectures = field(config, "architectures");
   if (architectures == nullptr || architectures->is_null()) return 0;
-  GA_CHECK(architectures->is_array() && architectures->size() == 1 &&
-               (*architectures)[0].is_string(),
-           "{}: config.json \"architectures\" must be a list of one class name, got {}", what,
-           architectures->dump());
+  GA_CHECK(
+      architectures->is_array() && architectures->size() == 1 && (*architectures)[0].is_string(),
+      "{}: config.json \"architectures\" must be a list of one class name, got {}", what,
+      architectures->dump());
   const auto name = (*architectures)[0].get<std::string>();
   if (!ends_with(name, "ForSequenceClassification")) return 0;
   if (const auto* id2label = field(config, "id2label")) {
@@ -364,8 +364,7 @@ nlohmann::json gpt2_hf_config(const Gpt2Config& config, int64_t num_labels) {
   GA_CHECK(num_labels >= 0, "gpt2_hf_config: num_labels must be >= 0, got {}", num_labels);
   nlohmann::json j = {
       {"model_type", "gpt2"},
-      {"architectures",
-       {num_labels > 0 ? "GPT2ForSequenceClassification" : "GPT2LMHeadModel"}},
+      {"architectures", {num_labels > 0 ? "GPT2ForSequenceClassification" : "GPT2LMHeadModel"}},
       {"vocab_size", config.vocab_size},
       {"n_positions", config.n_positions},
       {"n_embd", config.n_embd},
@@ -403,8 +402,9 @@ Gpt2Config gpt2_config_from_hf(const nlohmann::json& config, const std::string& 
   c.n_embd = required_positive_int(config, "n_embd", what);
   c.n_layer = required_positive_int(config, "n_layer", what);
   c.n_head = required_positive_int(config, "n_head", what);
-  GA_CHECK(c.n_embd % c.n_head == 0, "{}: config.json \"n_embd\" {} is not divisible by \"n_head\" {}",
-           what, c.n_embd, c.n_head);
+  GA_CHECK(c.n_embd % c.n_head == 0,
+           "{}: config.json \"n_embd\" {} is not divisible by \"n_head\" {}", what, c.n_embd,
+           c.n_head);
   c.layer_norm_epsilon = optional_positive_number(config, "layer_norm_epsilon", 1e-5, what);
   c.initializer_range = optional_positive_number(config, "initializer_range", 0.02, what);
   c.init_seed = 0;
@@ -431,8 +431,7 @@ nlohmann::json bloom_hf_config(const BloomConfig& config, int64_t num_labels) {
   GA_CHECK(num_labels >= 0, "bloom_hf_config: num_labels must be >= 0, got {}", num_labels);
   nlohmann::json j = {
       {"model_type", "bloom"},
-      {"architectures",
-       {num_labels > 0 ? "BloomForSequenceClassification" : "BloomForCausalLM"}},
+      {"architectures", {num_labels > 0 ? "BloomForSequenceClassification" : "BloomForCausalLM"}},
       {"vocab_size", config.vocab_size},
       {"hidden_size", config.hidden_size},
       {"n_layer", config.n_layer},

@@ -26,7 +26,6 @@
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <utility>
 #include <vector>
