@@ -1,5 +1,7 @@
 #include "gradaccum/models/hf_checkpoint.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -206,17 +208,22 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
     io::save_safetensors((staging / "model.safetensors").string(), checkpoint.tensors);
     io::fsync_directory(staging.string());
     if (fs::exists(target)) {
-      // POSIX cannot rename a directory over a non-empty one: move the old one
-      // aside first, then remove it once the new one is in place.
-      const fs::path old = target.string() + ".old-" + std::to_string(::getpid());
-      fs::remove_all(old, ec);
-      GA_CHECK(std::rename(target.c_str(), old.c_str()) == 0,
-               "{}: cannot move the old checkpoint aside to {}", dir, old.string());
-      if (std::rename(staging.c_str(), target.c_str()) != 0) {
-        std::rename(old.c_str(), target.c_str());
-        throw Error(fmt::format("{}: cannot rename {} to it", dir, staging.string()));
+      // Linux swaps the two directories in one step (renameat2 RENAME_EXCHANGE);
+      // where the filesystem cannot, the old one is moved aside first, leaving a
+      // moment without `dir`.
+      if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+        fs::remove_all(staging, ec);  // now the old checkpoint
+      } else {
+        const fs::path old = target.string() + ".old-" + std::to_string(::getpid());
+        fs::remove_all(old, ec);
+        GA_CHECK(std::rename(target.c_str(), old.c_str()) == 0,
+                 "{}: cannot move the old checkpoint aside to {}", dir, old.string());
+        if (std::rename(staging.c_str(), target.c_str()) != 0) {
+          std::rename(old.c_str(), target.c_str());
+          throw Error(fmt::format("{}: cannot rename {} to it", dir, staging.string()));
+        }
+        fs::remove_all(old, ec);
       }
-      fs::remove_all(old, ec);
     } else {
       GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it", dir,
                staging.string());

@@ -48,8 +48,9 @@ struct HfCheckpoint {
 HfCheckpoint read_hf_checkpoint(const std::string& dir);
 
 // Writes config.json and model.safetensors into `<dir>.tmp-<pid>`, fsyncs
-// them, then swaps that directory in for `dir` (replacing an existing one), so
-// `dir` is always either the old or the new checkpoint, never half of one.
+// them, then swaps that directory in for `dir` (replacing an existing one, by
+// renameat2's RENAME_EXCHANGE where the filesystem supports it), so `dir` is
+// never half of a checkpoint. On failure the staging directory is removed.
 void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint);
 
 // Copies `tensors` (HF names and layouts) into `module`'s parameters, converted
