@@ -86,6 +86,8 @@ void make_text_data(const io::TrainConfig& config, const data::Tokenizer& tokeni
     }
   }
   num_labels = max_label + 1;
+  GA_CHECK(num_labels >= 2, "{}: every label is {}; classification needs at least two classes", d.path,
+           max_label);
   data::ClassificationDatasetOptions options;
   options.max_length = d.max_length;
   options.pad_token_id = pad;
@@ -195,6 +197,11 @@ Workload make_workload(const io::TrainConfig& config, bool with_eval) {
            "key 'data.max_length': {} is longer than the model's context of {} positions (n_positions)",
            d.max_length, w.model.max_positions);
   w.items_are_tokens = num_labels == 0;
+  if (num_labels > 0) {
+    // HF's *ForSequenceClassification finds each row's last real token from
+    // pad_token_id; ours come from the attention mask, theirs need the id.
+    w.model.hf_config["pad_token_id"] = end_of_text(tokenizer);
+  }
   if (w.items_are_tokens) {
     w.description += fmt::format("; unigram baseline {:.3f} nats/token", unigram_entropy(*w.train, vocab));
   }
