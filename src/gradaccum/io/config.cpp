@@ -195,7 +195,9 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
       indent += "  ";
       begin = dot + 1;
     }
-    auto value = parse_yaml(assignment.substr(eq + 1), fmt::format("--set {}", key));
+    // "--set key=" (or key="" after the shell) means the empty string, not YAML's null.
+    const auto text = assignment.substr(eq + 1);
+    auto value = text.empty() ? YAML::Node(std::string()) : parse_yaml(text, fmt::format("--set {}", key));
     YAML::Node patch = parse_yaml(yaml_text, fmt::format("--set {}", key));
     YAML::Node leaf = patch;
     begin = 0;
