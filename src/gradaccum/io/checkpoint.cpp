@@ -96,7 +96,15 @@ T field(const nlohmann::json& j, const char* key, const std::string& what) {
 }  // namespace
 
 CheckpointStore::CheckpointStore(CheckpointStoreOptions options)
-    : options_(std::move(options)), root_((fs::path(options_.output_dir) / "checkpoints").string()) {}
+    : options_(std::move(options)), root_((fs::path(options_.output_dir) / "checkpoints").string()) {
+  // A save cut short by a crash left a .tmp directory nobody will finish.
+  std::error_code ec;
+  if (options_.rank == 0 && fs::is_directory(root_, ec)) {
+    for (const auto& entry : fs::directory_iterator(root_, ec)) {
+      if (entry.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(entry.path(), ec);
+    }
+  }
+}
 
 std::string CheckpointStore::save(const CheckpointContents& c) {
   const bool rank0 = options_.rank == 0;

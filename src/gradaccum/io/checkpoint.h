@@ -70,6 +70,7 @@ struct CheckpointStoreOptions {
 
 class CheckpointStore {
  public:
+  // Rank 0 removes `.tmp-*` directories left by a save that a crash cut short.
   explicit CheckpointStore(CheckpointStoreOptions options);
 
   // Writes this rank's part of step-K (K = contents.state.position.step) and,
