@@ -119,6 +119,23 @@ TEST(CheckpointResume, OtherDecompositionOfTheSameGlobalBatchStaysExactFloat64) 
   fs::remove_all(dir);
 }
 
+TEST(CheckpointResume, TwoRanksResumeBitIdenticallyAlsoWithZero1) {
+  const auto dir = make_temp_dir("ckpt-w2");
+  for (const std::string zero : {"0", "1"}) {
+    const auto run = kRun + " --set threads=1 --set per_device_train_batch_size=8 --nproc 2 --set zero_stage=" + zero;
+    const auto a = dir + "/a" + zero;
+    run_ok("train " + run + " --set max_steps=8 --set save_steps=4 --set output_dir=" + a);
+    if (zero == "1") {
+      // Each rank saved its own optimizer shard.
+      EXPECT_TRUE(fs::exists(a + "/checkpoints/step-4/optimizer-rank1.pt"));
+    }
+    run_ok("train " + run + " --set max_steps=8 --set output_dir=" + dir + "/b" + zero +
+           " --set resume_from_checkpoint=" + a + "/checkpoints/step-4");
+    expect_same_steps(read_jsonl(a + "/metrics.jsonl"), read_jsonl(dir + "/b" + zero + "/metrics.jsonl"), 5, 8);
+  }
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointResume, AnotherGlobalBatchIsRefusedUnlessAllowed) {
   const auto dir = make_temp_dir("ckpt-batch");
   run_ok("train " + kRun + " --set max_steps=4 --set output_dir=" + dir + "/a");

@@ -91,6 +91,19 @@ TEST(LmEndToEnd, KjvBloomAndTestamentClassifierDecompositionsAgreeFloat64) {
   fs::remove_all(dir);
 }
 
+TEST(LmEndToEnd, DataParallelPaddedVersesEqualOneProcessFloat64) {
+  // W = 2, N = 2 against W = 1, N = 4 (DESIGN.md §1): ranks hold different
+  // token counts in every micro-step; the counts are summed across ranks
+  // before the one division.
+  const auto dir = make_temp_dir("lm-dp");
+  const auto run = kTinyLm + " --set dtype=float64 --set per_device_train_batch_size=8 --set threads=1";
+  const auto one = steps_of(run + " --set gradient_accumulation_steps=4", dir + "/one");
+  const auto two = steps_of(run + " --set gradient_accumulation_steps=2 --nproc 2", dir + "/two");
+  expect_same_trajectory(one, two, 1e-10);
+  EXPECT_EQ(two[0]["world_size"], 2);
+  fs::remove_all(dir);
+}
+
 TEST(LmEndToEnd, FinalCheckpointEvalAndGenerate) {
   const auto dir = make_temp_dir("lm-final");
   const auto r = run_cli("train " + kTinyLm + " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4 "
