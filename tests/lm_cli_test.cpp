@@ -190,4 +190,37 @@ TEST(LmBadInput, ContextTooShortAndMismatchedTypesAreNamed) {
   fs::remove_all(dir);
 }
 
+// Bad text input through the program: one line, exit 1, nothing written.
+TEST(LmBadInput, TokenizerAndTextFilesAreNamed) {
+  const auto dir = make_temp_dir("lm-bad-files");
+  std::ofstream(dir + "/empty.txt") << "\n   \n";
+  std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": 3}\n";
+  fs::create_directories(dir + "/tok");
+  std::ofstream(dir + "/tok/encoder.json") << "{\"a\": ";
+  std::ofstream(dir + "/tok/vocab.bpe") << "#version: 0.2\n";
+  const std::string lm = "train --set model.type=gpt2 --set model.n_layer=1 --set model.n_embd=16 "
+                         "--set model.n_head=2 --set data.type=text ";
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"--set data.path=" + dir + "/missing.txt", "missing.txt"},
+      {"--set data.path=" + dir + "/empty.txt", "empty.txt"},
+      {"--set data.path=" + dir + "/broken.jsonl", "broken.jsonl:2"},
+      {"--set data.path=" + dir + "/empty.txt --set data.tokenizer=" + dir + "/nowhere", "nowhere"},
+      {"--set data.path=" + dir + "/empty.txt --set data.tokenizer=" + dir + "/tok", "encoder.json"},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const auto out = dir + "/out" + std::to_string(i++);
+    const auto r = run_cli(lm + c.args + " --set output_dir=" + out);
+    EXPECT_EQ(r.exit_code, 1) << c.args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.rfind("gradaccum: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_FALSE(fs::exists(out)) << c.args;
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
