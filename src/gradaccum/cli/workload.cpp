@@ -15,29 +15,33 @@ namespace gradaccum::cli {
 
 namespace {
 
-// The first `limit` samples of a dataset (limit <= 0 or >= size: all of it).
-class PrefixDataset final : public core::Dataset {
+// `limit` samples spread evenly over a dataset: sample ⌊k·n/limit⌋ for k <
+// limit. Text corpora are ordered (the KJV runs from Genesis to Revelation,
+// so a prefix of the Testament task would hold Old Testament verses only).
+class SpreadSubset final : public core::Dataset {
  public:
-  PrefixDataset(std::shared_ptr<core::Dataset> inner, int64_t limit)
+  SpreadSubset(std::shared_ptr<core::Dataset> inner, int64_t limit)
       : inner_(std::move(inner)),
-        size_(limit > 0 ? std::min(limit, inner_->size()) : inner_->size()) {}
-  int64_t size() const override { return size_; }
+        indices_(torch::div(torch::arange(limit, torch::kLong) * inner_->size(), limit, "floor")) {}
+  int64_t size() const override { return indices_.size(0); }
   core::Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const override {
-    return inner_->get(indices, dtype);  // indices are < size_ by construction
+    GA_CHECK(indices.numel() == 0 || (indices.min().item<int64_t>() >= 0 && indices.max().item<int64_t>() < size()),
+             "subset: sample index out of range [0, {})", size());
+    return inner_->get(indices_.index_select(0, indices), dtype);
   }
   torch::Tensor sample_lengths() const override {
     auto lengths = inner_->sample_lengths();
-    return lengths.defined() ? lengths.slice(0, 0, size_) : lengths;
+    return lengths.defined() ? lengths.index_select(0, indices_) : lengths;
   }
 
  private:
   std::shared_ptr<core::Dataset> inner_;
-  int64_t size_;
+  torch::Tensor indices_;
 };
 
 std::shared_ptr<core::Dataset> limit(std::shared_ptr<core::Dataset> data, int64_t n) {
   if (data == nullptr || n <= 0 || n >= data->size()) return data;
-  return std::make_shared<PrefixDataset>(std::move(data), n);
+  return std::make_shared<SpreadSubset>(std::move(data), n);
 }
 
 data::TokenId end_of_text(const data::Tokenizer& tokenizer) {
