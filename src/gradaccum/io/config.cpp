@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cctype>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -99,6 +100,8 @@ void merge(YAML::Node base, const YAML::Node& user, const std::string& prefix) {
   GA_CHECK(user.IsMap(), "{}: expected a mapping of keys, got {}",
            prefix.empty() ? "configuration" : prefix, describe(user));
   for (const auto& item : user) {
+    GA_CHECK(item.first.IsScalar(), "{}: a key must be a name, got {}",
+             prefix.empty() ? "configuration" : prefix, describe(item.first));
     const auto key = item.first.as<std::string>();
     const auto path = prefix.empty() ? key : prefix + "." + key;
     GA_CHECK(base[key].IsDefined(), "unknown key '{}'", path);
@@ -183,6 +186,14 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
     const auto eq = assignment.find('=');
     GA_CHECK(eq != std::string::npos && eq > 0, "--set '{}': expected key=value", assignment);
     const auto key = assignment.substr(0, eq);
+    // The key becomes YAML text below, so it must not carry YAML syntax of its own.
+    for (size_t i = 0; i < key.size(); ++i) {
+      const char ch = key[i];
+      const bool name = std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+      const bool dot = ch == '.' && i > 0 && i + 1 < key.size() && key[i + 1] != '.';
+      GA_CHECK(name || dot, "--set '{}': a key is names of letters, digits and '_' joined by '.'",
+               key);
+    }
     // Build {a: {b: value}} for "a.b=value" and merge it like a file.
     std::string yaml_text;
     std::string indent;
