@@ -1,0 +1,127 @@
+#!/usr/bin/python3
+"""Language-model throughput: gradaccum (bench/lm_throughput) vs the Python loop (bench/py/lm_throughput.py).
+
+Runs `--runs` processes of each program alternately (which goes first alternates per round).
+Before each process the driver takes the shared benchmark lock (/tmp/gradaccum-bench.lock,
+the lock `flock` uses) and then waits, holding it, until the machine is quiet: the 1-minute
+load average below `--max-load` AND the other processes' CPU use, sampled over 3 s from
+/proc/stat while nothing of ours runs, below `--max-busy` cores. (The load average alone
+lags: our own previous process keeps it near 2 for a minute.) After `--max-wait` seconds it
+runs anyway and marks the process "quiet": false. Prints every process's JSON line and a
+Markdown table of medians and [min–max] ranges over processes.
+
+  /usr/bin/python3 bench/compare_lm.py [--build build-bench] [--runs 3] [--threads 2]
+      [--steps 10] [--warmup-steps 2] [--max-load 1.5] [--max-busy 0.3] [--max-wait 900]
+"""
+import argparse
+import fcntl
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+LOCK = "/tmp/gradaccum-bench.lock"
+
+
+def cpu_busy_cores(seconds=3.0):
+    """Cores in use (all processes) over `seconds`, from /proc/stat's aggregate line."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        idle = v[3] + v[4]  # idle + iowait
+        return sum(v), idle
+    t0, i0 = sample()
+    time.sleep(seconds)
+    t1, i1 = sample()
+    return (os.cpu_count() or 1) * (1.0 - (i1 - i0) / max(1, t1 - t0))
+
+
+def wait_for_quiet(max_load, max_busy, max_wait):
+    start = time.time()
+    while True:
+        load = os.getloadavg()[0]
+        busy = cpu_busy_cores()
+        if load < max_load and busy < max_busy:
+            return True, load, busy, time.time() - start
+        if time.time() - start > max_wait:
+            return False, load, busy, time.time() - start
+        time.sleep(7)
+
+
+def run(cmd, args):
+    with open(LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        quiet, load, busy, waited = wait_for_quiet(args.max_load, args.max_busy, args.max_wait)
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        load_after = os.getloadavg()[0]
+    res = json.loads(out.strip().splitlines()[-1])
+    res.update(quiet=quiet, load_before=round(load, 2), busy_cores_before=round(busy, 2),
+               waited_s=round(waited), load_after=round(load_after, 2))
+    return res
+
+
+def spread(values, fmt="{:.1f}"):
+    return (fmt + " [" + fmt + "–" + fmt + "]").format(statistics.median(values), min(values), max(values))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(REPO, "build-bench"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup-steps", type=int, default=2)
+    ap.add_argument("--max-load", type=float, default=1.5)
+    ap.add_argument("--max-busy", type=float, default=0.3)
+    ap.add_argument("--max-wait", type=float, default=900)
+    ap.add_argument("--profile", action="store_true",
+                    help="run the engine's timed loop (lm_throughput --profile) instead of core::Trainer")
+    args = ap.parse_args()
+    common = ["--threads", str(args.threads), "--steps", str(args.steps),
+              "--warmup-steps", str(args.warmup_steps)]
+    engine = [os.path.join(args.build, "bench", "lm_throughput")] + common
+    programs = {
+        "gradaccum": engine + (["--profile"] if args.profile else []),
+        "python": [sys.executable, os.path.join(HERE, "py", "lm_throughput.py")] + common,
+    }
+    results = {name: [] for name in programs}
+    for r in range(args.runs):
+        names = list(programs) if r % 2 == 0 else list(reversed(programs))
+        for name in names:
+            res = run(programs[name], args)
+            results[name].append(res)
+            print(json.dumps(res), flush=True)
+            print(f"# run {r + 1}/{args.runs} {name}: {res['tokens_per_s']:.0f} tokens/s, "
+                  f"{res['fraction_of_gemm_model']:.2f} of GEMM, quiet={res['quiet']}", file=sys.stderr,
+                  flush=True)
+
+    print(f"\nmedians [min–max] over processes; threads {args.threads}, {args.steps} timed optimizer "
+          f"steps after {args.warmup_steps} warm-up steps per process")
+    rows = [("processes (quiet)", lambda v: f"{len(v)} ({sum(x['quiet'] for x in v)})"),
+            ("tokens/s", lambda v: spread([x["tokens_per_s"] for x in v], "{:.0f}")),
+            ("s per optimizer step (4096 tokens)", lambda v: spread([x["s_per_step"] for x in v], "{:.3f}")),
+            ("model GFLOP/s", lambda v: spread([x["model_gflops"] for x in v], "{:.2f}")),
+            ("GEMM GFLOP/s, model shapes", lambda v: spread([x["gemm_model_gflops"] for x in v], "{:.2f}")),
+            ("GEMM GFLOP/s, 2048³", lambda v: spread([x["gemm_square_gflops"] for x in v], "{:.2f}")),
+            ("model FLOP/s / GEMM (model shapes)",
+             lambda v: spread([x["fraction_of_gemm_model"] for x in v], "{:.3f}")),
+            ("model FLOP/s / GEMM (2048³)",
+             lambda v: spread([x["fraction_of_gemm_square"] for x in v], "{:.3f}")),
+            ("peak RSS MB", lambda v: spread([x["peak_rss_mb"] for x in v], "{:.0f}")),
+            ("first / last window loss", lambda v: f"{statistics.median(x['first_loss'] for x in v):.4f} / "
+                                                   f"{statistics.median(x['final_loss'] for x in v):.4f}")]
+    print("| | " + " | ".join(programs) + " |")
+    print("|---" * (len(programs) + 1) + "|")
+    for label, cell in rows:
+        print(f"| {label} | " + " | ".join(cell(results[n]) for n in programs) + " |")
+    e = statistics.median(x["tokens_per_s"] for x in results["gradaccum"])
+    p = statistics.median(x["tokens_per_s"] for x in results["python"])
+    print(f"\ngradaccum / Python tokens/s (medians): {e / p:.3f}")
+
+
+if __name__ == "__main__":
+    main()

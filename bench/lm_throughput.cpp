@@ -1,0 +1,262 @@
+// Language-model throughput (issue 3, item 7, fp32): a GPT-2 of ~3.4M
+// parameters (models::Gpt2LmHeadModel: vocab 8192, context 128, n_embd 192,
+// 4 layers, 3 heads) trained by core::Trainer on random token ids (no
+// tokenizer; labels = inputs, no padding) with micro-batch 8 × N = 4
+// accumulation steps, AdamW lr 1e-3, cosine schedule, clipping at 1.0, exact
+// window normalization (the engine's real accumulation path).
+//
+//   lm_throughput [--threads 2] [--warmup-steps 2] [--steps 10] [--profile]
+//
+// Before training, the same process measures the GEMM rate it can reach:
+// float32 torch::mm of the model's own shapes (the four per-layer projections
+// and the tied LM head, rows = 8 × 128 tokens), weighted by how often a
+// forward uses each, and a 2048³ square for reference. Model FLOPs per token =
+// 6 × P + 12 × n_layer × T × n_embd (P = the parameters that enter a matmul:
+// all but the position table, the tied embedding counted once as the LM head;
+// the second term is attention's scores and weighted sum, forward + backward).
+//
+// --profile replaces the Trainer by the same loop written out (causal_lm_loss,
+// LossNormalizer, StepSequence) with timers around forward, backward and the
+// optimizer step, to see where the time goes; it is not the measured path.
+//
+// Prints one JSON line; bench/py/lm_throughput.py is the Python peer and
+// bench/compare_lm.py runs both alternately.
+#include <torch/torch.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gradaccum/core/loss_normalizer.h"
+#include "gradaccum/core/step_sequence.h"
+#include "gradaccum/core/trainer.h"
+#include "gradaccum/io/process_stats.h"
+#include "gradaccum/models/causal_lm.h"
+#include "gradaccum/models/gpt2.h"
+#include "gradaccum/optim/optimizer_factory.h"
+
+namespace {
+
+namespace core = gradaccum::core;
+namespace models = gradaccum::models;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kVocab = 8192;
+constexpr int64_t kContext = 128;
+constexpr int64_t kEmbd = 192;
+constexpr int64_t kLayers = 4;
+constexpr int64_t kHeads = 3;
+constexpr int64_t kMicroBatch = 8;
+constexpr int64_t kAccumulation = 4;
+
+// Rows of random token ids [n, T] from a seeded generator; labels = inputs.
+class RandomTokens final : public core::Dataset {
+ public:
+  explicit RandomTokens(int64_t n) {
+    auto generator = at::detail::createCPUGenerator(1234);
+    ids_ = torch::randint(kVocab, {n, kContext}, generator, torch::kLong);
+  }
+  int64_t size() const override { return ids_.size(0); }
+  core::Batch get(const torch::Tensor& indices, torch::ScalarType) const override {
+    core::Batch batch;
+    batch.input = ids_.index_select(0, indices);
+    batch.target = batch.input;
+    batch.samples = indices.size(0);
+    return batch;
+  }
+
+ private:
+  torch::Tensor ids_;
+};
+
+class StepClock final : public core::TrainingObserver {
+ public:
+  void on_step(const core::StepRecord& r) override {
+    ends.push_back(Clock::now());
+    losses.push_back(r.loss);
+  }
+  std::vector<Clock::time_point> ends;
+  std::vector<double> losses;
+};
+
+int64_t flag(int argc, char** argv, const char* name, int64_t fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return std::stoll(argv[i + 1]);
+  }
+  return fallback;
+}
+
+bool has_flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return true;
+  }
+  return false;
+}
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// FLOP/s of torch::mm([m, k] × [k, n]): median of timed repetitions after one
+// warm-up, repeated until `budget_s` has passed (at least 3 times).
+double gemm_rate(int64_t m, int64_t k, int64_t n, double budget_s) {
+  auto a = torch::randn({m, k});
+  auto b = torch::randn({k, n});
+  auto c = torch::mm(a, b);
+  std::vector<double> times;
+  const auto start = Clock::now();
+  while (times.size() < 3 || seconds(start, Clock::now()) < budget_s) {
+    const auto t0 = Clock::now();
+    torch::mm_out(c, a, b);
+    times.push_back(seconds(t0, Clock::now()));
+  }
+  return 2.0 * static_cast<double>(m * k * n) / median(times);
+}
+
+struct GemmShape {
+  const char* name;
+  int64_t k, n, uses;  // [tokens, k] × [k, n], `uses` times per forward
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t threads = flag(argc, argv, "--threads", 2);
+  const int64_t warmup = flag(argc, argv, "--warmup-steps", 2);
+  const int64_t steps = flag(argc, argv, "--steps", 10);
+  const bool profile = has_flag(argc, argv, "--profile");
+  at::set_num_threads(static_cast<int>(threads));
+  torch::manual_seed(42);
+
+  // The GEMM rate this process reaches, just before training.
+  const int64_t tokens_per_micro = kMicroBatch * kContext;
+  const std::vector<GemmShape> shapes = {
+      {"c_attn", kEmbd, 3 * kEmbd, kLayers}, {"attn.c_proj", kEmbd, kEmbd, kLayers},
+      {"c_fc", kEmbd, 4 * kEmbd, kLayers},   {"mlp.c_proj", 4 * kEmbd, kEmbd, kLayers},
+      {"lm_head", kEmbd, kVocab, 1}};
+  double mix_flops = 0.0, mix_time = 0.0;
+  std::string per_shape;
+  for (const auto& s : shapes) {
+    const double rate = gemm_rate(tokens_per_micro, s.k, s.n, 0.5);
+    const double flops = 2.0 * static_cast<double>(tokens_per_micro * s.k * s.n * s.uses);
+    mix_flops += flops;
+    mix_time += flops / rate;
+    per_shape += fmt::format("{}\"{}\": {:.2f}", per_shape.empty() ? "" : ", ", s.name, rate / 1e9);
+  }
+  const double gemm_model = mix_flops / mix_time;
+  const double gemm_square = gemm_rate(2048, 2048, 2048, 1.0);
+
+  models::Gpt2Config config;
+  config.vocab_size = kVocab;
+  config.n_positions = kContext;
+  config.n_embd = kEmbd;
+  config.n_layer = kLayers;
+  config.n_head = kHeads;
+  models::Gpt2LmHeadModel net(config);
+  models::CausalLm model(net);
+  int64_t parameters = 0;
+  for (const auto& p : net->parameters()) parameters += p.numel();
+  const int64_t matmul_parameters = parameters - kContext * kEmbd;  // without wpe
+  const double flops_per_token = 6.0 * static_cast<double>(matmul_parameters) +
+                                 12.0 * static_cast<double>(kLayers * kContext * kEmbd);
+
+  const int64_t total_steps = warmup + steps;
+  RandomTokens data(total_steps * kMicroBatch * kAccumulation);
+  const int64_t tokens_per_step = kMicroBatch * kAccumulation * kContext;
+
+  StepClock clock;
+  Clock::time_point start;
+  double t_forward = 0.0, t_backward = 0.0, t_step = 0.0;  // --profile, timed steps only
+  if (!profile) {
+    core::TrainerOptions options;
+    options.per_device_train_batch_size = kMicroBatch;
+    options.gradient_accumulation_steps = kAccumulation;
+    options.max_steps = total_steps;
+    options.optimizer.type = "adamw";
+    options.optimizer.learning_rate = 1e-3;
+    options.max_grad_norm = 1.0;
+    core::Trainer trainer(options, model, data, nullptr, clock);
+    start = Clock::now();
+    trainer.run();
+  } else {
+    // The Trainer's micro-step and step sequence, written out with timers.
+    auto params = net->parameters();
+    gradaccum::optim::OptimizerSpec spec;
+    spec.learning_rate = 1e-3;
+    auto optimizer = gradaccum::optim::make_optimizer(spec, params);
+    core::StepSequence sequence(
+        *optimizer, params,
+        gradaccum::optim::LrSchedule(gradaccum::optim::ScheduleType::cosine, 1e-3, 0, total_steps),
+        1.0);
+    core::LossNormalizer normalizer(core::LossNormalization::window, kAccumulation);
+    start = Clock::now();
+    for (int64_t step = 0; step < total_steps; ++step) {
+      const bool timed = step >= warmup;
+      normalizer.begin_window();
+      for (int64_t s = 0; s < kAccumulation; ++s) {
+        const int64_t first = (step * kAccumulation + s) * kMicroBatch;
+        auto batch = data.get(torch::arange(first, first + kMicroBatch, torch::kLong), torch::kFloat);
+        const auto t0 = Clock::now();
+        auto micro = model.loss(batch);
+        auto objective = normalizer.objective(micro);
+        const auto t1 = Clock::now();
+        objective.backward();
+        const auto t2 = Clock::now();
+        if (timed) {
+          t_forward += seconds(t0, t1);
+          t_backward += seconds(t1, t2);
+        }
+      }
+      const auto t0 = Clock::now();
+      auto window_loss = normalizer.finish(normalizer.local_totals(), params, 1);
+      sequence.apply();
+      clock.losses.push_back(window_loss.loss.item<double>());
+      clock.ends.push_back(Clock::now());
+      if (timed) t_step += seconds(t0, clock.ends.back());
+    }
+  }
+
+  std::vector<double> step_s;
+  for (int64_t s = warmup; s < total_steps; ++s) {
+    step_s.push_back(seconds(s == 0 ? start : clock.ends[s - 1], clock.ends[s]));
+  }
+  const double timed_s = seconds(warmup == 0 ? start : clock.ends[warmup - 1], clock.ends.back());
+  const double tokens_per_s = static_cast<double>(tokens_per_step * steps) / timed_s;
+  const double model_flops = tokens_per_s * flops_per_token;
+  std::string profile_json;
+  if (profile) {
+    const double n = static_cast<double>(steps);
+    profile_json = fmt::format(
+        ", \"profile_s_per_step\": {{\"forward_loss\": {:.4f}, \"backward\": {:.4f}, "
+        "\"normalize_clip_adamw\": {:.4f}}}",
+        t_forward / n, t_backward / n, t_step / n);
+  }
+  fmt::print(
+      "{{\"program\": \"{}\", \"threads\": {}, \"vocab\": {}, \"context\": {}, \"n_embd\": {}, "
+      "\"n_layer\": {}, \"n_head\": {}, \"micro_batch\": {}, \"accum\": {}, \"parameters\": {}, "
+      "\"matmul_parameters\": {}, \"flops_per_token\": {:.0f}, \"warmup_steps\": {}, \"steps\": {}, "
+      "\"tokens_per_s\": {:.1f}, \"s_per_step\": {:.4f}, \"s_per_step_min\": {:.4f}, "
+      "\"model_gflops\": {:.2f}, \"gemm_model_gflops\": {:.2f}, \"gemm_square_gflops\": {:.2f}, "
+      "\"gemm_shapes_gflops\": {{{}}}, \"fraction_of_gemm_model\": {:.3f}, "
+      "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
+      "\"peak_rss_mb\": {:.1f}{}}}\n",
+      profile ? "gradaccum-profile" : "gradaccum", threads, kVocab, kContext, kEmbd, kLayers,
+      kHeads, kMicroBatch, kAccumulation, parameters, matmul_parameters, flops_per_token, warmup,
+      steps, tokens_per_s, median(step_s), *std::min_element(step_s.begin(), step_s.end()),
+      model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9, per_shape, model_flops / gemm_model,
+      model_flops / gemm_square, clock.losses.front(), clock.losses.back(),
+      gradaccum::io::peak_rss_mb(), profile_json);
+  return 0;
+}

@@ -1,0 +1,206 @@
+#!/usr/bin/python3
+"""Language-model throughput, the Python PyTorch loop (issue 3, item 7, fp32).
+
+The peer of bench/lm_throughput.cpp: the same GPT-2 written in plain torch (vocab 8192,
+context 128, n_embd 192, 4 layers, 3 heads, pre-LayerNorm blocks, fused q/k/v, causal
+masked softmax with the dtype's lowest value, GELU tanh, LM head tied to wte, no dropout;
+HF's initialization drawn from a generator seeded 0 in registration order, as the engine
+draws it, so both start from identical weights), on random token ids (labels = inputs),
+micro-batch 8 x N = 4 in the standard accumulation loop: per micro-step
+loss = mean cross-entropy of the shifted tokens / N, backward; every N micro-steps
+clip_grad_norm_(1.0), AdamW (lr 1e-3, cosine schedule), zero_grad(set_to_none=True).
+
+  /usr/bin/python3 bench/py/lm_throughput.py [--threads 2] [--warmup-steps 2] [--steps 10]
+
+Before training it measures the GEMM rate of this process (torch.mm of the model's own
+shapes weighted by their uses per forward, and 2048^3 for reference), as the engine's
+program does. Model FLOPs per token = 6 x P + 12 x n_layer x T x n_embd (P = parameters
+without the position table). Forward, backward and the optimizer step are timed
+separately (host clock; on CPU every op has finished when it returns). Prints one JSON line.
+"""
+import argparse
+import json
+import math
+import resource
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+VOCAB, CONTEXT, EMBD, LAYERS, HEADS = 8192, 128, 192, 4, 3
+MICRO_BATCH, ACCUM = 8, 4
+
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_attn = torch.nn.Linear(EMBD, 3 * EMBD)
+        self.c_proj = torch.nn.Linear(EMBD, EMBD)
+
+    def forward(self, x, allowed):
+        b, t, c = x.shape
+        d = c // HEADS
+        q, k, v = (z.view(b, t, HEADS, d).transpose(1, 2) for z in self.c_attn(x).split(c, dim=2))
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d)
+        p = torch.softmax(scores.masked_fill(allowed.logical_not(), torch.finfo(scores.dtype).min), -1)
+        y = torch.matmul(p, v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_fc = torch.nn.Linear(EMBD, 4 * EMBD)
+        self.c_proj = torch.nn.Linear(4 * EMBD, EMBD)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1 = torch.nn.LayerNorm(EMBD, eps=1e-5)
+        self.attn = Attention()
+        self.ln_2 = torch.nn.LayerNorm(EMBD, eps=1e-5)
+        self.mlp = Mlp()
+
+    def forward(self, x, allowed):
+        x = x + self.attn(self.ln_1(x), allowed)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Gpt2(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = torch.nn.Embedding(VOCAB, EMBD)
+        self.wpe = torch.nn.Embedding(CONTEXT, EMBD)
+        self.h = torch.nn.ModuleList(Block() for _ in range(LAYERS))
+        self.ln_f = torch.nn.LayerNorm(EMBD, eps=1e-5)
+        # HF's _init_weights, in registration order from one generator (seed 0).
+        g = torch.Generator()
+        g.manual_seed(0)
+        residual_std = 0.02 / math.sqrt(2 * LAYERS)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.startswith("ln_") or ".ln_" in name:
+                    p.fill_(1.0) if name.endswith(".weight") else p.zero_()
+                elif name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.normal_(0.0, residual_std if name.endswith("c_proj.weight") else 0.02, generator=g)
+
+    def forward(self, ids):
+        t = ids.size(1)
+        allowed = torch.ones(t, t, dtype=torch.bool).tril().view(1, 1, t, t)
+        x = self.wte(ids) + self.wpe(torch.arange(t).unsqueeze(0))
+        for block in self.h:
+            x = block(x, allowed)
+        return F.linear(self.ln_f(x), self.wte.weight)  # tied LM head
+
+
+def gemm_rate(m, k, n, budget_s):
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    c = torch.mm(a, b)
+    times, start = [], time.perf_counter()
+    while len(times) < 3 or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=c)
+        times.append(time.perf_counter() - t0)
+    return 2.0 * m * k * n / statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup-steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(42)
+
+    tokens = MICRO_BATCH * CONTEXT
+    shapes = [("c_attn", EMBD, 3 * EMBD, LAYERS), ("attn.c_proj", EMBD, EMBD, LAYERS),
+              ("c_fc", EMBD, 4 * EMBD, LAYERS), ("mlp.c_proj", 4 * EMBD, EMBD, LAYERS),
+              ("lm_head", EMBD, VOCAB, 1)]
+    mix_flops = mix_time = 0.0
+    per_shape = {}
+    for name, k, n, uses in shapes:
+        rate = gemm_rate(tokens, k, n, 0.5)
+        flops = 2.0 * tokens * k * n * uses
+        mix_flops += flops
+        mix_time += flops / rate
+        per_shape[name] = round(rate / 1e9, 2)
+    gemm_model = mix_flops / mix_time
+    gemm_square = gemm_rate(2048, 2048, 2048, 1.0)
+
+    model = Gpt2()
+    params = list(model.parameters())
+    parameters = sum(p.numel() for p in params)
+    matmul_parameters = parameters - CONTEXT * EMBD
+    flops_per_token = 6.0 * matmul_parameters + 12.0 * LAYERS * CONTEXT * EMBD
+
+    total_steps = args.warmup_steps + args.steps
+    g = torch.Generator()
+    g.manual_seed(1234)
+    ids_all = torch.randint(VOCAB, (total_steps * MICRO_BATCH * ACCUM, CONTEXT), generator=g)
+    peak_lr = 1e-3
+    opt = torch.optim.AdamW(params, lr=peak_lr, weight_decay=0.0)
+
+    ends, losses = [], []
+    t_fwd = t_bwd = t_step = 0.0
+    start = time.perf_counter()
+    for step in range(total_steps):
+        timed = step >= args.warmup_steps
+        window_loss = 0.0
+        for s in range(ACCUM):
+            first = (step * ACCUM + s) * MICRO_BATCH
+            ids = ids_all[first:first + MICRO_BATCH]
+            t0 = time.perf_counter()
+            logits = model(ids)
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)) / ACCUM
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            window_loss += loss.item()
+            if timed:
+                t_fwd += t1 - t0
+                t_bwd += t2 - t1
+        t0 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        for group in opt.param_groups:  # cosine schedule over the run's steps
+            group["lr"] = peak_lr * 0.5 * (1.0 + math.cos(math.pi * (step + 1) / total_steps))
+        ends.append(time.perf_counter())
+        if timed:
+            t_step += ends[-1] - t0
+        losses.append(window_loss)
+
+    w = args.warmup_steps
+    step_s = [ends[s] - (start if s == 0 else ends[s - 1]) for s in range(w, total_steps)]
+    timed_s = ends[-1] - (start if w == 0 else ends[w - 1])
+    tokens_per_s = MICRO_BATCH * ACCUM * CONTEXT * args.steps / timed_s
+    model_flops = tokens_per_s * flops_per_token
+    print(json.dumps({
+        "program": "python", "threads": args.threads, "vocab": VOCAB, "context": CONTEXT,
+        "n_embd": EMBD, "n_layer": LAYERS, "n_head": HEADS, "micro_batch": MICRO_BATCH,
+        "accum": ACCUM, "parameters": parameters, "matmul_parameters": matmul_parameters,
+        "flops_per_token": flops_per_token, "warmup_steps": w, "steps": args.steps,
+        "tokens_per_s": round(tokens_per_s, 1), "s_per_step": round(statistics.median(step_s), 4),
+        "s_per_step_min": round(min(step_s), 4), "model_gflops": round(model_flops / 1e9, 2),
+        "gemm_model_gflops": round(gemm_model / 1e9, 2),
+        "gemm_square_gflops": round(gemm_square / 1e9, 2), "gemm_shapes_gflops": per_shape,
+        "fraction_of_gemm_model": round(model_flops / gemm_model, 3),
+        "fraction_of_gemm_square": round(model_flops / gemm_square, 3),
+        "first_loss": round(losses[0], 4), "final_loss": round(losses[-1], 4),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
+        "profile_s_per_step": {"forward_loss": round(t_fwd / args.steps, 4),
+                               "backward": round(t_bwd / args.steps, 4),
+                               "clip_adamw": round(t_step / args.steps, 4)},
+    }))
+
+
+if __name__ == "__main__":
+    main()
