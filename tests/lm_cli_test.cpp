@@ -91,6 +91,15 @@ TEST(LmEndToEnd, KjvBloomAndTestamentClassifierDecompositionsAgreeFloat64) {
   fs::remove_all(dir);
 }
 
+TEST(LmEndToEnd, VerifyAcceptsTheLanguageModelPath) {
+  const auto r = run_cli("verify --splits 32x1,2x16 --steps 2 " + kTinyLm);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("exact: every split follows the full-batch trajectory"), std::string::npos) << r.out;
+  const auto naive = run_cli("verify --splits 32x1,2x16 --steps 2 " + kTinyLm + " --set loss_normalization=micro_batch");
+  EXPECT_EQ(naive.exit_code, 1) << naive.out;
+  EXPECT_NE(naive.out.find("DIFFERS"), std::string::npos) << naive.out;
+}
+
 TEST(LmEndToEnd, DataParallelPaddedVersesEqualOneProcessFloat64) {
   // W = 2, N = 2 against W = 1, N = 4 (DESIGN.md §1): ranks hold different
   // token counts in every micro-step; the counts are summed across ranks

@@ -5,10 +5,9 @@
 
 #include "gradaccum/cli/runtime.h"
 #include "gradaccum/core/check.h"
+#include "gradaccum/cli/workload.h"
 #include "gradaccum/core/trainer.h"
-#include "gradaccum/data/fashion_mnist.h"
 #include "gradaccum/io/config.h"
-#include "gradaccum/models/model_factory.h"
 
 namespace gradaccum::cli {
 
@@ -75,7 +74,6 @@ int run_verify(const VerifyArgs& args) {
   const auto base = io::load_config(args.config_path, overrides);
   configure_threads(base.threads, 1);
   warn_if_slow_blas();
-  data::FashionMnist train_data(base.data.directory, "train", base.data.train_limit);
 
   fmt::print("verify: {} steps in float64, global batch {}, tolerance {:.0e}\n", args.steps,
              splits[0].micro_batch * splits[0].steps, args.tolerance);
@@ -88,10 +86,11 @@ int run_verify(const VerifyArgs& args) {
     options.per_device_train_batch_size = splits[k].micro_batch;
     options.gradient_accumulation_steps = splits[k].steps;
     torch::manual_seed(options.seed);  // the same initial weights for every split
-    auto model = models::make_image_classifier(base.model, 10);
+    auto workload = make_workload(base, /*with_eval=*/false);  // any data.type and model.type
+    auto& model = *workload.model.task;
     Trajectory trajectory;
-    core::Trainer(options, *model, train_data, nullptr, trajectory).run();
-    auto weights = flat_weights(model->module());
+    core::Trainer(options, model, *workload.train, nullptr, trajectory).run();
+    auto weights = flat_weights(model.module());
     if (k == 0) {
       reference = trajectory;
       reference_weights = weights;
