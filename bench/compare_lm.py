@@ -2,8 +2,10 @@
 """Language-model throughput: gradaccum (bench/lm_throughput) vs the Python loop (bench/py/lm_throughput.py).
 
 Runs `--runs` processes of each program alternately (which goes first alternates per round).
-Before each process the driver takes the shared benchmark lock (/tmp/gradaccum-bench.lock,
-the lock `flock` uses) and then waits, holding it, until the machine is quiet: the 1-minute
+The driver takes the shared benchmark lock (/tmp/gradaccum-bench.lock, the lock `flock`
+uses) once and holds it for the whole comparison (other users queue many short locked runs;
+released between processes, the comparison would interleave with them for hours). Before
+each process it waits until the machine is quiet: the 1-minute
 load average below `--max-load` AND the other processes' CPU use, sampled over 3 s from
 /proc/stat while nothing of ours runs, below `--max-busy` cores. (The load average alone
 lags: our own previous process keeps it near 2 for a minute.) After `--max-wait` seconds it
@@ -11,7 +13,7 @@ runs anyway and marks the process "quiet": false. Prints every process's JSON li
 Markdown table of medians and [min–max] ranges over processes.
 
   /usr/bin/python3 bench/compare_lm.py [--build build-bench] [--runs 3] [--threads 2]
-      [--steps 10] [--warmup-steps 2] [--max-load 1.5] [--max-busy 0.3] [--max-wait 900]
+      [--steps 10] [--warmup-steps 2] [--max-load 1.5] [--max-busy 0.3] [--max-wait 900] [--profile-runs 1]
 """
 import argparse
 import fcntl
@@ -53,11 +55,10 @@ def wait_for_quiet(max_load, max_busy, max_wait):
 
 
 def run(cmd, args):
-    with open(LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        quiet, load, busy, waited = wait_for_quiet(args.max_load, args.max_busy, args.max_wait)
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        load_after = os.getloadavg()[0]
+    """One process of `cmd` once the machine is quiet (the caller holds the lock)."""
+    quiet, load, busy, waited = wait_for_quiet(args.max_load, args.max_busy, args.max_wait)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    load_after = os.getloadavg()[0]
     res = json.loads(out.strip().splitlines()[-1])
     res.update(quiet=quiet, load_before=round(load, 2), busy_cores_before=round(busy, 2),
                waited_s=round(waited), load_after=round(load_after, 2))
@@ -78,17 +79,20 @@ def main():
     ap.add_argument("--max-load", type=float, default=1.5)
     ap.add_argument("--max-busy", type=float, default=0.3)
     ap.add_argument("--max-wait", type=float, default=900)
-    ap.add_argument("--profile", action="store_true",
-                    help="run the engine's timed loop (lm_throughput --profile) instead of core::Trainer")
+    ap.add_argument("--profile-runs", type=int, default=1,
+                    help="then this many processes of lm_throughput --profile (the Trainer's loop "
+                         "written out with timers around forward, backward and the step)")
     args = ap.parse_args()
     common = ["--threads", str(args.threads), "--steps", str(args.steps),
               "--warmup-steps", str(args.warmup_steps)]
     engine = [os.path.join(args.build, "bench", "lm_throughput")] + common
     programs = {
-        "gradaccum": engine + (["--profile"] if args.profile else []),
+        "gradaccum": engine,
         "python": [sys.executable, os.path.join(HERE, "py", "lm_throughput.py")] + common,
     }
     results = {name: [] for name in programs}
+    lock = open(LOCK, "a")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the driver exits
     for r in range(args.runs):
         names = list(programs) if r % 2 == 0 else list(reversed(programs))
         for name in names:
@@ -98,6 +102,11 @@ def main():
             print(f"# run {r + 1}/{args.runs} {name}: {res['tokens_per_s']:.0f} tokens/s, "
                   f"{res['fraction_of_gemm_model']:.2f} of GEMM, quiet={res['quiet']}", file=sys.stderr,
                   flush=True)
+
+    profiles = []
+    for r in range(args.profile_runs):
+        profiles.append(run(engine + ["--profile"], args))
+        print(json.dumps(profiles[-1]), flush=True)
 
     print(f"\nmedians [min–max] over processes; threads {args.threads}, {args.steps} timed optimizer "
           f"steps after {args.warmup_steps} warm-up steps per process")
@@ -121,6 +130,12 @@ def main():
     e = statistics.median(x["tokens_per_s"] for x in results["gradaccum"])
     p = statistics.median(x["tokens_per_s"] for x in results["python"])
     print(f"\ngradaccum / Python tokens/s (medians): {e / p:.3f}")
+    print("\nseconds per optimizer step (medians; engine: lm_throughput --profile):")
+    for name, runs in (("gradaccum-profile", profiles), ("python", results["python"])):
+        if runs:
+            keys = runs[0]["profile_s_per_step"].keys()
+            print(f"  {name}: " + ", ".join(
+                f"{k} {statistics.median(x['profile_s_per_step'][k] for x in runs):.3f}" for k in keys))
 
 
 if __name__ == "__main__":
