@@ -57,7 +57,8 @@ uint64_t header_length(const std::string& bytes) {
 
 bool same_bytes(const torch::Tensor& a, const torch::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+         // An empty tensor's data_ptr may be null, which memcmp must not get (UBSan).
+         (a.nbytes() == 0 || std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0);
 }
 
 // One tensor of every supported dtype, with awkward values and shapes
