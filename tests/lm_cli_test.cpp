@@ -152,7 +152,10 @@ TEST(LmEndToEnd, FinalCheckpointEvalAndGenerate) {
   }
   EXPECT_EQ(result["tokens"].get<int64_t>(), tokens);
   EXPECT_NEAR(result["loss"].get<double>(), sum / static_cast<double>(tokens), 1e-5);
-  EXPECT_NEAR(result["perplexity"].get<double>(), std::exp(sum / static_cast<double>(tokens)), 1e-3);
+  // perplexity = exp(loss): the loss's 1e-5 becomes a relative 1e-5 (float32 sums differ between
+  // builds in the last bits; at perplexity ~4e4 an absolute 1e-3 failed under scripts/sanitize.sh).
+  const double perplexity = std::exp(sum / static_cast<double>(tokens));
+  EXPECT_NEAR(result["perplexity"].get<double>(), perplexity, 1e-5 * perplexity);
 
   // generate: the prompt then its continuation; a seed makes it repeatable.
   const auto g1 = run_cli("generate --checkpoint " + final_dir + " --prompt 'In the beginning' --max-new-tokens 8 --seed 3");
