@@ -17,6 +17,7 @@ packages=(
   libgtest-dev googletest
   dataset-fashion-mnist bible-kjv-text
   python3-torch
+  clang libclang-rt-14-dev   # scripts/fuzz.sh: libFuzzer targets
 )
 
 missing=()
