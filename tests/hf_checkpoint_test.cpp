@@ -48,22 +48,7 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 const std::string kGolden = std::string(GRADACCUM_TEST_DATA) + "/hf_gpt2";
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-#define EXPECT_ONE_LINE_ERROR(expr, needle)                        \
-  do {                                                             \
-    const std::string message = error_of([&] { (void)(expr); });   \
-    EXPECT_NE(message.find(needle), std::string::npos) << message; \
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;   \
-  } while (false)
+using gradaccum::testing::error_of;
 
 Gpt2Config tiny_config(uint64_t seed) {
   Gpt2Config c;

@@ -25,22 +25,7 @@ using gradaccum::io::save_safetensors;
 using gradaccum::io::serialize_safetensors;
 
 // The message of the gradaccum::Error that f throws ("" if none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-#define EXPECT_ONE_LINE_ERROR(expr, needle)                        \
-  do {                                                             \
-    const std::string message = error_of([&] { (void)(expr); });   \
-    EXPECT_NE(message.find(needle), std::string::npos) << message; \
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;   \
-  } while (false)
+using gradaccum::testing::error_of;
 
 // A file from a header text and a data region, with an honest length prefix.
 std::string file_bytes(const std::string& header, const std::string& data = "") {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gradaccum/core/check.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/trainable.h"
 
@@ -80,6 +81,17 @@ inline double accumulate_window(core::Trainable& model, const torch::Tensor& x,
   return result.loss.item<double>();
 }
 
+// The message of the gradaccum::Error that `f` throws ("" when it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const gradaccum::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 struct CliResult {
   int exit_code = -1;
   std::string out;
@@ -98,3 +110,11 @@ std::string read_text(const std::string& path);
 std::vector<nlohmann::json> read_jsonl(const std::string& path);
 
 }  // namespace gradaccum::testing
+
+// `expr` throws a gradaccum::Error whose one-line message contains `needle`.
+#define EXPECT_ONE_LINE_ERROR(expr, needle)                                              \
+  do {                                                                                   \
+    const std::string message = ::gradaccum::testing::error_of([&] { (void)(expr); });   \
+    EXPECT_NE(message.find(needle), std::string::npos) << message;                       \
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;                         \
+  } while (false)

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "test_support.h"
+
 #include "gradaccum/core/check.h"
 #include "gradaccum/data/bloom_pretokenizer.h"
 #include "gradaccum/data/byte_level_bpe.h"
@@ -545,22 +547,7 @@ TEST(TokenizerHfJson, MatchesHuggingFaceTokenizers) {
 // --- Bad input --------------------------------------------------------------------
 
 // The message of the gradaccum::Error that f throws ("" if none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-#define EXPECT_ONE_LINE_ERROR(expr, needle)                        \
-  do {                                                             \
-    const std::string message = error_of([&] { (void)(expr); });   \
-    EXPECT_NE(message.find(needle), std::string::npos) << message; \
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;   \
-  } while (false)
+using gradaccum::testing::error_of;
 
 TEST(TokenizerErrors, MissingOrMalformedFilesNameTheFile) {
   TempDir dir;
