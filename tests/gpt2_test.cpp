@@ -14,6 +14,7 @@
 
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/models/causal_lm.h"
+#include "padded_batches.h"
 #include "test_support.h"
 
 namespace {
@@ -23,11 +24,13 @@ using gradaccum::models::CausalLm;
 using gradaccum::models::Gpt2Config;
 using gradaccum::models::Gpt2LmHeadModel;
 using gradaccum::models::kIgnoreIndex;
+using gradaccum::testing::accumulate_padded_window;
 using gradaccum::testing::flat_grads;
 using gradaccum::testing::max_relative_difference;
+using gradaccum::testing::pad;
+using gradaccum::testing::Padded;
 using gradaccum::testing::zero_grads;
 
-constexpr int64_t kPad = 0;  // the pad id (HF's GPT-2 pads with eos; any id works)
 
 Gpt2Config tiny_config() {
   Gpt2Config c;
@@ -51,30 +54,7 @@ CausalLm make_model(torch::ScalarType dtype) {
 constexpr uint64_t kTokenSeed = 6;
 std::vector<torch::Tensor> make_sequences(const std::vector<int64_t>& lengths,
                                           uint64_t seed = kTokenSeed) {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-  std::vector<torch::Tensor> sequences;
-  for (auto n : lengths) sequences.push_back(torch::randint(1, 64, {n}, generator, torch::kLong));
-  return sequences;
-}
-
-struct Padded {
-  torch::Tensor ids;   // [B, T] int64
-  torch::Tensor mask;  // [B, T] int64, 1 = real token
-};
-
-// Pads every sequence to `width` (default: the longest) on the left or right.
-Padded pad(const std::vector<torch::Tensor>& sequences, bool left, int64_t width = 0) {
-  for (const auto& s : sequences) width = std::max(width, s.size(0));
-  const auto rows = static_cast<int64_t>(sequences.size());
-  Padded p{torch::full({rows, width}, kPad, torch::kLong),
-           torch::zeros({rows, width}, torch::kLong)};
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t n = sequences[i].size(0);
-    const int64_t begin = left ? width - n : 0;
-    p.ids[i].slice(0, begin, begin + n).copy_(sequences[i]);
-    p.mask[i].slice(0, begin, begin + n).fill_(1);
-  }
-  return p;
+  return gradaccum::testing::make_sequences(lengths, seed);
 }
 
 // Labels as in the seed's first experiment: the input ids, padding included.
@@ -84,26 +64,6 @@ torch::Tensor labels_ignoring_padding(const Padded& p) {
   return p.ids.masked_fill(p.mask.eq(0), kIgnoreIndex);
 }
 
-// testing::accumulate_window with an attention mask: one window over
-// consecutive row ranges of sizes `splits`, the Trainer's order (objective →
-// backward per micro-batch, then finish). Returns the window loss.
-double accumulate_window(CausalLm& model, const Padded& data, const torch::Tensor& labels,
-                         const std::vector<int64_t>& splits, LossNormalization mode,
-                         int64_t accumulation_steps) {
-  zero_grads(model.module());
-  gradaccum::core::LossNormalizer normalizer(mode, accumulation_steps);
-  normalizer.begin_window();
-  int64_t begin = 0;
-  for (auto n : splits) {
-    gradaccum::core::Batch batch{data.ids.slice(0, begin, begin + n),
-                                 labels.slice(0, begin, begin + n),
-                                 data.mask.slice(0, begin, begin + n), n};
-    normalizer.objective(model.loss(batch)).backward();
-    begin += n;
-  }
-  std::vector<torch::Tensor> params = model.module().parameters();
-  return normalizer.finish(normalizer.local_totals(), params, 1).loss.item<double>();
-}
 
 // Seed 000's lengths in spirit: short and long sequences, paired into micro-batches
 // of very different token counts (after the shift, right padding ignored: 5, 21,
@@ -122,9 +82,9 @@ Comparison compare_to_full_batch(torch::ScalarType dtype, bool ignore_padding,
   const auto data = pad(make_sequences(kLengths), left_padding);
   const auto labels = ignore_padding ? labels_ignoring_padding(data) : labels_with_padding(data);
   auto full = make_model(dtype);
-  const double full_loss = accumulate_window(full, data, labels, {8}, LossNormalization::window, 1);
+  const double full_loss = accumulate_padded_window(full, data, labels, {8}, LossNormalization::window, 1);
   auto split = make_model(dtype);
-  const double loss = accumulate_window(split, data, labels, kSplits, mode, 4);
+  const double loss = accumulate_padded_window(split, data, labels, kSplits, mode, 4);
   return {max_relative_difference(flat_grads(split.module()), flat_grads(full.module())), loss,
           full_loss};
 }
@@ -329,7 +289,7 @@ TEST(Gpt2CausalLmLoss, GradientMatchesFiniteDifferences) {
   const auto data = pad(make_sequences(kLengths), true);
   const auto labels = labels_ignoring_padding(data);
   auto model = make_model(torch::kDouble);
-  accumulate_window(model, data, labels, kSplits, LossNormalization::window, 4);
+  accumulate_padded_window(model, data, labels, kSplits, LossNormalization::window, 4);
   auto params = model.module().named_parameters();
   auto window_loss = [&] {
     torch::NoGradGuard no_grad;
