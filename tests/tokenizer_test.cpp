@@ -285,7 +285,7 @@ TEST(TokenizerGolden, MatchesGpt3EncoderOnTrickyStrings) {
 std::string gpt3_encoder_module() { return gpt2_dir() + "/node_modules/gpt-3-encoder"; }
 
 #define REQUIRE_NODE_REFERENCE()                                                                \
-  if (!have_node()) GTEST_SKIP() << "node is not installed (scripts/setup.sh installs nodejs)"; \
+  if (!have_node()) FAIL() << "node is not installed: run scripts/setup.sh (it installs nodejs)";     \
   ASSERT_TRUE(fs::exists(gpt3_encoder_module() + "/Encoder.js"))                                \
       << "npm package gpt-3-encoder not found in " << gpt3_encoder_module()                     \
       << ": run scripts/setup.sh"
@@ -401,7 +401,7 @@ TEST(TokenizerReference, RandomRegexEdgeCasesMatchGpt3EncoderUnderNode) {
 // are kOther here and may be letters, digits or spaces there. Any other
 // difference fails.
 TEST(TokenizerReference, UnicodeClassesMatchNodeUpToNewerAssignments) {
-  if (!have_node()) GTEST_SKIP() << "node is not installed (scripts/setup.sh installs nodejs)";
+  if (!have_node()) FAIL() << "node is not installed: run scripts/setup.sh (it installs nodejs)";
   TempDir dir;
   const auto result = run("node '" + kDataDir + "/classify_code_points.js'", dir.path());
   ASSERT_EQ(result.status, 0) << result.err;
