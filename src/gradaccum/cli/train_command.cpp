@@ -65,7 +65,7 @@ class CheckpointWriter final : public core::CheckpointHook {
 
   void set_optimizer(torch::optim::Optimizer& optimizer) { optimizer_ = &optimizer; }
 
-  void save(const core::TrainingState& state, core::SaveReason reason) override {
+  void save(const core::TrainingState& state, core::SaveReason /*reason*/) override {
     io::CheckpointContents contents;
     contents.state = state;
     if (rank0_) {
@@ -77,7 +77,6 @@ class CheckpointWriter final : public core::CheckpointHook {
     contents.resolved_config = resolved_config_;
     contents.seed = seed_;
     last_ = store_.save(contents);
-    last_reason_ = reason;
   }
 
   const std::string& last() const { return last_; }
@@ -91,7 +90,6 @@ class CheckpointWriter final : public core::CheckpointHook {
   uint64_t seed_;
   torch::optim::Optimizer* optimizer_ = nullptr;
   std::string last_;
-  core::SaveReason last_reason_ = core::SaveReason::periodic;
 };
 
 // Checks a checkpoint against this run and adapts its position when the user
