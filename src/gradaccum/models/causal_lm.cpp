@@ -1,5 +1,8 @@
 #include "gradaccum/models/causal_lm.h"
 
+#include "gradaccum/core/check.h"
+#include "gradaccum/models/chunked_cross_entropy.h"
+
 namespace gradaccum::models {
 
 CausalLmHeadImpl::CausalLmHeadImpl(Decoder backbone) {
@@ -33,8 +36,19 @@ core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
   return {sum, count};
 }
 
+void CausalLm::set_loss_chunk_tokens(int64_t tokens) {
+  GA_CHECK(tokens >= 0, "loss_chunk_tokens must be 0 (plain loss) or positive, got {}", tokens);
+  loss_chunk_tokens_ = tokens;
+}
+
 core::LossSum CausalLm::loss(const core::Batch& batch) {
-  return causal_lm_loss(model_->forward(batch.input, batch.attention_mask), batch.target);
+  if (loss_chunk_tokens_ == 0) {
+    return causal_lm_loss(model_->forward(batch.input, batch.attention_mask), batch.target);
+  }
+  // The tied head's projection happens inside the chunked loss, chunk by chunk.
+  auto& transformer = model_->transformer;
+  return chunked_causal_lm_loss(transformer->hidden_states(batch.input, batch.attention_mask),
+                                transformer->token_embedding(), batch.target, loss_chunk_tokens_);
 }
 
 core::EvalSums CausalLm::evaluate(const core::Batch& batch) {

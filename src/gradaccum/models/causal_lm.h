@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <memory>
 #include <type_traits>
 
@@ -45,21 +46,34 @@ core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
 // batch.input = token ids [B, T], batch.target = labels [B, T] (kIgnoreIndex =
 // ignored), batch.attention_mask = [B, T] or undefined. Takes any LM head model
 // (CausalLmHead, Gpt2LmHeadModel, BloomForCausalLm).
+//
+// loss_chunk_tokens (the config key of the same name): 0 computes the loss from
+// the full logits (CausalLmHeadImpl::forward + causal_lm_loss); K > 0 from the
+// hidden states with chunked_causal_lm_loss (chunked_cross_entropy.h), which
+// never holds more than K × vocab logits. Both give the same loss, count and
+// gradients up to rounding; evaluation follows the same setting.
 class CausalLm final : public core::Trainable {
  public:
-  explicit CausalLm(CausalLmHead model) : model_(std::move(model)) {}
+  explicit CausalLm(CausalLmHead model, int64_t loss_chunk_tokens = 0) : model_(std::move(model)) {
+    set_loss_chunk_tokens(loss_chunk_tokens);
+  }
   template <typename Impl, typename = std::enable_if_t<std::is_base_of_v<CausalLmHeadImpl, Impl> &&
                                                        !std::is_same_v<CausalLmHeadImpl, Impl>>>
-  explicit CausalLm(const torch::nn::ModuleHolder<Impl>& model)
-      : model_(std::static_pointer_cast<CausalLmHeadImpl>(model.ptr())) {}
+  explicit CausalLm(const torch::nn::ModuleHolder<Impl>& model, int64_t loss_chunk_tokens = 0)
+      : CausalLm(CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(model.ptr())),
+                 loss_chunk_tokens) {}
   core::LossSum loss(const core::Batch& batch) override;
   // Loss sum and token count; `correct` is undefined.
   core::EvalSums evaluate(const core::Batch& batch) override;
   torch::nn::Module& module() override { return *model_; }
   CausalLmHead& model() { return model_; }
+  // Throws gradaccum::Error naming loss_chunk_tokens when `tokens` < 0.
+  void set_loss_chunk_tokens(int64_t tokens);
+  int64_t loss_chunk_tokens() const { return loss_chunk_tokens_; }
 
  private:
   CausalLmHead model_;
+  int64_t loss_chunk_tokens_ = 0;
 };
 
 }  // namespace gradaccum::models

@@ -1,0 +1,45 @@
+// The causal-LM loss of a tied LM head without the full logits: the projection
+// hidden · weightᵀ and the cross-entropy are computed chunk by chunk of at most
+// `chunk_tokens` target positions, in the forward and again (recomputed) in the
+// backward, so training never holds a [tokens × vocab] tensor — only one
+// [chunk_tokens × vocab] chunk at a time. With vocab 50257, 4096 tokens of
+// plain logits are 0.8 GB in float32 before log_softmax and its gradient add
+// as much again each; see bench/chunked_ce_memory.cpp for a measurement.
+//
+// Why hand-written: libtorch (1.13) has no fused linear + cross-entropy, and
+// checkpointing the two ops would still materialize the full logits once in the
+// backward.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "gradaccum/core/batch.h"
+
+namespace gradaccum::models {
+
+// Exactly causal_lm_loss(linear(hidden, weight), labels) (causal_lm.h): labels
+// are shifted (position t predicts labels[:, t + 1]); sum = Σ cross-entropy over
+// the shifted labels != kIgnoreIndex, count = the number of those labels.
+// Only the target positions are projected (padding costs no vocab projection).
+//
+//   hidden [B, T, H]  the decoder's final hidden states
+//   weight [V, H]     the output projection (the tied token embedding)
+//   labels [B, T]     int64 or int32 token ids, kIgnoreIndex = ignored
+//
+// Precision: the log-sum-exp and softmax run in float32 (float64 when the
+// inputs are float64). Under autocast (CPU or CUDA, as active when this is
+// called) the chunk matmuls run in the autocast dtype, in the backward too
+// even when backward() is called outside autocast; without it they run in the
+// inputs' dtype. The sum is float32 (float64 for float64 inputs); the
+// gradients come back in hidden's and weight's dtypes, zero at positions whose
+// shifted label is ignored. A batch without targets gives sum 0, count 0.
+//
+// Throws gradaccum::Error for chunk_tokens ≤ 0, mismatched shapes, or (for
+// CPU labels, where the check costs no device synchronization) a label
+// outside [0, V) that is not kIgnoreIndex.
+core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                     const torch::Tensor& labels, int64_t chunk_tokens);
+
+}  // namespace gradaccum::models

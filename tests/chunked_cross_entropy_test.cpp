@@ -1,0 +1,325 @@
+// chunked_causal_lm_loss against the plain causal_lm_loss(linear(hidden,
+// weight), labels): loss, count and both gradients for several chunk sizes and
+// dtypes, whole GPT-2 and BLOOM models with and without chunking, the
+// all-ignored batch, bf16 autocast, and the errors.
+#include "gradaccum/models/chunked_cross_entropy.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gradaccum/models/bloom.h"
+#include "gradaccum/models/causal_lm.h"
+#include "gradaccum/models/gpt2.h"
+#include "padded_batches.h"
+#include "test_support.h"
+
+namespace {
+
+using gradaccum::models::BloomConfig;
+using gradaccum::models::BloomForCausalLm;
+using gradaccum::models::CausalLm;
+using gradaccum::models::causal_lm_loss;
+using gradaccum::models::chunked_causal_lm_loss;
+using gradaccum::models::Gpt2Config;
+using gradaccum::models::Gpt2LmHeadModel;
+using gradaccum::models::kIgnoreIndex;
+using gradaccum::testing::flat_grads;
+using gradaccum::testing::max_relative_difference;
+using gradaccum::testing::pad;
+using gradaccum::testing::zero_grads;
+
+constexpr int64_t kVocab = 37;
+constexpr int64_t kHidden = 8;
+// The incoming gradient of the loss sum: not 1, so the backward's scaling by it is checked.
+constexpr double kGradScale = 0.37;
+
+struct Inputs {
+  torch::Tensor hidden;  // [B, T, H]
+  torch::Tensor weight;  // [V, H]
+  torch::Tensor labels;  // [B, T] int64
+};
+
+// Rows of different real lengths, right- and left-padded, with an ignored label
+// in the middle of one row: 3 rows × 9 positions, 17 targets after the shift
+// (a left-padded row's first real token is a target, as in causal_lm.h).
+Inputs make_inputs(torch::ScalarType dtype) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(2024);
+  Inputs in;
+  in.hidden = torch::randn({3, 9, kHidden}, generator, torch::kDouble).to(dtype);
+  in.weight = torch::randn({kVocab, kHidden}, generator, torch::kDouble).to(dtype);
+  in.labels = torch::randint(0, kVocab, {3, 9}, generator, torch::kLong);
+  in.labels[0].slice(0, 6, 9).fill_(kIgnoreIndex);  // right padding: 6 real tokens, 5 targets
+  in.labels[1].slice(0, 0, 4).fill_(kIgnoreIndex);  // left padding: 5 real tokens, 5 targets
+  in.labels[2][4] = kIgnoreIndex;                   // one ignored label: 7 targets
+  return in;
+}
+
+struct Result {
+  torch::Tensor sum, count, grad_hidden, grad_weight;
+};
+
+// chunk_tokens 0 = the plain path.
+Result run(const Inputs& in, int64_t chunk_tokens) {
+  auto hidden = in.hidden.clone().requires_grad_(true);
+  auto weight = in.weight.clone().requires_grad_(true);
+  auto loss = chunk_tokens == 0
+                  ? causal_lm_loss(torch::nn::functional::linear(hidden, weight), in.labels)
+                  : chunked_causal_lm_loss(hidden, weight, in.labels, chunk_tokens);
+  (loss.sum * kGradScale).backward();
+  return {loss.sum.detach(), loss.count, hidden.grad(), weight.grad()};
+}
+
+double relative(const torch::Tensor& a, const torch::Tensor& b) {
+  return max_relative_difference(a.to(torch::kDouble), b.to(torch::kDouble));
+}
+
+void expect_matches_plain(torch::ScalarType dtype, double tolerance) {
+  const auto in = make_inputs(dtype);
+  const auto plain = run(in, 0);
+  ASSERT_EQ(plain.count.item<int64_t>(), 17);
+  // 1 splits the 17 targets evenly, 3 and 7 leave a short last chunk, 1000 is one chunk.
+  for (int64_t chunk : {1, 3, 7, 1000}) {
+    SCOPED_TRACE("chunk_tokens " + std::to_string(chunk));
+    const auto chunked = run(in, chunk);
+    EXPECT_EQ(chunked.sum.scalar_type(), dtype);
+    EXPECT_EQ(chunked.count.scalar_type(), torch::kLong);
+    EXPECT_EQ(chunked.count.item<int64_t>(), 17);
+    const double loss_diff = relative(chunked.sum, plain.sum);
+    const double hidden_diff = relative(chunked.grad_hidden, plain.grad_hidden);
+    const double weight_diff = relative(chunked.grad_weight, plain.grad_weight);
+    std::printf("[ measured ] %s chunk %lld: loss %.3e, grad hidden %.3e, grad weight %.3e\n",
+                c10::toString(dtype), static_cast<long long>(chunk), loss_diff, hidden_diff,
+                weight_diff);
+    EXPECT_LE(loss_diff, tolerance);
+    EXPECT_EQ(chunked.grad_hidden.scalar_type(), dtype);
+    EXPECT_EQ(chunked.grad_weight.scalar_type(), dtype);
+    EXPECT_LE(hidden_diff, tolerance);
+    EXPECT_LE(weight_diff, tolerance);
+    // Positions whose shifted label is ignored (and every row's last) get no gradient.
+    EXPECT_EQ(chunked.grad_hidden[0].slice(0, 5, 9).abs().max().item<double>(), 0.0);
+    EXPECT_EQ(chunked.grad_hidden[1].slice(0, 0, 3).abs().max().item<double>(), 0.0);
+    EXPECT_EQ(chunked.grad_hidden[2][3].abs().max().item<double>(), 0.0);
+    EXPECT_GT(chunked.grad_hidden[2][4].abs().max().item<double>(), 0.0);
+  }
+}
+
+TEST(ChunkedCrossEntropy, MatchesPlainLossFloat64) { expect_matches_plain(torch::kDouble, 1e-10); }
+
+TEST(ChunkedCrossEntropy, MatchesPlainLossFloat32) { expect_matches_plain(torch::kFloat, 1e-5); }
+
+TEST(ChunkedCrossEntropy, AllLabelsIgnoredGivesZeroLossCountAndGradients) {
+  auto in = make_inputs(torch::kFloat);
+  in.labels.fill_(kIgnoreIndex);
+  const auto chunked = run(in, 4);
+  EXPECT_EQ(chunked.sum.item<double>(), 0.0);
+  EXPECT_EQ(chunked.count.item<int64_t>(), 0);
+  ASSERT_TRUE(chunked.grad_hidden.defined());
+  ASSERT_TRUE(chunked.grad_weight.defined());
+  EXPECT_EQ(chunked.grad_hidden.abs().max().item<double>(), 0.0);
+  EXPECT_EQ(chunked.grad_weight.abs().max().item<double>(), 0.0);
+  EXPECT_FALSE(chunked.grad_hidden.isnan().any().item<bool>());
+  EXPECT_FALSE(chunked.grad_weight.isnan().any().item<bool>());
+  // One position per row: the shift leaves no target at all.
+  Inputs single{in.hidden.slice(1, 0, 1), in.weight, in.labels.slice(1, 0, 1).fill_(3)};
+  const auto one = run(single, 4);
+  EXPECT_EQ(one.sum.item<double>(), 0.0);
+  EXPECT_EQ(one.count.item<int64_t>(), 0);
+}
+
+TEST(ChunkedCrossEntropy, OnlyTheRequestedGradientIsComputed) {
+  const auto in = make_inputs(torch::kDouble);
+  const auto plain = run(in, 0);
+  auto hidden = in.hidden.clone().requires_grad_(true);  // weight frozen
+  (chunked_causal_lm_loss(hidden, in.weight, in.labels, 4).sum * kGradScale).backward();
+  EXPECT_LE(relative(hidden.grad(), plain.grad_hidden), 1e-10);
+}
+
+// Sets bf16 CPU autocast for its lifetime and restores the previous state.
+class CpuAutocastBf16 {
+ public:
+  CpuAutocastBf16()
+      : enabled_(at::autocast::is_cpu_enabled()), dtype_(at::autocast::get_autocast_cpu_dtype()) {
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  }
+  ~CpuAutocastBf16() {
+    at::autocast::set_cpu_enabled(enabled_);
+    at::autocast::set_autocast_cpu_dtype(dtype_);
+    at::autocast::clear_cache();
+  }
+
+ private:
+  bool enabled_;
+  at::ScalarType dtype_;
+};
+
+// bf16 has an 8-bit mantissa (relative rounding 2^-9 ≈ 2e-3): the loss is a
+// sum of many such terms, and the gradients go through two bf16 matmuls.
+constexpr double kBf16LossTolerance = 1e-2;
+constexpr double kBf16GradTolerance = 3e-2;
+
+TEST(ChunkedCrossEntropy, Bf16AutocastRunsMatmulsInBf16AndSoftmaxInFloat32) {
+  const auto in = make_inputs(torch::kFloat);
+  const auto fp32 = run(in, 0);
+
+  auto hidden = in.hidden.clone().requires_grad_(true);
+  auto weight = in.weight.clone().requires_grad_(true);
+  gradaccum::core::LossSum loss;
+  {
+    CpuAutocastBf16 autocast;
+    loss = chunked_causal_lm_loss(hidden, weight, in.labels, 4);
+  }
+  // backward() outside the autocast region: the precision was fixed at forward time.
+  (loss.sum * kGradScale).backward();
+  EXPECT_EQ(loss.sum.scalar_type(), torch::kFloat);
+  EXPECT_EQ(hidden.grad().scalar_type(), torch::kFloat);
+  EXPECT_EQ(weight.grad().scalar_type(), torch::kFloat);
+
+  const double loss_diff = relative(loss.sum.detach(), fp32.sum);
+  const double hidden_diff = relative(hidden.grad(), fp32.grad_hidden);
+  const double weight_diff = relative(weight.grad(), fp32.grad_weight);
+  std::printf("[ measured ] bf16 autocast vs float32: loss %.3e, grad hidden %.3e, grad weight %.3e\n",
+              loss_diff, hidden_diff, weight_diff);
+  EXPECT_LE(loss_diff, kBf16LossTolerance);
+  EXPECT_LE(hidden_diff, kBf16GradTolerance);
+  EXPECT_LE(weight_diff, kBf16GradTolerance);
+  // The matmuls did run in bf16: the result is not float32's.
+  EXPECT_GT(loss_diff, 1e-6);
+  EXPECT_GT(hidden_diff, 1e-6);
+
+  // The plain path under the same autocast (bf16 linear, then cross_entropy)
+  // rounds differently (one bf16 matmul over all tokens): within bf16 tolerance.
+  auto hidden_plain = in.hidden.clone().requires_grad_(true);
+  auto weight_plain = in.weight.clone().requires_grad_(true);
+  {
+    CpuAutocastBf16 autocast;
+    auto plain = causal_lm_loss(torch::nn::functional::linear(hidden_plain, weight_plain), in.labels);
+    (plain.sum * kGradScale).backward();
+    EXPECT_LE(relative(loss.sum.detach(), plain.sum.detach()), kBf16LossTolerance);
+  }
+  EXPECT_LE(relative(hidden.grad(), hidden_plain.grad()), kBf16GradTolerance);
+  EXPECT_LE(relative(weight.grad(), weight_plain.grad()), kBf16GradTolerance);
+
+  // The same backward inside the autocast region gives the same gradients.
+  auto hidden2 = in.hidden.clone().requires_grad_(true);
+  auto weight2 = in.weight.clone().requires_grad_(true);
+  {
+    CpuAutocastBf16 autocast;
+    (chunked_causal_lm_loss(hidden2, weight2, in.labels, 4).sum * kGradScale).backward();
+  }
+  EXPECT_TRUE(torch::equal(hidden2.grad(), hidden.grad()));
+  EXPECT_TRUE(torch::equal(weight2.grad(), weight.grad()));
+  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+}
+
+TEST(ChunkedCrossEntropy, BadInputIsAOneLineError) {
+  const auto in = make_inputs(torch::kFloat);
+  EXPECT_ONE_LINE_ERROR(chunked_causal_lm_loss(in.hidden, in.weight, in.labels, 0),
+                        "chunk_tokens must be positive, got 0");
+  EXPECT_ONE_LINE_ERROR(chunked_causal_lm_loss(in.hidden, in.weight.slice(1, 0, 4), in.labels, 2),
+                        "weight [37, 4] does not match hidden states [3, 9, 8]");
+  EXPECT_ONE_LINE_ERROR(chunked_causal_lm_loss(in.hidden, in.weight, in.labels.slice(1, 0, 5), 2),
+                        "hidden states [3, 9, 8] do not match labels [3, 5]");
+  auto labels = in.labels.clone();
+  labels[2][5] = kVocab;
+  EXPECT_ONE_LINE_ERROR(chunked_causal_lm_loss(in.hidden, in.weight, labels, 2),
+                        "label 37 is outside the vocabulary [0, 37)");
+  CausalLm model{Gpt2LmHeadModel(Gpt2Config{64, 32, 16, 1, 2})};
+  EXPECT_ONE_LINE_ERROR(model.set_loss_chunk_tokens(-1),
+                        "loss_chunk_tokens must be 0 (plain loss) or positive, got -1");
+  EXPECT_ONE_LINE_ERROR(CausalLm(Gpt2LmHeadModel(Gpt2Config{64, 32, 16, 1, 2}), -5),
+                        "loss_chunk_tokens must be 0 (plain loss) or positive, got -5");
+}
+
+// Whole models: every parameter's gradient (the tied embedding gets both the
+// lookup's and the head's) with chunking equals the plain loss's.
+Gpt2Config tiny_gpt2() {
+  Gpt2Config c;
+  c.vocab_size = 64;
+  c.n_positions = 32;
+  c.n_embd = 16;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.init_seed = 1234;
+  return c;
+}
+
+BloomConfig tiny_bloom() {
+  BloomConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 24;
+  c.n_layer = 2;
+  c.n_head = 6;
+  c.init_seed = 1234;
+  return c;
+}
+
+struct ModelRun {
+  double loss;
+  int64_t count;
+  torch::Tensor grads;
+};
+
+ModelRun model_run(CausalLm& model, const gradaccum::core::Batch& batch) {
+  zero_grads(model.module());
+  auto loss = model.loss(batch);
+  (loss.sum * kGradScale).backward();
+  return {loss.sum.item<double>(), loss.count.item<int64_t>(), flat_grads(model.module())};
+}
+
+void expect_model_chunking_exact(CausalLm model, torch::ScalarType dtype, bool left_padding,
+                                 double tolerance) {
+  model.module().to(dtype);
+  const auto data =
+      pad(gradaccum::testing::make_sequences({3, 11, 6, 9}, 17), left_padding);
+  const auto labels = data.ids.masked_fill(data.mask.eq(0), kIgnoreIndex);
+  const gradaccum::core::Batch batch{data.ids, labels, data.mask, 4};
+  ASSERT_EQ(model.loss_chunk_tokens(), 0);
+  const auto plain = model_run(model, batch);
+  // Lengths 3, 11, 6, 9 in width 11: n - 1 targets a row under right padding,
+  // n under left padding for the rows that have a pad before them.
+  ASSERT_EQ(plain.count, left_padding ? 3 + 10 + 6 + 9 : 2 + 10 + 5 + 8);
+  for (int64_t chunk : {1, 4, 7, 4096}) {
+    SCOPED_TRACE("chunk_tokens " + std::to_string(chunk));
+    model.set_loss_chunk_tokens(chunk);
+    const auto chunked = model_run(model, batch);
+    EXPECT_EQ(chunked.count, plain.count);
+    const double loss_diff = std::abs(chunked.loss - plain.loss) / std::abs(plain.loss);
+    const double grad_diff = max_relative_difference(chunked.grads, plain.grads);
+    std::printf("[ measured ] chunk %lld: loss %.3e, all gradients %.3e\n",
+                static_cast<long long>(chunk), loss_diff, grad_diff);
+    EXPECT_LE(loss_diff, tolerance);
+    EXPECT_LE(grad_diff, tolerance);
+    // Evaluation takes the chunked path under no_grad and gives the same sums.
+    torch::NoGradGuard no_grad;
+    const auto eval = model.evaluate(batch);
+    EXPECT_EQ(eval.count.item<int64_t>(), plain.count);
+    EXPECT_LE(std::abs(eval.loss_sum.item<double>() - plain.loss) / std::abs(plain.loss), tolerance);
+  }
+  model.set_loss_chunk_tokens(0);
+}
+
+TEST(ChunkedCrossEntropyModel, Gpt2GradientsEqualPlainLossFloat64) {
+  expect_model_chunking_exact(CausalLm(Gpt2LmHeadModel(tiny_gpt2())), torch::kDouble, false, 1e-10);
+}
+
+TEST(ChunkedCrossEntropyModel, Gpt2GradientsEqualPlainLossFloat32LeftPadded) {
+  expect_model_chunking_exact(CausalLm(Gpt2LmHeadModel(tiny_gpt2())), torch::kFloat, true, 1e-5);
+}
+
+TEST(ChunkedCrossEntropyModel, BloomGradientsEqualPlainLossFloat64LeftPadded) {
+  expect_model_chunking_exact(CausalLm(BloomForCausalLm(tiny_bloom())), torch::kDouble, true, 1e-10);
+}
+
+TEST(ChunkedCrossEntropyModel, BloomGradientsEqualPlainLossFloat32) {
+  expect_model_chunking_exact(CausalLm(BloomForCausalLm(tiny_bloom()), 0), torch::kFloat, false,
+                              1e-5);
+}
+
+}  // namespace
