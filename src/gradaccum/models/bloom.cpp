@@ -3,9 +3,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/models/activation_checkpoint.h"
 
 namespace gradaccum::models {
 
@@ -144,7 +146,19 @@ torch::Tensor BloomModelImpl::forward(const torch::Tensor& input_ids,
   auto alibi = bloom_alibi(attention_mask, input_ids.size(1), config_.n_head, x.scalar_type(),
                            x.device());
   auto allowed = causal_attention_allowed(input_ids, attention_mask);
-  for (const auto& block : *h) x = block->as<BloomBlockImpl>()->forward(x, alibi, allowed);
+  const bool checkpointed = checkpoint_blocks();
+  for (const auto& module : *h) {
+    auto block = std::static_pointer_cast<BloomBlockImpl>(module);
+    if (checkpointed) {
+      x = checkpoint(
+          [block](const std::vector<torch::Tensor>& in) {
+            return block->forward(in[0], in[1], in[2]);
+          },
+          {x, alibi, allowed}, block->parameters());
+    } else {
+      x = block->forward(x, alibi, allowed);
+    }
+  }
   return ln_f->forward(x);
 }
 

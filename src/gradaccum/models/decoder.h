@@ -32,6 +32,21 @@ class DecoderImpl : public torch::nn::Module {
   // The longest sequence the model accepts; 0 = unbounded (BLOOM's ALiBi has no
   // position table).
   virtual int64_t max_positions() const = 0;
+
+  // Activation checkpointing (activation_checkpoint.h) of every block: in
+  // training mode with grad enabled, blocks keep no activations in the forward
+  // and recompute them in the backward; the gradients are those of the plain
+  // run. Eval mode, no-grad and generation run the blocks plainly. Off by
+  // default.
+  void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
+  bool gradient_checkpointing() const { return gradient_checkpointing_; }
+
+ protected:
+  // Whether a block's forward goes through checkpoint() now.
+  bool checkpoint_blocks() const { return gradient_checkpointing_ && is_training(); }
+
+ private:
+  bool gradient_checkpointing_ = false;
 };
 TORCH_MODULE(Decoder);
 

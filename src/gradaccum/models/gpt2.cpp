@@ -3,9 +3,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/models/activation_checkpoint.h"
 
 namespace gradaccum::models {
 
@@ -125,7 +127,17 @@ torch::Tensor Gpt2ModelImpl::forward(const torch::Tensor& input_ids,
                                                  .device(input_ids.device()))
                              .unsqueeze(0);
   auto x = wte->forward(input_ids) + wpe->forward(positions);
-  for (const auto& block : *h) x = block->as<Gpt2BlockImpl>()->forward(x, allowed);
+  const bool checkpointed = checkpoint_blocks();
+  for (const auto& module : *h) {
+    auto block = std::static_pointer_cast<Gpt2BlockImpl>(module);
+    if (checkpointed) {
+      x = checkpoint(
+          [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1]); },
+          {x, allowed}, block->parameters());
+    } else {
+      x = block->forward(x, allowed);
+    }
+  }
   return ln_f->forward(x);
 }
 
