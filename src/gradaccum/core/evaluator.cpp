@@ -7,7 +7,7 @@
 namespace gradaccum::core {
 
 EvalRecord evaluate(Trainable& model, const Dataset& data, int64_t batch_size,
-                    torch::ScalarType dtype, torch::Device device) {
+                    torch::ScalarType dtype, torch::Device device, MixedPrecision precision) {
   GA_CHECK(batch_size >= 1, "per_device_eval_batch_size must be >= 1, got {}", batch_size);
   const auto start = std::chrono::steady_clock::now();
   const bool was_training = model.module().is_training();
@@ -24,7 +24,11 @@ EvalRecord evaluate(Trainable& model, const Dataset& data, int64_t batch_size,
     batch.input = batch.input.to(device);
     if (batch.target.defined()) batch.target = batch.target.to(device);
     if (batch.attention_mask.defined()) batch.attention_mask = batch.attention_mask.to(device);
-    auto sums = model.evaluate(batch);
+    EvalSums sums;
+    {
+      AutocastScope autocast(precision, device);
+      sums = model.evaluate(batch);
+    }
     loss_sum.add_(sums.loss_sum.to(torch::kDouble));
     count.add_(sums.count);
     if (sums.correct.defined()) {

@@ -58,14 +58,21 @@ void LossNormalizer::restore(const torch::Tensor& totals) {
 
 WindowLoss LossNormalizer::finish(const torch::Tensor& global_totals,
                                   const std::vector<torch::Tensor>& params,
-                                  int64_t world_size) const {
+                                  int64_t world_size, double loss_multiplier) const {
   auto total_sum = global_totals[0];
   auto total_count = global_totals[1];
+  auto divide_gradients = [&](double divisor) {
+    if (divisor == 1.0) return;
+    for (const auto& p : params) {
+      if (p.grad().defined()) p.grad().div_(divisor);
+    }
+  };
   if (mode_ == LossNormalization::window) {
-    // The gradients hold ∇Σ sums (over micro-steps and ranks): one division by
-    // the global count makes them ∇(Σ sums / Σ counts). A window without items
-    // (everything ignored) has zero gradients; clamp avoids 0/0.
-    auto inverse = total_count.clamp_min(1.0).reciprocal();
+    // The gradients hold ∇Σ sums (over micro-steps and ranks), times the loss
+    // multiplier: one division by multiplier × global count makes them
+    // ∇(Σ sums / Σ counts). A window without items (everything ignored) has
+    // zero gradients; clamp avoids 0/0.
+    auto inverse = (total_count.clamp_min(1.0) * loss_multiplier).reciprocal();
     torch::Tensor scale;  // `inverse` in the gradients' dtype, converted once
     for (const auto& p : params) {
       auto g = p.grad();
@@ -75,13 +82,12 @@ WindowLoss LossNormalizer::finish(const torch::Tensor& global_totals,
     }
     return {total_sum / total_count.clamp_min(1.0), total_count};
   }
-  if (mode_ == LossNormalization::sum) return {total_sum, total_count};
-  // Naive: every rank backwarded mean / N; ranks are averaged as DDP does.
-  if (world_size > 1) {
-    for (const auto& p : params) {
-      if (p.grad().defined()) p.grad().div_(static_cast<double>(world_size));
-    }
+  if (mode_ == LossNormalization::sum) {
+    divide_gradients(loss_multiplier);
+    return {total_sum, total_count};
   }
+  // Naive: every rank backwarded mean / N; ranks are averaged as DDP does.
+  divide_gradients(static_cast<double>(world_size) * loss_multiplier);
   return {global_totals[2] / static_cast<double>(world_size), total_count};
 }
 

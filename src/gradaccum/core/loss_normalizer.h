@@ -47,9 +47,11 @@ class LossNormalizer {
   // Puts back local_totals() saved inside a window (resuming a preempted run).
   void restore(const torch::Tensor& totals);
   // Given the totals summed over ranks, scales the (summed) gradients once and
-  // returns the window loss. Device tensors only: no host synchronization.
+  // returns the window loss. `loss_multiplier` is the factor each objective()
+  // was multiplied by before backward (the fp16 loss scale): it is divided out
+  // in the same pass. Device tensors only: no host synchronization.
   WindowLoss finish(const torch::Tensor& global_totals, const std::vector<torch::Tensor>& params,
-                    int64_t world_size) const;
+                    int64_t world_size, double loss_multiplier = 1.0) const;
 
  private:
   LossNormalization mode_;

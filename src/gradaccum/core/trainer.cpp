@@ -66,11 +66,26 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
       options_.warmup_steps > 0
           ? options_.warmup_steps
           : static_cast<int64_t>(std::ceil(options_.warmup_ratio * static_cast<double>(total_steps_)));
+  if (options_.mixed_precision != MixedPrecision::none) {
+    GA_CHECK(options_.dtype == torch::kFloat,
+             "key 'mixed_precision': {} keeps parameters in float32 and needs dtype: float32",
+             to_string(options_.mixed_precision));
+  }
+  if (options_.mixed_precision == MixedPrecision::fp16) {
+    scaler_.emplace(options_.loss_scaler);
+    if (options_.device.is_cpu()) fp16_rounding_ = std::make_unique<Fp16GradientRounding>(params_);
+    double items_per_sample = 1.0;
+    if (const auto lengths = train_data_.sample_lengths(); lengths.defined() && lengths.numel() > 0) {
+      items_per_sample = std::max(1.0, lengths.to(torch::kDouble).mean().item<double>() - 1.0);
+    }
+    const double items = items_per_sample * static_cast<double>(plan_.geometry().micro_batch());
+    fp16_items_ = std::exp2(std::floor(std::log2(std::max(1.0, items))));
+  }
   steps_ = std::make_unique<StepSequence>(
       *optimizer_, params_,
       optim::LrSchedule(options_.lr_scheduler_type, options_.optimizer.learning_rate, warmup,
                         total_steps_),
-      options_.max_grad_norm);
+      options_.max_grad_norm, scaler_ ? &*scaler_ : nullptr);
 }
 
 core::Batch Trainer::fetch(const torch::Tensor& indices) const {
@@ -110,9 +125,21 @@ void Trainer::restore(const TrainingState& state) {
              "checkpoint: the partial window holds {} gradients for {} parameters",
              state.partial.grads.size(), params_.size());
   }
+  GA_CHECK(state.position.schedule_step <= state.position.step,
+           "checkpoint: schedule step {} is beyond step {}", state.position.schedule_step,
+           state.position.step);
+  if (scaler_ && state.loss_scaler) {
+    scaler_->restore(*state.loss_scaler);
+  } else if (state.position.micro_step > 0) {
+    // The partial gradients carry the saved run's loss scale (or none).
+    GA_CHECK(static_cast<bool>(scaler_) == static_cast<bool>(state.loss_scaler),
+             "checkpoint: it was saved inside a window {} fp16; resume it with the same "
+             "mixed_precision",
+             state.loss_scaler ? "with" : "without");
+  }
   position_ = state.position;
   resume_partial_ = state.partial;
-  steps_->resume_at(position_.step);
+  steps_->resume_at(position_.step, position_.schedule_step);
 }
 
 void Trainer::set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop) {
@@ -128,6 +155,7 @@ TrainingState Trainer::state_at(const TrainingPosition& position) const {
   state.accumulation_steps = g.accumulation_steps();
   state.world_size = g.world_size();
   state.global_batch = g.global_batch();
+  if (scaler_) state.loss_scaler = scaler_->state();
   return state;
 }
 
@@ -143,6 +171,9 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   const bool one_process = sync_.world_size() == 1;
 
   normalizer_.begin_window();
+  // fp16: every micro-step's objective is multiplied by this; finish() divides
+  // it out of the gradients once, in the same pass as the normalization.
+  const double loss_multiplier = scaler_ ? scaler_->scale() / fp16_items_ : 1.0;
   if (first_micro_step > 0) {  // a preempted window: put its sums back
     normalizer_.restore(resume_partial_.totals.to(options_.device));
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -160,9 +191,15 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
     if (indices.size(0) > 0) {  // a rank may have no samples left in a partial window
       auto batch = fetch(indices);
       data_time += seconds_since(fetch_start);
-      auto micro = model_.loss(batch);
+      LossSum micro;
+      {
+        AutocastScope autocast(options_.mixed_precision, options_.device);
+        micro = model_.loss(batch);
+      }
       micro_sums.push_back(micro.sum.detach());
-      normalizer_.objective(micro).backward();
+      auto objective = normalizer_.objective(micro);
+      if (scaler_) objective = objective * loss_multiplier;
+      objective.backward();
     } else {
       micro_sums.emplace_back();
     }
@@ -185,7 +222,7 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   auto local = normalizer_.local_totals();
   auto totals = torch::cat({local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options())});
   sync_.finish_window(totals);
-  const auto window_loss = normalizer_.finish(totals, params_, sync_.world_size());
+  const auto window_loss = normalizer_.finish(totals, params_, sync_.world_size(), loss_multiplier);
 
   auto report_non_finite = [&](int64_t step) {
     int64_t bad = -1;
@@ -212,8 +249,10 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
     step.grad_norm = zero;
     step.grad_norm_clipped = zero;
   } else {
-    step = steps_->apply();  // clip → step → zero grads → schedule
+    step = steps_->apply();  // (fp16: inf check) → clip → step → zero grads → schedule
     record.lr = step.lr;
+    record.skipped = step.overflow;
+    record.loss_scale = step.loss_scale;
   }
 
   // The one host synchronization of the step.
@@ -230,7 +269,9 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.weight_norm = v[4];
   stop_agreed_ = v[5] > 0.0;
   record.step = steps_->step();
-  if (!record.skipped && !std::isfinite(record.loss)) {
+  // A non-finite loss is a divergence, not an fp16 overflow (losses are float32
+  // under every precision), so it aborts even when the scaler skipped the step.
+  if (!std::isfinite(record.loss)) {
     GA_CHECK(options_.nan_policy != NanPolicy::abort, "{}", report_non_finite(record.step));
   }
   record.epoch = window.epoch();
@@ -283,6 +324,7 @@ TrainSummary Trainer::run() {
       auto record = *outcome;
       record.time_s = seconds_since(start);
       pos.step = record.step;
+      pos.schedule_step = steps_->schedule_step();
       pos.loss_total += record.loss;
       pos.samples += record.samples;
       pos.items += record.items;
@@ -293,7 +335,7 @@ TrainSummary Trainer::run() {
       if (eval_data_ != nullptr && !last_step && options_.eval_steps > 0 &&
           record.step % options_.eval_steps == 0) {
         auto eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size,
-                             options_.dtype, options_.device);
+                             options_.dtype, options_.device, options_.mixed_precision);
         eval.step = record.step;
         observer_.on_eval(eval);
       }
@@ -320,7 +362,7 @@ TrainSummary Trainer::run() {
   summary.items_per_s = static_cast<double>(summary.items) / summary.wall_s;
   if (eval_data_ != nullptr && !summary.preempted) {
     summary.eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size,
-                            options_.dtype, options_.device);
+                            options_.dtype, options_.device, options_.mixed_precision);
     summary.eval.step = summary.steps;
     summary.has_eval = true;
     observer_.on_eval(summary.eval);

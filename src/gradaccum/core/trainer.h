@@ -14,11 +14,13 @@
 #include "gradaccum/core/batch_geometry.h"
 #include "gradaccum/core/grad_sync.h"
 #include "gradaccum/core/loss_normalizer.h"
+#include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/trainable.h"
 #include "gradaccum/core/training_state.h"
 #include "gradaccum/core/training_observer.h"
 #include "gradaccum/core/window_plan.h"
+#include "gradaccum/optim/loss_scaler.h"
 #include "gradaccum/optim/lr_schedule.h"
 #include "gradaccum/optim/optimizer_factory.h"
 
@@ -52,6 +54,10 @@ struct TrainerOptions {
   NanPolicy nan_policy = NanPolicy::abort;
   torch::ScalarType dtype = torch::kFloat;
   torch::Device device = torch::kCPU;
+  // bf16 / fp16 autocast of the forward and the loss (mixed_precision.h);
+  // needs dtype float32. fp16 adds the dynamic loss scaler.
+  MixedPrecision mixed_precision = MixedPrecision::none;
+  optim::LossScalerOptions loss_scaler;
 
   // b × N × W from the options (derives N when global_batch_size is set).
   BatchGeometry geometry(int64_t world_size) const;
@@ -112,13 +118,21 @@ class Trainer {
   int64_t total_steps_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LossNormalizer normalizer_;
+  std::optional<optim::LossScaler> scaler_;  // fp16 only
+  std::unique_ptr<Fp16GradientRounding> fp16_rounding_;  // fp16 on CPU only
+  // fp16: each micro-step's loss sum is multiplied by scale / fp16_items_,
+  // with fp16_items_ a power of two near a micro-batch's item count, so the
+  // scaled gradients have the magnitude a mean loss times the scale would give
+  // (a sum over thousands of tokens times 65536 would overflow at once).
+  // Powers of two keep the unscale exact.
+  double fp16_items_ = 1.0;
   std::unique_ptr<StepSequence> steps_;
   TrainingPosition position_;
   PartialWindow resume_partial_;
   CheckpointHook* hook_ = nullptr;
   const std::atomic<bool>* stop_ = nullptr;
-  bool stop_agreed_ = false;
-  int64_t stopped_after_ = 0;  // micro-steps done when run_window stopped early  // set by a window whose all-reduced stop flag was raised
+  bool stop_agreed_ = false;  // set by a window whose all-reduced stop flag was raised
+  int64_t stopped_after_ = 0;  // micro-steps done when run_window stopped early
 };
 
 }  // namespace gradaccum::core

@@ -32,7 +32,8 @@ struct StepRecord {
   int64_t items = 0;               // Σ counts: samples, elements or tokens
   int64_t samples = 0;
   int64_t micro_steps = 0;
-  bool skipped = false;
+  bool skipped = false;      // parameters not updated (non-finite loss, or fp16 overflow)
+  double loss_scale = 0.0;   // fp16: the loss scale of this window; 0 otherwise
   double time_s = 0.0;       // since the start of training
   double step_time_s = 0.0;  // this window, data included
   double data_time_s = 0.0;  // of which fetching and moving batches

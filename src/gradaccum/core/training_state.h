@@ -7,12 +7,16 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
+
+#include "gradaccum/optim/loss_scaler.h"
 
 namespace gradaccum::core {
 
 struct TrainingPosition {
-  int64_t step = 0;        // optimizer steps completed
+  int64_t step = 0;           // optimizer steps completed (windows consumed)
+  int64_t schedule_step = 0;  // the LR schedule's position: step minus fp16 overflow skips
   int64_t epoch = 0;       // epoch of the next window
   int64_t window = 0;      // index of the next window within its epoch
   int64_t micro_step = 0;  // > 0: micro-steps of that window already accumulated
@@ -40,6 +44,7 @@ struct TrainingState {
   int64_t accumulation_steps = 0;
   int64_t world_size = 0;
   int64_t global_batch = 0;
+  std::optional<optim::LossScalerState> loss_scaler;  // fp16 runs only
 };
 
 enum class SaveReason { periodic, final, preempted };

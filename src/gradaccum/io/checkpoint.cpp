@@ -78,7 +78,8 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& r
 }
 
 nlohmann::json position_json(const core::TrainingPosition& p) {
-  return {{"step", p.step},       {"epoch", p.epoch},           {"window", p.window},
+  return {{"step", p.step},       {"schedule_step", p.schedule_step},
+          {"epoch", p.epoch},           {"window", p.window},
           {"micro_step", p.micro_step}, {"loss_total", p.loss_total}, {"samples", p.samples},
           {"items", p.items}};
 }
@@ -153,6 +154,10 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
         {"accumulation_steps", c.state.accumulation_steps},
         {"world_size", c.state.world_size},
         {"global_batch", c.state.global_batch},
+        {"loss_scaler", c.state.loss_scaler
+                            ? nlohmann::json{{"scale", c.state.loss_scaler->scale},
+                                             {"growth_tracker", c.state.loss_scaler->growth_tracker}}
+                            : nlohmann::json(nullptr)},
         {"seed", c.seed},
         {"optimizer_per_rank", c.optimizer_per_rank},
         {"config", c.resolved_config}};
@@ -250,14 +255,22 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   const auto pos = field<nlohmann::json>(ts, "position", ts_what);
   auto& p = loaded.state.position;
   p.step = field<int64_t>(pos, "step", ts_what);
+  p.schedule_step = field<int64_t>(pos, "schedule_step", ts_what);
   p.epoch = field<int64_t>(pos, "epoch", ts_what);
   p.window = field<int64_t>(pos, "window", ts_what);
   p.micro_step = field<int64_t>(pos, "micro_step", ts_what);
   p.loss_total = field<double>(pos, "loss_total", ts_what);
   p.samples = field<int64_t>(pos, "samples", ts_what);
   p.items = field<int64_t>(pos, "items", ts_what);
-  GA_CHECK(p.step >= 0 && p.epoch >= 0 && p.window >= 0 && p.micro_step >= 0,
+  GA_CHECK(p.step >= 0 && p.schedule_step >= 0 && p.epoch >= 0 && p.window >= 0 &&
+               p.micro_step >= 0,
            "{}: negative position", ts_what);
+  GA_CHECK(ts.is_object() && ts.contains("loss_scaler"), "{}: missing field 'loss_scaler'", ts_what);
+  if (!ts.at("loss_scaler").is_null()) {
+    const auto scaler = field<nlohmann::json>(ts, "loss_scaler", ts_what);
+    loaded.state.loss_scaler = optim::LossScalerState{
+        field<double>(scaler, "scale", ts_what), field<int64_t>(scaler, "growth_tracker", ts_what)};
+  }
   loaded.state.micro_batch = field<int64_t>(ts, "micro_batch", ts_what);
   loaded.state.accumulation_steps = field<int64_t>(ts, "accumulation_steps", ts_what);
   loaded.state.world_size = field<int64_t>(ts, "world_size", ts_what);

@@ -1,7 +1,7 @@
 // Training checkpoints: `output_dir/checkpoints/step-K/`, one directory per
 // saved step, that a reader either sees complete or not at all.
 //
-// Layout (format version 1):
+// Layout (format version 2):
 //   model.safetensors        the weights (HF names where the model has them)
 //   config.json              the model's HF config, where it has one
 //   optimizer.pt             optimizer state (libtorch archive); under ZeRO-1
@@ -9,9 +9,11 @@
 //   state.safetensors        tensors of the loop: the CPU RNG state and, for a
 //                            window interrupted by preemption, its gradient sums
 //                            (partial.grad.<i>) and loss totals (partial.totals)
-//   trainer_state.json       format_version, the position (step, epoch, window,
-//                            micro-step, running sums), the decomposition b×N×W,
-//                            seed, and the resolved configuration
+//   trainer_state.json       format_version, the position (step, LR schedule
+//                            step, epoch, window, micro-step, running sums), the
+//                            decomposition b×N×W, the fp16 loss scaler (scale,
+//                            growth tracker; null otherwise), seed, and the
+//                            resolved configuration
 //   manifest.json            size and CRC-32 of every file above, written last
 //
 // Atomicity: every rank writes its files into `checkpoints/.tmp-step-K/`, each
@@ -35,7 +37,7 @@
 
 namespace gradaccum::io {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;  // 2: schedule_step, loss_scaler
 
 // What one rank contributes to a checkpoint.
 struct CheckpointContents {

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -68,7 +69,12 @@ lr_scheduler_type: cosine         # constant | linear | cosine
 warmup_steps: 0
 warmup_ratio: 0.0
 max_grad_norm: 1.0                # 0 disables clipping
-mixed_precision: "no"             # no
+mixed_precision: "no"             # no | bf16 | fp16 (autocast; fp16 on CPU is emulated, see docs)
+loss_scaler:                      # fp16's dynamic loss scaler (torch.cuda.amp.GradScaler's knobs)
+  init_scale: 65536.0
+  growth_factor: 2.0
+  backoff_factor: 0.5
+  growth_interval: 2000           # good optimizer steps before the scale grows
 loss_normalization: window        # window (exact mean) | sum | micro_batch (naive)
 last_window: partial              # partial | drop
 logging_steps: 1
@@ -332,8 +338,22 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   require(t.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 disables clipping)", fmt::format("{}", t.max_grad_norm));
 
   c.mixed_precision = one_of(root, "mixed_precision", {"no", "bf16", "fp16"});
-  GA_CHECK(c.mixed_precision == "no",
-           "key 'mixed_precision': '{}' is not implemented yet; use \"no\"", c.mixed_precision);
+  t.mixed_precision = core::parse_mixed_precision(c.mixed_precision);
+  require(t.mixed_precision == core::MixedPrecision::none || t.dtype == torch::kFloat,
+          "mixed_precision", "\"no\" with dtype: float64 (mixed precision keeps float32 parameters)",
+          c.mixed_precision);
+  auto& scaler = t.loss_scaler;
+  scaler.init_scale = get_double(root, "loss_scaler.init_scale");
+  require(scaler.init_scale > 0 && std::isfinite(static_cast<float>(scaler.init_scale)),
+          "loss_scaler.init_scale", "> 0 and finite in float32", fmt::format("{}", scaler.init_scale));
+  scaler.growth_factor = get_double(root, "loss_scaler.growth_factor");
+  require(scaler.growth_factor > 1, "loss_scaler.growth_factor", "> 1", fmt::format("{}", scaler.growth_factor));
+  scaler.backoff_factor = get_double(root, "loss_scaler.backoff_factor");
+  require(scaler.backoff_factor > 0 && scaler.backoff_factor < 1, "loss_scaler.backoff_factor",
+          "in (0, 1)", fmt::format("{}", scaler.backoff_factor));
+  scaler.growth_interval = get_int(root, "loss_scaler.growth_interval");
+  require(scaler.growth_interval >= 1, "loss_scaler.growth_interval", ">= 1",
+          std::to_string(scaler.growth_interval));
   const auto normalization = one_of(root, "loss_normalization", {"window", "sum", "micro_batch"});
   t.loss_normalization = normalization == "window" ? core::LossNormalization::window
                          : normalization == "sum"  ? core::LossNormalization::sum

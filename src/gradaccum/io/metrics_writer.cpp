@@ -66,6 +66,7 @@ nlohmann::json MetricsWriter::to_json(const core::StepRecord& r, bool items_are_
       {"peak_rss_mb", peak_rss_mb()},
   };
   if (items_are_tokens) j["tokens_per_s"] = r.items_per_s;
+  if (r.loss_scale > 0.0) j["loss_scale"] = r.loss_scale;  // fp16 runs
   if (r.world_size > 1) {
     j["world_size"] = r.world_size;
     j["allreduce_calls"] = r.allreduce_calls;

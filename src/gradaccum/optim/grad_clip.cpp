@@ -26,7 +26,11 @@ torch::Tensor global_weight_norm(const std::vector<torch::Tensor>& params) {
 }
 
 ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
-  auto before = global_grad_norm(params);
+  return clip_grad_norm(params, max_norm, global_grad_norm(params));
+}
+
+ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm,
+                          const torch::Tensor& before) {
   if (max_norm <= 0.0) return {before, before};
   auto coefficient = (max_norm / (before + 1e-6)).clamp_max(1.0);
   for (const auto& p : params) {

@@ -1,0 +1,85 @@
+#include "gradaccum/core/mixed_precision.h"
+
+#include <ATen/autocast_mode.h>
+
+#include "gradaccum/core/check.h"
+
+namespace gradaccum::core {
+
+MixedPrecision parse_mixed_precision(const std::string& name) {
+  if (name == "no") return MixedPrecision::none;
+  if (name == "bf16") return MixedPrecision::bf16;
+  if (name == "fp16") return MixedPrecision::fp16;
+  throw Error(fmt::format("mixed precision '{}' is not one of no, bf16, fp16", name));
+}
+
+std::string to_string(MixedPrecision precision) {
+  switch (precision) {
+    case MixedPrecision::none: return "no";
+    case MixedPrecision::bf16: return "bf16";
+    case MixedPrecision::fp16: return "fp16";
+  }
+  return "?";
+}
+
+torch::ScalarType autocast_dtype(MixedPrecision precision) {
+  switch (precision) {
+    case MixedPrecision::bf16: return torch::kBFloat16;
+    case MixedPrecision::fp16: return torch::kHalf;
+    case MixedPrecision::none: break;
+  }
+  return torch::ScalarType::Undefined;
+}
+
+bool uses_autocast(MixedPrecision precision, const torch::Device& device) {
+  if (precision == MixedPrecision::none) return false;
+  // CPU autocast in libtorch 1.13 accepts bfloat16 only; fp16 is emulated there.
+  return !(precision == MixedPrecision::fp16 && device.is_cpu());
+}
+
+AutocastScope::AutocastScope(MixedPrecision precision, const torch::Device& device) {
+  if (!uses_autocast(precision, device)) return;
+  active_ = true;
+  cuda_ = device.is_cuda();
+  const auto dtype = autocast_dtype(precision);
+  if (cuda_) {
+    previous_enabled_ = at::autocast::is_enabled();
+    previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    previous_enabled_ = at::autocast::is_cpu_enabled();
+    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+  at::autocast::increment_nesting();
+}
+
+AutocastScope::~AutocastScope() {
+  if (!active_) return;
+  if (cuda_) {
+    at::autocast::set_enabled(previous_enabled_);
+    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
+  } else {
+    at::autocast::set_cpu_enabled(previous_enabled_);
+    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  }
+  // The cache holds 16-bit copies of the weights, valid only until they change.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+}
+
+Fp16GradientRounding::Fp16GradientRounding(const std::vector<torch::Tensor>& params) {
+  for (const auto& p : params) {
+    auto hook = p.register_hook([](const torch::Tensor& grad) {
+      return grad.to(torch::kHalf).to(grad.scalar_type());
+    });
+    hooks_.emplace_back(p, hook);
+  }
+}
+
+Fp16GradientRounding::~Fp16GradientRounding() {
+  for (auto& [p, hook] : hooks_) p.remove_hook(hook);
+}
+
+}  // namespace gradaccum::core
