@@ -28,6 +28,29 @@ namespace {
 int64_t dividing_groups(int64_t channels, int64_t groups) {
   return std::gcd(channels, std::max<int64_t>(1, groups));
 }
+
+// GroupNorm and LayerNorm that normalize in their parameters' dtype. CUDA
+// autocast runs these norms in float32; CPU autocast in libtorch 1.13 leaves
+// them out and then fails on a bfloat16 input with float32 affine parameters
+// ("expected scalar type BFloat16 but found Float"). Without autocast the cast
+// is a no-op. Subclasses keep the parameter names (weight, bias).
+class GroupNormInParamDtypeImpl : public torch::nn::GroupNormImpl {
+ public:
+  using torch::nn::GroupNormImpl::GroupNormImpl;
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::nn::GroupNormImpl::forward(x.to(weight.scalar_type()));
+  }
+};
+TORCH_MODULE(GroupNormInParamDtype);
+
+class LayerNormInParamDtypeImpl : public torch::nn::LayerNormImpl {
+ public:
+  using torch::nn::LayerNormImpl::LayerNormImpl;
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::nn::LayerNormImpl::forward(x.to(weight.scalar_type()));
+  }
+};
+TORCH_MODULE(LayerNormInParamDtype);
 }  // namespace
 
 torch::nn::AnyModule make_norm2d(NormKind kind, int64_t channels, int64_t groups) {
@@ -35,9 +58,9 @@ torch::nn::AnyModule make_norm2d(NormKind kind, int64_t channels, int64_t groups
     case NormKind::batch: return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
     case NormKind::group:
       return torch::nn::AnyModule(
-          torch::nn::GroupNorm(torch::nn::GroupNormOptions(dividing_groups(channels, groups), channels)));
+          GroupNormInParamDtype(torch::nn::GroupNormOptions(dividing_groups(channels, groups), channels)));
     case NormKind::layer:
-      return torch::nn::AnyModule(torch::nn::GroupNorm(torch::nn::GroupNormOptions(1, channels)));
+      return torch::nn::AnyModule(GroupNormInParamDtype(torch::nn::GroupNormOptions(1, channels)));
     case NormKind::none: break;
   }
   return torch::nn::AnyModule(torch::nn::Identity());
@@ -47,11 +70,11 @@ torch::nn::AnyModule make_norm1d(NormKind kind, int64_t features, int64_t groups
   switch (kind) {
     case NormKind::batch: return torch::nn::AnyModule(torch::nn::BatchNorm1d(features));
     case NormKind::group:
-      return torch::nn::AnyModule(torch::nn::GroupNorm(
+      return torch::nn::AnyModule(GroupNormInParamDtype(
           torch::nn::GroupNormOptions(dividing_groups(features, groups), features)));
     case NormKind::layer:
       return torch::nn::AnyModule(
-          torch::nn::LayerNorm(torch::nn::LayerNormOptions({features})));
+          LayerNormInParamDtype(torch::nn::LayerNormOptions({features})));
     case NormKind::none: break;
   }
   return torch::nn::AnyModule(torch::nn::Identity());
