@@ -20,13 +20,13 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 // Error messages are one line; parser messages may quote file content.
-std::string one_line(std::string text) {
+std::string flatten_newlines(std::string text) {
   std::replace(text.begin(), text.end(), '\n', ' ');
   std::replace(text.begin(), text.end(), '\r', ' ');
   return text;
 }
 
-std::string read_file(const std::string& path) {
+std::string read_tokenizer_file(const std::string& path) {
   std::error_code ec;
   GA_CHECK(!fs::is_directory(path, ec), "tokenizer file {} is a directory", path);
   std::ifstream in(path, std::ios::binary);
@@ -39,9 +39,9 @@ std::string read_file(const std::string& path) {
 
 json parse_json(const std::string& path) {
   try {
-    return json::parse(read_file(path));
+    return json::parse(read_tokenizer_file(path));
   } catch (const json::exception& e) {
-    throw Error(one_line(fmt::format("tokenizer file {} is not valid JSON: {}", path, e.what())));
+    throw Error(flatten_newlines(fmt::format("tokenizer file {} is not valid JSON: {}", path, e.what())));
   }
 }
 
@@ -54,14 +54,14 @@ std::unordered_map<std::string, TokenId> read_vocab(const json& object, const st
   vocab.reserve(object.size());
   for (const auto& [token, id] : object.items()) {
     GA_CHECK(id.is_number_integer(), "tokenizer file {}: {}: the id of token {} is not an integer",
-             path, where, one_line(json(token).dump()));
+             path, where, flatten_newlines(json(token).dump()));
     vocab.emplace(token, id.get<TokenId>());
   }
   return vocab;
 }
 
 std::vector<ByteLevelBpe::Merge> read_vocab_bpe(const std::string& path) {
-  const std::string text = read_file(path);
+  const std::string text = read_tokenizer_file(path);
   std::vector<ByteLevelBpe::Merge> merges;
   std::size_t line_no = 0;
   for (std::size_t pos = 0; pos < text.size();) {
@@ -78,7 +78,7 @@ std::vector<ByteLevelBpe::Merge> read_vocab_bpe(const std::string& path) {
                            line.find(' ', space + 1) == std::string_view::npos;
     GA_CHECK(two_parts,
              "tokenizer file {} line {}: expected two tokens separated by one space, got {}", path,
-             line_no, one_line(json(std::string(line)).dump()));
+             line_no, flatten_newlines(json(std::string(line)).dump()));
     merges.emplace_back(std::string(line.substr(0, space)), std::string(line.substr(space + 1)));
   }
   GA_CHECK(!merges.empty(), "tokenizer file {} has no merges", path);
@@ -96,7 +96,7 @@ std::vector<ByteLevelBpe::Merge> read_hf_merges(const json& array, const std::st
       const std::size_t space = s.find(' ');
       GA_CHECK(space != std::string::npos && s.find(' ', space + 1) == std::string::npos,
                "tokenizer file {}: model.merges[{}] is not two tokens separated by one space: {}",
-               path, i, one_line(m.dump()));
+               path, i, flatten_newlines(m.dump()));
       merges.emplace_back(s.substr(0, space), s.substr(space + 1));
     } else {
       GA_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(),
@@ -127,7 +127,7 @@ struct PreTokenizerConfig {
 std::string describe_step(const json& step) {
   std::string text = type_of(step);
   if (step.is_object() && step.contains("pattern"))
-    text += " with pattern " + one_line(step["pattern"].dump());
+    text += " with pattern " + flatten_newlines(step["pattern"].dump());
   return text;
 }
 

@@ -17,7 +17,7 @@ torch::nn::LayerNorm layer_norm(const BloomConfig& config) {
       torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layer_norm_epsilon));
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
+bool name_ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -32,9 +32,9 @@ void init_weights(torch::nn::Module& model, const BloomConfig& config) {
     auto& p = item.value();
     const bool layer_norm = name.find("layernorm.") != std::string::npos ||
                             name.rfind("ln_f.", 0) == 0;
-    if (layer_norm && ends_with(name, ".weight"))
+    if (layer_norm && name_ends_with(name, ".weight"))
       p.fill_(1.0);
-    else if (ends_with(name, ".bias"))
+    else if (name_ends_with(name, ".bias"))
       p.zero_();
     else
       p.normal_(0.0, config.initializer_range, generator);

@@ -48,17 +48,17 @@ const ArchitectureRules& rules_for(const std::string& architecture) {
                           architecture));
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
+bool has_suffix(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-bool starts_with(const std::string& s, const std::string& prefix) {
+bool has_prefix(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
 bool is_transposed(const ArchitectureRules& rules, const std::string& name) {
   return std::any_of(rules.transposed.begin(), rules.transposed.end(),
-                     [&](const std::string& suffix) { return ends_with(name, suffix); });
+                     [&](const std::string& suffix) { return has_suffix(name, suffix); });
 }
 
 std::string shape_string(torch::IntArrayRef sizes) {
@@ -104,7 +104,7 @@ std::string parameter_name(const ModuleParameters& params, const ArchitectureRul
   };
   if (known(name)) return name;
   if (known(rules.base_prefix + name)) return rules.base_prefix + name;
-  if (starts_with(name, rules.base_prefix) && known(name.substr(rules.base_prefix.size())))
+  if (has_prefix(name, rules.base_prefix) && known(name.substr(rules.base_prefix.size())))
     return name.substr(rules.base_prefix.size());
   return {};
 }
@@ -261,7 +261,7 @@ void load_hf_tensors(torch::nn::Module& module,
         continue;
       }
       const bool ignored = std::any_of(rules.ignored.begin(), rules.ignored.end(),
-                                       [&](const std::string& s) { return ends_with(name, s); });
+                                       [&](const std::string& s) { return has_suffix(name, s); });
       if (ignored) continue;
       throw Error(fmt::format("{}: unexpected tensor {}: the {} model has no such parameter", what,
                               name, architecture));
@@ -356,7 +356,7 @@ int64_t hf_num_labels(const nlohmann::json& config, const std::string& what) {
       "{}: config.json \"architectures\" must be a list of one class name, got {}", what,
       architectures->dump());
   const auto name = (*architectures)[0].get<std::string>();
-  if (!ends_with(name, "ForSequenceClassification")) return 0;
+  if (!has_suffix(name, "ForSequenceClassification")) return 0;
   if (const auto* id2label = field(config, "id2label")) {
     GA_CHECK(id2label->is_object() && !id2label->empty(),
              "{}: config.json \"id2label\" must be a non-empty object, got {}", what,
