@@ -18,10 +18,9 @@
 //   the weight's gradient 147), chunk 1024: 406 MiB (one 196 MiB chunk of
 //   logits + the weight's gradient), chunk 256: 219 MiB; time 49 s plain vs
 //   59 s chunk 1024 (the backward recomputes the projection).
-#include <torch/torch.h>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <torch/torch.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -56,7 +55,8 @@ bool reset_peak_rss() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: chunked_ce_memory plain|CHUNK_TOKENS [--tokens N] [--vocab V] [--hidden H]\n";
+    std::cerr
+        << "usage: chunked_ce_memory plain|CHUNK_TOKENS [--tokens N] [--vocab V] [--hidden H]\n";
     return 2;
   }
   const std::string mode = argv[1];
@@ -65,9 +65,16 @@ int main(int argc, char** argv) {
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
     const int64_t value = std::stoll(argv[i + 1]);
-    if (key == "--tokens") tokens = value;
-    else if (key == "--vocab") vocab = value;
-    else if (key == "--hidden") hidden_size = value;
+    if (key == "--tokens") {
+      tokens = value;
+    } else if (key == "--vocab") {
+      vocab = value;
+    } else if (key == "--hidden") {
+      hidden_size = value;
+    } else {
+      std::cerr << "chunked_ce_memory: unknown option " << key << "\n";
+      return 2;
+    }
   }
   torch::set_num_threads(1);  // a shared machine; the memory does not depend on it
 
@@ -80,10 +87,9 @@ int main(int argc, char** argv) {
   const double before = status_mib(reset ? "VmRSS" : "VmHWM");
 
   const auto start = std::chrono::steady_clock::now();
-  auto loss = chunk == 0
-                  ? gradaccum::models::causal_lm_loss(torch::nn::functional::linear(hidden, weight),
-                                                      labels)
-                  : gradaccum::models::chunked_causal_lm_loss(hidden, weight, labels, chunk);
+  auto loss = chunk == 0 ? gradaccum::models::causal_lm_loss(
+                               torch::nn::functional::linear(hidden, weight), labels)
+                         : gradaccum::models::chunked_causal_lm_loss(hidden, weight, labels, chunk);
   loss.sum.backward();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -23,8 +23,8 @@ namespace {
 
 using gradaccum::models::BloomConfig;
 using gradaccum::models::BloomForCausalLm;
-using gradaccum::models::CausalLm;
 using gradaccum::models::causal_lm_loss;
+using gradaccum::models::CausalLm;
 using gradaccum::models::chunked_causal_lm_loss;
 using gradaccum::models::Gpt2Config;
 using gradaccum::models::Gpt2LmHeadModel;
@@ -212,8 +212,9 @@ TEST(ChunkedCrossEntropy, Bf16AutocastRunsMatmulsInBf16AndSoftmaxInFloat32) {
   const double loss_diff = relative(loss.sum.detach(), fp32.sum);
   const double hidden_diff = relative(hidden.grad(), fp32.grad_hidden);
   const double weight_diff = relative(weight.grad(), fp32.grad_weight);
-  std::printf("[ measured ] bf16 autocast vs float32: loss %.3e, grad hidden %.3e, grad weight %.3e\n",
-              loss_diff, hidden_diff, weight_diff);
+  std::printf(
+      "[ measured ] bf16 autocast vs float32: loss %.3e, grad hidden %.3e, grad weight %.3e\n",
+      loss_diff, hidden_diff, weight_diff);
   EXPECT_LE(loss_diff, kBf16LossTolerance);
   EXPECT_LE(hidden_diff, kBf16GradTolerance);
   EXPECT_LE(weight_diff, kBf16GradTolerance);
@@ -227,7 +228,8 @@ TEST(ChunkedCrossEntropy, Bf16AutocastRunsMatmulsInBf16AndSoftmaxInFloat32) {
   auto weight_plain = in.weight.clone().requires_grad_(true);
   {
     CpuAutocastBf16 autocast;
-    auto plain = causal_lm_loss(torch::nn::functional::linear(hidden_plain, weight_plain), in.labels);
+    auto plain =
+        causal_lm_loss(torch::nn::functional::linear(hidden_plain, weight_plain), in.labels);
     (plain.sum * kGradScale).backward();
     EXPECT_LE(relative(loss.sum.detach(), plain.sum.detach()), kBf16LossTolerance);
   }
@@ -304,8 +306,7 @@ ModelRun model_run(CausalLm& model, const gradaccum::core::Batch& batch) {
 void expect_model_chunking_exact(CausalLm model, torch::ScalarType dtype, bool left_padding,
                                  double tolerance) {
   model.module().to(dtype);
-  const auto data =
-      pad(gradaccum::testing::make_sequences({3, 11, 6, 9}, 17), left_padding);
+  const auto data = pad(gradaccum::testing::make_sequences({3, 11, 6, 9}, 17), left_padding);
   const auto labels = data.ids.masked_fill(data.mask.eq(0), kIgnoreIndex);
   const gradaccum::core::Batch batch{data.ids, labels, data.mask, 4};
   ASSERT_EQ(model.loss_chunk_tokens(), 0);
@@ -328,7 +329,8 @@ void expect_model_chunking_exact(CausalLm model, torch::ScalarType dtype, bool l
     torch::NoGradGuard no_grad;
     const auto eval = model.evaluate(batch);
     EXPECT_EQ(eval.count.item<int64_t>(), plain.count);
-    EXPECT_LE(std::abs(eval.loss_sum.item<double>() - plain.loss) / std::abs(plain.loss), tolerance);
+    EXPECT_LE(std::abs(eval.loss_sum.item<double>() - plain.loss) / std::abs(plain.loss),
+              tolerance);
   }
   model.set_loss_chunk_tokens(0);
 }
@@ -342,7 +344,8 @@ TEST(ChunkedCrossEntropyModel, Gpt2GradientsEqualPlainLossFloat32LeftPadded) {
 }
 
 TEST(ChunkedCrossEntropyModel, BloomGradientsEqualPlainLossFloat64LeftPadded) {
-  expect_model_chunking_exact(CausalLm(BloomForCausalLm(tiny_bloom())), torch::kDouble, true, 1e-10);
+  expect_model_chunking_exact(CausalLm(BloomForCausalLm(tiny_bloom())), torch::kDouble, true,
+                              1e-10);
 }
 
 TEST(ChunkedCrossEntropyModel, BloomGradientsEqualPlainLossFloat32) {

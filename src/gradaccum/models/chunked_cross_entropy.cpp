@@ -17,7 +17,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-std::string shape(torch::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
+std::string sizes_text(torch::IntArrayRef sizes) {
+  return fmt::format("[{}]", fmt::join(sizes, ", "));
+}
 
 // The dtypes of one call, fixed at forward time: autocast is thread-local
 // state, and backward() may run outside the autocast region (or on another
@@ -154,13 +156,14 @@ core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::T
            chunk_tokens);
   GA_CHECK(hidden.defined() && weight.defined() && labels.defined(),
            "chunked cross-entropy: hidden, weight and labels must all be defined");
-  GA_CHECK(hidden.dim() == 3 && labels.dim() == 2 && hidden.size(0) == labels.size(0) &&
-               hidden.size(1) == labels.size(1),
-           "chunked cross-entropy: hidden states {} do not match labels {} (want [B, T, H] and [B, T])",
-           shape(hidden.sizes()), shape(labels.sizes()));
+  GA_CHECK(
+      hidden.dim() == 3 && labels.dim() == 2 && hidden.size(0) == labels.size(0) &&
+          hidden.size(1) == labels.size(1),
+      "chunked cross-entropy: hidden states {} do not match labels {} (want [B, T, H], [B, T])",
+      sizes_text(hidden.sizes()), sizes_text(labels.sizes()));
   GA_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(2),
            "chunked cross-entropy: weight {} does not match hidden states {} (want [V, H])",
-           shape(weight.sizes()), shape(hidden.sizes()));
+           sizes_text(weight.sizes()), sizes_text(hidden.sizes()));
   GA_CHECK(hidden.is_floating_point() && weight.is_floating_point(),
            "chunked cross-entropy: hidden states and weight must be floating point");
   GA_CHECK(labels.scalar_type() == torch::kLong || labels.scalar_type() == torch::kInt,
