@@ -438,7 +438,7 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
       "train " + std::string(GRADACCUM_TEST_DATA) + "/../../configs/kjv-gpt2.yaml --set model.n_layer=2 --set model.n_embd=64 --set model.n_head=2 "
       "--set data.max_length=24 --set data.train_limit=200 --set data.eval_limit=-1 "
       "--set per_device_train_batch_size=2 --set gradient_accumulation_steps=2 --set max_steps=50 "
-      "--set warmup_steps=5 --set threads=2 --set sample.prompt=";
+      "--set warmup_steps=5 --set threads=1 --set sample.prompt=";
   std::map<std::string, std::vector<nlohmann::json>> curves;
   for (const std::string mp : {"no", "bf16", "fp16"}) {
     const auto r = run_cli(run + " --set mixed_precision=" + mp + " --set output_dir=" + dir + "/" + mp);

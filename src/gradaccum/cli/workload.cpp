@@ -147,6 +147,15 @@ std::vector<std::string> tokenizer_files(const data::Tokenizer& tokenizer) {
   return files;
 }
 
+namespace {
+// gradient_checkpointing and loss_chunk_tokens (errors name the key when the
+// model has nothing to apply them to).
+void apply_memory_options(models::BuiltModel& model, const models::ModelConfig& config) {
+  model.set_gradient_checkpointing(config.gradient_checkpointing);
+  model.set_loss_chunk_tokens(config.loss_chunk_tokens);
+}
+}  // namespace
+
 Workload make_workload(const io::TrainConfig& config, bool with_eval) {
   Workload w;
   const auto& d = config.data;
@@ -156,6 +165,7 @@ Workload make_workload(const io::TrainConfig& config, bool with_eval) {
       w.eval = std::make_shared<data::FashionMnist>(d.directory, "test", d.eval_limit);
     }
     w.model = models::make_image_model(config.model, 10);
+    apply_memory_options(w.model, config.model);
     return w;
   }
 
@@ -195,6 +205,7 @@ Workload make_workload(const io::TrainConfig& config, bool with_eval) {
   w.model = config.model.hf_checkpoint.empty()
                 ? models::make_language_model(config.model, vocab, num_labels, config.trainer.seed)
                 : models::load_language_model(config.model.hf_checkpoint, num_labels, config.trainer.seed);
+  apply_memory_options(w.model, config.model);
   GA_CHECK(w.model.vocab_size >= vocab, "model: its vocabulary has {} ids, the tokenizer {}: they do not fit",
            w.model.vocab_size, vocab);
   GA_CHECK(w.model.max_positions == 0 || d.max_length <= w.model.max_positions,

@@ -40,10 +40,10 @@ BuiltModel assemble(const std::string& architecture, const Gpt2Config* gpt2, con
     built.task = std::make_unique<SequenceClassifier>(
         SequenceClassificationModel(decoder, num_labels, initializer_range, init_seed));
   }
-  auto* backbone = num_labels == 0 ? static_cast<CausalLm&>(*built.task).model()->transformer.get()
-                                   : static_cast<SequenceClassifier&>(*built.task).model()->transformer.get();
-  built.max_positions = backbone->max_positions();
-  built.vocab_size = backbone->vocab_size();
+  built.backbone = num_labels == 0 ? static_cast<CausalLm&>(*built.task).model()->transformer
+                                   : static_cast<SequenceClassifier&>(*built.task).model()->transformer;
+  built.max_positions = built.backbone->max_positions();
+  built.vocab_size = built.backbone->vocab_size();
   return built;
 }
 
@@ -65,6 +65,20 @@ void BuiltModel::load_weights(const WeightList& weights, const std::string& what
 CausalLmHeadImpl* BuiltModel::causal_lm() {
   auto* lm = dynamic_cast<CausalLm*>(task.get());
   return lm != nullptr ? lm->model().get() : nullptr;
+}
+
+void BuiltModel::set_gradient_checkpointing(bool enabled) {
+  if (!enabled && backbone.is_empty()) return;
+  GA_CHECK(!backbone.is_empty(),
+           "key 'gradient_checkpointing': only GPT-2 and BLOOM models have transformer blocks to checkpoint");
+  backbone->set_gradient_checkpointing(enabled);
+}
+
+void BuiltModel::set_loss_chunk_tokens(int64_t tokens) {
+  if (tokens == 0 && causal_lm() == nullptr) return;
+  auto* lm = dynamic_cast<CausalLm*>(task.get());
+  GA_CHECK(lm != nullptr, "key 'loss_chunk_tokens': only causal language models have an LM head to chunk");
+  lm->set_loss_chunk_tokens(tokens);
 }
 
 BuiltModel make_language_model(const ModelConfig& config, int64_t vocab_size, int64_t num_labels,

@@ -37,6 +37,15 @@ struct BuiltModel {
                     const std::vector<std::string>& may_be_missing = {});
   // The causal-LM head, for generation (null for other tasks).
   CausalLmHeadImpl* causal_lm();
+
+  // Memory for compute (issue 5); both throw gradaccum::Error naming the key
+  // when the model has nothing to apply them to.
+  // Recompute each transformer block's activations in backward.
+  void set_gradient_checkpointing(bool enabled);
+  // Causal LMs: the loss over chunks of at most `tokens` tokens (0 = whole).
+  void set_loss_chunk_tokens(int64_t tokens);
+
+  Decoder backbone{nullptr};  // the transformer (null for image networks)
 };
 
 // A fresh GPT-2 or BLOOM from the `model:` section: a causal LM when

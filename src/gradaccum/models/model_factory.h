@@ -23,6 +23,9 @@ struct ModelConfig {
   int64_t n_positions = 128;  // GPT-2's position table; BLOOM has none
   int64_t vocab_size = 0;     // 0: the tokenizer's
   std::string hf_checkpoint;  // a directory with config.json + model.safetensors
+  // Memory savings (top-level keys, as in HF TrainingArguments).
+  bool gradient_checkpointing = false;  // recompute block activations in backward
+  int64_t loss_chunk_tokens = 0;        // > 0: chunked LM-head cross-entropy
 };
 
 // An image classifier for 28×28 grey images and `classes` classes.
