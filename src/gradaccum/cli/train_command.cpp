@@ -204,7 +204,7 @@ int run_train(const TrainArgs& args) {
   std::unique_ptr<torch::optim::Optimizer> sharded;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   if (env.distributed()) {
-    group = dist::connect(env, std::chrono::seconds(config.dist_timeout_s));
+    group = dist::connect(env, std::chrono::seconds(config.dist_timeout_s), config.trainer.device);
     dist::check_same_on_all_ranks(*group, static_cast<int64_t>(std::hash<std::string>{}(config.resolved_yaml) >> 1),
                                   "configuration");
     model->module().to(config.trainer.device, config.trainer.dtype);

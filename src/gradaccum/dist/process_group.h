@@ -1,7 +1,9 @@
 // Process groups from c10d: rendezvous through a TCPStore on MASTER_ADDR:PORT,
-// then Gloo on CPU (NCCL for CUDA builds, behind GRADACCUM_USE_NCCL).
+// then Gloo, or NCCL when the build has GRADACCUM_WITH_NCCL (CMake option of the
+// same name) and the training device is CUDA.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
@@ -12,9 +14,12 @@ namespace gradaccum::dist {
 
 // Connects this rank; every collective of the returned group fails after
 // `timeout` instead of hanging. Throws gradaccum::Error naming the address when
-// the rendezvous cannot be reached in time.
+// the rendezvous cannot be reached in time. `device` is the training device: a
+// CUDA device gets NCCL in a GRADACCUM_WITH_NCCL build (untested: no GPU here),
+// anything else Gloo.
 c10::intrusive_ptr<c10d::ProcessGroup> connect(const DistEnvironment& env,
-                                               std::chrono::milliseconds timeout);
+                                               std::chrono::milliseconds timeout,
+                                               c10::Device device);
 
 // Rank 0's `values` on every rank, or an error naming the first rank whose
 // value differs (used to refuse mismatched configurations across ranks).
