@@ -12,8 +12,12 @@ lags: our own previous process keeps it near 2 for a minute.) After `--max-wait`
 runs anyway and marks the process "quiet": false. Prints every process's JSON line and a
 Markdown table of medians and [min–max] ranges over processes.
 
+`--mixed-precision bf16` passes the same flag to both programs (forward and loss under bfloat16
+autocast, GEMM peak measured in bfloat16).
+
   /usr/bin/python3 bench/compare_lm.py [--build build-bench] [--runs 3] [--threads 2]
-      [--steps 10] [--warmup-steps 2] [--max-load 1.5] [--max-busy 0.3] [--max-wait 900] [--profile-runs 1]
+      [--steps 10] [--warmup-steps 2] [--mixed-precision no|bf16] [--max-load 1.5] [--max-busy 0.3]
+      [--max-wait 900] [--profile-runs 1]
 """
 import argparse
 import fcntl
@@ -76,6 +80,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup-steps", type=int, default=2)
+    ap.add_argument("--mixed-precision", choices=["no", "bf16"], default="no",
+                    help="bf16: forward and loss under bfloat16 autocast in both programs")
     ap.add_argument("--max-load", type=float, default=1.5)
     ap.add_argument("--max-busy", type=float, default=0.3)
     ap.add_argument("--max-wait", type=float, default=900)
@@ -84,7 +90,7 @@ def main():
                          "written out with timers around forward, backward and the step)")
     args = ap.parse_args()
     common = ["--threads", str(args.threads), "--steps", str(args.steps),
-              "--warmup-steps", str(args.warmup_steps)]
+              "--warmup-steps", str(args.warmup_steps), "--mixed-precision", args.mixed_precision]
     engine = [os.path.join(args.build, "bench", "lm_throughput")] + common
     programs = {
         "gradaccum": engine,
@@ -108,9 +114,12 @@ def main():
         profiles.append(run(engine + ["--profile"], args))
         print(json.dumps(profiles[-1]), flush=True)
 
-    print(f"\nmedians [min–max] over processes; threads {args.threads}, {args.steps} timed optimizer "
+    precision = "bf16 (bfloat16 autocast; GEMM peak in bfloat16)" if args.mixed_precision == "bf16" \
+        else "fp32"
+    print(f"\n{precision}: medians [min–max] over processes; threads {args.threads}, {args.steps} timed optimizer "
           f"steps after {args.warmup_steps} warm-up steps per process")
     rows = [("processes (quiet)", lambda v: f"{len(v)} ({sum(x['quiet'] for x in v)})"),
+            ("mixed precision / GEMM dtype", lambda v: f"{v[0]['mixed_precision']} / {v[0]['gemm_dtype']}"),
             ("tokens/s", lambda v: spread([x["tokens_per_s"] for x in v], "{:.0f}")),
             ("s per optimizer step (4096 tokens)", lambda v: spread([x["s_per_step"] for x in v], "{:.3f}")),
             ("model GFLOP/s", lambda v: spread([x["model_gflops"] for x in v], "{:.2f}")),

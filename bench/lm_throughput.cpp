@@ -1,16 +1,23 @@
-// Language-model throughput (issue 3, item 7, fp32): a GPT-2 of ~3.4M
+// Language-model throughput (issue 3, item 7, fp32 and bf16): a GPT-2 of ~3.4M
 // parameters (models::Gpt2LmHeadModel: vocab 8192, context 128, n_embd 192,
 // 4 layers, 3 heads) trained by core::Trainer on random token ids (no
 // tokenizer; labels = inputs, no padding) with micro-batch 8 × N = 4
 // accumulation steps, AdamW lr 1e-3, cosine schedule, clipping at 1.0, exact
 // window normalization (the engine's real accumulation path).
 //
-//   lm_throughput [--threads 2] [--warmup-steps 2] [--steps 10] [--profile]
+//   lm_throughput [--threads 2] [--warmup-steps 2] [--steps 10]
+//                 [--mixed-precision no|bf16] [--profile]
+//
+// --mixed-precision bf16 sets TrainerOptions::mixed_precision: the forward
+// and the loss run under bfloat16 autocast, the backward outside it; weights,
+// gradients and AdamW stay float32 (docs/mixed_precision.md).
 //
 // Before training, the same process measures the GEMM rate it can reach:
-// float32 torch::mm of the model's own shapes (the four per-layer projections
-// and the tied LM head, rows = 8 × 128 tokens), weighted by how often a
-// forward uses each, and a 2048³ square for reference. Model FLOPs per token =
+// torch::mm of the model's own shapes (the four per-layer projections and the
+// tied LM head, rows = 8 × 128 tokens), weighted by how often a forward uses
+// each, and a 2048³ square for reference. The GEMMs run in the dtype the
+// model's matmuls use: float32, or bfloat16 under bf16 (autocast's dtype), so
+// the fraction of the GEMM peak compares like with like. Model FLOPs per token =
 // 6 × P + 12 × n_layer × T × n_embd (P = the parameters that enter a matmul:
 // all but the position table, the tied embedding counted once as the LM head;
 // the second term is attention's scores and weighted sum, forward + backward).
@@ -18,6 +25,7 @@
 // --profile replaces the Trainer by the same loop written out (causal_lm_loss,
 // LossNormalizer, StepSequence) with timers around forward, backward and the
 // optimizer step, to see where the time goes; it is not the measured path.
+// Under bf16 it wraps forward + loss in core::AutocastScope as the Trainer does.
 //
 // Prints one JSON line; bench/py/lm_throughput.py is the Python peer and
 // bench/compare_lm.py runs both alternately.
@@ -27,13 +35,16 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
+#include <exception>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "gradaccum/core/check.h"
 #include "gradaccum/core/loss_normalizer.h"
+#include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/io/process_stats.h"
@@ -85,18 +96,57 @@ class StepClock final : public core::TrainingObserver {
   std::vector<double> losses;
 };
 
-int64_t flag(int argc, char** argv, const char* name, int64_t fallback) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::stoll(argv[i + 1]);
+struct Options {
+  int64_t threads = 2;
+  int64_t warmup = 2;
+  int64_t steps = 10;
+  core::MixedPrecision precision = core::MixedPrecision::none;
+  bool profile = false;
+};
+
+int64_t parse_count(const std::string& key, const std::string& value) {
+  size_t used = 0;
+  int64_t n = -1;
+  try {
+    n = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
   }
-  return fallback;
+  GA_CHECK(used == value.size() && used > 0, "lm_throughput: {} '{}' is not an integer", key,
+           value);
+  return n;
 }
 
-bool has_flag(int argc, char** argv, const char* name) {
+// Throws gradaccum::Error on an unknown option, a missing value or fp16 (on
+// CPU an emulation in float32, not a speed mode: docs/mixed_precision.md).
+Options parse_options(int argc, char** argv) {
+  Options o;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return true;
+    const std::string key = argv[i];
+    if (key == "--profile") {
+      o.profile = true;
+      continue;
+    }
+    GA_CHECK(i + 1 < argc, "lm_throughput: option {} needs a value", key);
+    const std::string value = argv[++i];
+    if (key == "--threads") {
+      o.threads = parse_count(key, value);
+    } else if (key == "--warmup-steps") {
+      o.warmup = parse_count(key, value);
+    } else if (key == "--steps") {
+      o.steps = parse_count(key, value);
+    } else if (key == "--mixed-precision") {
+      o.precision = core::parse_mixed_precision(value);
+      GA_CHECK(
+          o.precision != core::MixedPrecision::fp16,
+          "lm_throughput: --mixed-precision fp16 is a float32 emulation on CPU; use no or bf16");
+    } else {
+      GA_CHECK(false, "lm_throughput: unknown option {}", key);
+    }
   }
-  return false;
+  GA_CHECK(o.threads >= 1 && o.warmup >= 0 && o.steps >= 1,
+           "lm_throughput: needs --threads >= 1, --warmup-steps >= 0, --steps >= 1");
+  return o;
 }
 
 double seconds(Clock::time_point a, Clock::time_point b) {
@@ -109,11 +159,12 @@ double median(std::vector<double> v) {
   return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-// FLOP/s of torch::mm([m, k] × [k, n]): median of timed repetitions after one
-// warm-up, repeated until `budget_s` has passed (at least 3 times).
-double gemm_rate(int64_t m, int64_t k, int64_t n, double budget_s) {
-  auto a = torch::randn({m, k});
-  auto b = torch::randn({k, n});
+// FLOP/s of torch::mm([m, k] × [k, n]) in `dtype`: median of timed
+// repetitions after one warm-up, repeated until `budget_s` has passed (at
+// least 3 times).
+double gemm_rate(int64_t m, int64_t k, int64_t n, torch::ScalarType dtype, double budget_s) {
+  auto a = torch::randn({m, k}).to(dtype);
+  auto b = torch::randn({k, n}).to(dtype);
   auto c = torch::mm(a, b);
   std::vector<double> times;
   const auto start = Clock::now();
@@ -133,10 +184,20 @@ struct GemmShape {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int64_t threads = flag(argc, argv, "--threads", 2);
-  const int64_t warmup = flag(argc, argv, "--warmup-steps", 2);
-  const int64_t steps = flag(argc, argv, "--steps", 10);
-  const bool profile = has_flag(argc, argv, "--profile");
+  Options opts;
+  try {
+    opts = parse_options(argc, argv);
+  } catch (const gradaccum::Error& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  const int64_t threads = opts.threads, warmup = opts.warmup, steps = opts.steps;
+  const bool profile = opts.profile;
+  const core::MixedPrecision precision = opts.precision;
+  const torch::Device device(torch::kCPU);
+  // The dtype of the model's matmuls: autocast's under bf16.
+  const torch::ScalarType gemm_dtype =
+      core::uses_autocast(precision, device) ? core::autocast_dtype(precision) : torch::kFloat;
   at::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(42);
 
@@ -149,14 +210,14 @@ int main(int argc, char** argv) {
   double mix_flops = 0.0, mix_time = 0.0;
   std::string per_shape;
   for (const auto& s : shapes) {
-    const double rate = gemm_rate(tokens_per_micro, s.k, s.n, 0.5);
+    const double rate = gemm_rate(tokens_per_micro, s.k, s.n, gemm_dtype, 0.5);
     const double flops = 2.0 * static_cast<double>(tokens_per_micro * s.k * s.n * s.uses);
     mix_flops += flops;
     mix_time += flops / rate;
     per_shape += fmt::format("{}\"{}\": {:.2f}", per_shape.empty() ? "" : ", ", s.name, rate / 1e9);
   }
   const double gemm_model = mix_flops / mix_time;
-  const double gemm_square = gemm_rate(2048, 2048, 2048, 1.0);
+  const double gemm_square = gemm_rate(2048, 2048, 2048, gemm_dtype, 1.0);
 
   models::Gpt2Config config;
   config.vocab_size = kVocab;
@@ -187,6 +248,7 @@ int main(int argc, char** argv) {
     options.optimizer.type = "adamw";
     options.optimizer.learning_rate = 1e-3;
     options.max_grad_norm = 1.0;
+    options.mixed_precision = precision;
     core::Trainer trainer(options, model, data, nullptr, clock);
     start = Clock::now();
     trainer.run();
@@ -209,7 +271,11 @@ int main(int argc, char** argv) {
         const int64_t first = (step * kAccumulation + s) * kMicroBatch;
         auto batch = data.get(torch::arange(first, first + kMicroBatch, torch::kLong), torch::kFloat);
         const auto t0 = Clock::now();
-        auto micro = model.loss(batch);
+        core::LossSum micro;
+        {
+          core::AutocastScope autocast(precision, device);
+          micro = model.loss(batch);
+        }
         auto objective = normalizer.objective(micro);
         const auto t1 = Clock::now();
         objective.backward();
@@ -244,7 +310,8 @@ int main(int argc, char** argv) {
         t_forward / n, t_backward / n, t_step / n);
   }
   fmt::print(
-      "{{\"program\": \"{}\", \"threads\": {}, \"vocab\": {}, \"context\": {}, \"n_embd\": {}, "
+      "{{\"program\": \"{}\", \"mixed_precision\": \"{}\", \"gemm_dtype\": \"{}\", "
+      "\"threads\": {}, \"vocab\": {}, \"context\": {}, \"n_embd\": {}, "
       "\"n_layer\": {}, \"n_head\": {}, \"micro_batch\": {}, \"accum\": {}, \"parameters\": {}, "
       "\"matmul_parameters\": {}, \"flops_per_token\": {:.0f}, \"warmup_steps\": {}, \"steps\": {}, "
       "\"tokens_per_s\": {:.1f}, \"s_per_step\": {:.4f}, \"s_per_step_min\": {:.4f}, "
@@ -252,9 +319,10 @@ int main(int argc, char** argv) {
       "\"gemm_shapes_gflops\": {{{}}}, \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
       "\"peak_rss_mb\": {:.1f}{}}}\n",
-      profile ? "gradaccum-profile" : "gradaccum", threads, kVocab, kContext, kEmbd, kLayers,
-      kHeads, kMicroBatch, kAccumulation, parameters, matmul_parameters, flops_per_token, warmup,
-      steps, tokens_per_s, median(step_s), *std::min_element(step_s.begin(), step_s.end()),
+      profile ? "gradaccum-profile" : "gradaccum", core::to_string(precision),
+      gemm_dtype == torch::kBFloat16 ? "bfloat16" : "float32", threads, kVocab, kContext, kEmbd,
+      kLayers, kHeads, kMicroBatch, kAccumulation, parameters, matmul_parameters, flops_per_token,
+      warmup, steps, tokens_per_s, median(step_s), *std::min_element(step_s.begin(), step_s.end()),
       model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9, per_shape, model_flops / gemm_model,
       model_flops / gemm_square, clock.losses.front(), clock.losses.back(),
       gradaccum::io::peak_rss_mb(), profile_json);
