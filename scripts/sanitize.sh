@@ -3,19 +3,25 @@
 # the test suite under it. libtorch and the other prebuilt libraries are not instrumented; ASan still
 # checks every access our code makes, including into tensors' storage.
 # Usage: scripts/sanitize.sh [gtest filter]   (default: default_filter below; '*' = the whole suite)
+#        BUILD_DIR=dir: build there instead of ./build-asan; JOBS: build parallelism.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${JOBS:-$(nproc)}"
+build="${BUILD_DIR:-build-asan}"
 
 start=$(date +%s)
 # ccache is off by default so that the time measured is that of a clean CI build; a CI with a warm
 # cache can pass CCACHE_DISABLE=0.
 export CCACHE_DISABLE="${CCACHE_DISABLE:-1}"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# GRADACCUM_SANITIZE compiles at -O1 (CMakeLists.txt). The unity build compiles the library's and
+# the CLI's .cpp files in batches of 8, so the code they share from the libtorch headers is
+# instrumented and optimised once per batch instead of once per file (the tests are not batched:
+# tests/CMakeLists.txt). Measured times: docs/robustness.md.
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON \
   -DCMAKE_CXX_COMPILER=g++ -DGRADACCUM_SANITIZE=ON -DGRADACCUM_BUILD_BENCH=OFF > /dev/null
 # gradaccum_tests depends on gradaccum_cli, and tests/CMakeLists.txt points GRADACCUM_CLI at the
-# build-asan CLI, so the processes the tests spawn are sanitized too.
-ninja -C build-asan -j"$jobs" gradaccum_cli gradaccum_tests
+# CLI of the same build, so the processes the tests spawn are sanitized too.
+ninja -C "$build" -j"$jobs" gradaccum_cli gradaccum_tests
 built=$(date +%s)
 echo "sanitize.sh: build took $((built - start)) s"
 
@@ -24,7 +30,7 @@ echo "sanitize.sh: build took $((built - start)) s"
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 # The suite minus its longest end-to-end runs, which repeat paths the kept tests already take
-# under the sanitizers (CI has ~18 of its 30 minutes left for this step; docs/robustness.md):
+# under the sanitizers (CI has ~14 of its 30 minutes left for this build and run; docs/robustness.md):
 #  - LmEndToEnd.Kjv*Decompositions*, CliEndToEnd.Decompositions*: the same training loop as the
 #    kept LmEndToEnd.FinalCheckpointEvalAndGenerate / CliEndToEnd.WritesConfigMetricsAndSummary,
 #    only for more splits (the split arithmetic is covered by the *Accumulation unit tests);
@@ -33,10 +39,14 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 #    the kept DataParallel.TwoRanksTimesTwoStepsEqualsOneRankAndTheFullBatch;
 #  - DataParallelFailures.NoRendezvous*, *.SurvivingRank*: they wait for a timeout, no work to check;
 #  - TokenizerReference.*: compare against gpt-3-encoder under node (what runs is mostly node);
-#    the tokenizer is covered by the other Tokenizer* tests and by fuzz_tokenizer.
+#    the tokenizer is covered by the other Tokenizer* tests and by fuzz_tokenizer;
+#  - MixedPrecisionCurves.*: three 50-step KJV GPT-2 runs (fp32, bf16, fp16) for their loss curves,
+#    4 of the 8.5 min the suite took under the sanitizers; the bf16/fp16 code they run is kept in
+#    MixedPrecision.* and Fp16LossScaler.* (accumulation, loss scaling, clipping, resume).
 default_filter="*-LmEndToEnd.Kjv*:CliEndToEnd.Decompositions*:LmEndToEnd.ResumeOfAnLmRunIsBitIdentical"
 default_filter+=":DataParallel.OneAllReducePerBucket*:LmEndToEnd.DataParallelPaddedVerses*"
 default_filter+=":DataParallelFailures.NoRendezvous*:DataParallelFailures.SurvivingRank*:TokenizerReference.*"
+default_filter+=":MixedPrecisionCurves.*"
 filter="${1:-${SANITIZE_FILTER:-$default_filter}}"
-build-asan/tests/gradaccum_tests --gtest_filter="$filter"
+"$build"/tests/gradaccum_tests --gtest_filter="$filter"
 echo "sanitize.sh: tests took $(($(date +%s) - built)) s"
