@@ -591,6 +591,12 @@ TEST(TokenizerErrors, MissingOrMalformedFilesNameTheFile) {
   config["model"]["merges"][1] = "a b c";
   write_bytes(tj, config.dump());
   EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()), "model.merges[1] is not two tokens");
+  // A field of the wrong JSON type (a fuzzer finding: a numeric model type).
+  config = tiny_tokenizer_json();
+  config["model"]["type"] = 5;
+  write_bytes(tj, config.dump());
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()),
+                        tj.string() + ": unexpected JSON structure ([json.exception.type_error.302]");
   config = tiny_tokenizer_json();
   config["normalizer"] = {{"type", "NFKC"}};
   write_bytes(tj, config.dump());

@@ -212,6 +212,17 @@ Tokenizer Tokenizer::from_gpt2_files(const std::string& encoder_json_path,
 }
 
 Tokenizer Tokenizer::from_hf_json(const std::string& path) {
+  // The checks below name each expected field; a value of an unexpected JSON
+  // type that slips past them (e.g. a numeric "type", found by fuzzing) still
+  // becomes a one-line error naming the file, not an uncaught exception.
+  try {
+    return from_hf_json_checked(path);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("tokenizer file {}: unexpected JSON structure ({})", path, e.what()));
+  }
+}
+
+Tokenizer Tokenizer::from_hf_json_checked(const std::string& path) {
   const json root = parse_json(path);
   GA_CHECK(root.is_object() && root.contains("model") && root["model"].is_object(),
            "tokenizer file {} has no \"model\" object", path);

@@ -75,6 +75,7 @@ class Tokenizer {
   const std::string& source() const { return source_; }
 
  private:
+  static Tokenizer from_hf_json_checked(const std::string& tokenizer_json_path);
   Tokenizer(std::string source, ByteLevelBpe bpe);
   void encode_plain(std::string_view text, std::vector<TokenId>& ids) const;
 
