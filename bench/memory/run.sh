@@ -14,7 +14,8 @@
 # it has drawn, and more micro-batches draw longer ones whatever N is. The
 # "padded" rows show it: N = 1 for 48 steps and N = 16 for 3 steps see the same
 # 768 verses and peak alike, while N = 1 for 3 steps sees only 48 verses.
-# N = 1 runs take 2 steps (time from the second); N = 16 runs one (16 micro-steps).
+# Every run takes 2 optimizer steps (time from the second), so that each peak
+# holds AdamW's moments together with a micro-batch's activations.
 #
 # Usage: bench/memory/run.sh [GRADACCUM_BINARY]
 # Environment: THREADS [2], SHAPES ["kjv gpt2-small"], LOCK [/tmp/gradaccum-bench.lock]
@@ -58,11 +59,11 @@ for shape in $SHAPES; do
           --set model.n_layer=12 --set model.n_embd=768 --set model.n_head=12 --set model.n_positions=128)
   fi
   run "$shape N=1" 1 2 "${base[@]}"
-  run "$shape N=16" 16 1 "${base[@]}"
+  run "$shape N=16" 16 2 "${base[@]}"
   run "$shape N=1 checkpointing" 1 2 "${base[@]}" --set gradient_checkpointing=true
   run "$shape N=1 chunked loss" 1 2 "${base[@]}" --set loss_chunk_tokens=256
   run "$shape N=1 both" 1 2 "${base[@]}" --set gradient_checkpointing=true --set loss_chunk_tokens=256
-  run "$shape N=16 both" 16 1 "${base[@]}" --set gradient_checkpointing=true --set loss_chunk_tokens=256
+  run "$shape N=16 both" 16 2 "${base[@]}" --set gradient_checkpointing=true --set loss_chunk_tokens=256
   run "$shape N=1 bf16" 1 2 "${base[@]}" --set mixed_precision=bf16
   if [[ $shape == kjv ]]; then
     padded=(--set per_device_train_batch_size=16 --set data.train_limit=2048)
