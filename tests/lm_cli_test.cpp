@@ -16,7 +16,6 @@
 namespace {
 
 using gradaccum::testing::make_temp_dir;
-using gradaccum::testing::read_jsonl;
 using gradaccum::testing::run_cli;
 namespace fs = std::filesystem;
 
@@ -27,17 +26,8 @@ const std::string kTinyLm =
     "--set model.n_positions=32 --set data.type=kjv --set data.max_length=16 --set data.train_limit=96 "
     "--set data.eval_limit=-1 --set max_steps=3 --set threads=2 --set learning_rate=1e-2 --set seed=7";
 
-std::vector<nlohmann::json> steps_of(const std::string& args, const std::string& out) {
-  const auto r = run_cli("train " + args + " --set output_dir=" + out);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  std::vector<nlohmann::json> steps;
-  for (const auto& line : read_jsonl(out + "/metrics.jsonl")) {
-    if (line.contains("loss")) steps.push_back(line);
-  }
-  return steps;
-}
-
-double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
+using gradaccum::testing::relative_difference;
+using gradaccum::testing::train_steps;
 
 void expect_same_trajectory(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
                             double tolerance) {
@@ -45,8 +35,8 @@ void expect_same_trajectory(const std::vector<nlohmann::json>& a, const std::vec
   ASSERT_FALSE(a.empty());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i]["items"], b[i]["items"]) << "step " << i + 1;
-    EXPECT_LE(relative(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()), tolerance) << "step " << i + 1;
-    EXPECT_LE(relative(b[i]["grad_norm"].get<double>(), a[i]["grad_norm"].get<double>()), tolerance)
+    EXPECT_LE(relative_difference(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()), tolerance) << "step " << i + 1;
+    EXPECT_LE(relative_difference(b[i]["grad_norm"].get<double>(), a[i]["grad_norm"].get<double>()), tolerance)
         << "step " << i + 1;
   }
 }
@@ -54,9 +44,9 @@ void expect_same_trajectory(const std::vector<nlohmann::json>& a, const std::vec
 TEST(LmEndToEnd, KjvGpt2DecompositionsAgreeFloat64AndNaiveMeanDoesNot) {
   const auto dir = make_temp_dir("lm-decomp");
   const auto run = kTinyLm + " --set dtype=float64";
-  const auto full = steps_of(run + " --set per_device_train_batch_size=32 --set gradient_accumulation_steps=1", dir + "/a");
-  const auto mid = steps_of(run + " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4", dir + "/b");
-  const auto small = steps_of(run + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16", dir + "/c");
+  const auto full = train_steps(run + " --set per_device_train_batch_size=32 --set gradient_accumulation_steps=1", dir + "/a");
+  const auto mid = train_steps(run + " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4", dir + "/b");
+  const auto small = train_steps(run + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16", dir + "/c");
   expect_same_trajectory(full, mid, 1e-10);
   expect_same_trajectory(full, small, 1e-10);
   // Tokens, not verses: every step counts Σ (tokens - 1) over its 32 verses.
@@ -66,11 +56,11 @@ TEST(LmEndToEnd, KjvGpt2DecompositionsAgreeFloat64AndNaiveMeanDoesNot) {
   // initialization every token's loss is close to ln(vocab), so the reported
   // losses differ little (about 1e-5 here), far above the 1e-10 agreement of
   // the exact splits; the gradients differ clearly.
-  const auto naive = steps_of(run + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16 "
+  const auto naive = train_steps(run + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16 "
                               "--set loss_normalization=micro_batch", dir + "/d");
   ASSERT_EQ(naive.size(), full.size());
-  EXPECT_GT(relative(naive[0]["grad_norm"].get<double>(), full[0]["grad_norm"].get<double>()), 1e-4);
-  EXPECT_GT(relative(naive[0]["loss"].get<double>(), full[0]["loss"].get<double>()), 1e-6);
+  EXPECT_GT(relative_difference(naive[0]["grad_norm"].get<double>(), full[0]["grad_norm"].get<double>()), 1e-4);
+  EXPECT_GT(relative_difference(naive[0]["loss"].get<double>(), full[0]["loss"].get<double>()), 1e-6);
   fs::remove_all(dir);
 }
 
@@ -78,13 +68,13 @@ TEST(LmEndToEnd, KjvBloomAndTestamentClassifierDecompositionsAgreeFloat64) {
   const auto dir = make_temp_dir("lm-decomp-bloom");
   const auto bloom = kTinyLm + " --set model.type=bloom --set dtype=float64";
   expect_same_trajectory(
-      steps_of(bloom + " --set per_device_train_batch_size=32 --set gradient_accumulation_steps=1", dir + "/a"),
-      steps_of(bloom + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16", dir + "/b"),
+      train_steps(bloom + " --set per_device_train_batch_size=32 --set gradient_accumulation_steps=1", dir + "/a"),
+      train_steps(bloom + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16", dir + "/b"),
       1e-10);
   const auto classify = kTinyLm + " --set data.type=kjv_testament --set dtype=float64 --set data.balanced=true";
-  const auto a = steps_of(classify + " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=1 "
+  const auto a = train_steps(classify + " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=1 "
                           "--set max_steps=2 --set data.train_limit=32", dir + "/c");
-  const auto b = steps_of(classify + " --set per_device_train_batch_size=1 --set gradient_accumulation_steps=16 "
+  const auto b = train_steps(classify + " --set per_device_train_batch_size=1 --set gradient_accumulation_steps=16 "
                           "--set max_steps=2 --set data.train_limit=32", dir + "/d");
   expect_same_trajectory(a, b, 1e-10);
   EXPECT_EQ(a[0]["items"], 16);  // a classifier counts verses
@@ -106,8 +96,8 @@ TEST(LmEndToEnd, DataParallelPaddedVersesEqualOneProcessFloat64) {
   // before the one division.
   const auto dir = make_temp_dir("lm-dp");
   const auto run = kTinyLm + " --set dtype=float64 --set per_device_train_batch_size=8 --set threads=1";
-  const auto one = steps_of(run + " --set gradient_accumulation_steps=4", dir + "/one");
-  const auto two = steps_of(run + " --set gradient_accumulation_steps=2 --nproc 2", dir + "/two");
+  const auto one = train_steps(run + " --set gradient_accumulation_steps=4", dir + "/one");
+  const auto two = train_steps(run + " --set gradient_accumulation_steps=2 --nproc 2", dir + "/two");
   expect_same_trajectory(one, two, 1e-10);
   EXPECT_EQ(two[0]["world_size"], 2);
   fs::remove_all(dir);
@@ -174,8 +164,8 @@ TEST(LmEndToEnd, FinalCheckpointEvalAndGenerate) {
 TEST(LmEndToEnd, ResumeOfAnLmRunIsBitIdentical) {
   const auto dir = make_temp_dir("lm-resume");
   const auto run = kTinyLm + " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4";
-  const auto straight = steps_of(run + " --set save_steps=1", dir + "/a");
-  const auto resumed = steps_of(run + " --set resume_from_checkpoint=" + dir + "/a/checkpoints/step-1", dir + "/b");
+  const auto straight = train_steps(run + " --set save_steps=1", dir + "/a");
+  const auto resumed = train_steps(run + " --set resume_from_checkpoint=" + dir + "/a/checkpoints/step-1", dir + "/b");
   ASSERT_EQ(resumed.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     for (const char* key : {"step", "loss", "grad_norm", "lr", "items", "weight_norm"}) {

@@ -13,7 +13,6 @@
 namespace {
 
 using gradaccum::testing::make_temp_dir;
-using gradaccum::testing::read_jsonl;
 using gradaccum::testing::run_cli;
 namespace fs = std::filesystem;
 
@@ -24,17 +23,8 @@ const std::string kTinyLm =
     "--set per_device_train_batch_size=2 --set gradient_accumulation_steps=2 --set max_steps=3 "
     "--set threads=1 --set learning_rate=1e-2 --set seed=3";
 
-std::vector<nlohmann::json> steps_of(const std::string& args, const std::string& out) {
-  const auto r = run_cli("train " + args + " --set output_dir=" + out);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  std::vector<nlohmann::json> steps;
-  for (const auto& l : read_jsonl(out + "/metrics.jsonl")) {
-    if (l.contains("loss")) steps.push_back(l);
-  }
-  return steps;
-}
-
-double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
+using gradaccum::testing::relative_difference;
+using gradaccum::testing::train_steps;
 
 class MemorySavers : public ::testing::TestWithParam<std::string> {};
 
@@ -42,7 +32,7 @@ TEST_P(MemorySavers, CheckpointingAndChunkedLossFollowThePlainTrajectory) {
   const auto dir = make_temp_dir("memory-savers");
   for (const std::string dtype : {"float64", "float32"}) {
     const auto base = kTinyLm + " --set model.type=" + GetParam() + " --set dtype=" + dtype;
-    const auto plain = steps_of(base, dir + "/plain-" + dtype);
+    const auto plain = train_steps(base, dir + "/plain-" + dtype);
     ASSERT_EQ(plain.size(), 3u);
     std::vector<std::string> options = {"--set gradient_checkpointing=true --set loss_chunk_tokens=16"};
     if (dtype == "float64") {
@@ -50,14 +40,14 @@ TEST_P(MemorySavers, CheckpointingAndChunkedLossFollowThePlainTrajectory) {
       options.push_back("--set loss_chunk_tokens=7");
     }
     for (const auto& option : options) {
-      const auto saved = steps_of(base + " " + option, dir + "/saved-" + dtype);
+      const auto saved = train_steps(base + " " + option, dir + "/saved-" + dtype);
       ASSERT_EQ(saved.size(), 3u) << option;
       // float64: every step; float32: the first step tightly, later ones loosely (DESIGN.md §1).
       for (size_t i = 0; i < 3; ++i) {
         const double tolerance = dtype == "float64" ? 1e-10 : (i == 0 ? 1e-5 : 1e-3);
         EXPECT_EQ(saved[i]["items"], plain[i]["items"]);
         for (const char* key : {"loss", "grad_norm"}) {
-          EXPECT_LE(relative(saved[i][key].get<double>(), plain[i][key].get<double>()), tolerance)
+          EXPECT_LE(relative_difference(saved[i][key].get<double>(), plain[i][key].get<double>()), tolerance)
               << dtype << " " << option << " step " << i + 1 << " " << key;
         }
       }

@@ -30,6 +30,7 @@ using gradaccum::testing::max_relative_difference;
 using gradaccum::testing::read_jsonl;
 using gradaccum::testing::read_text;
 using gradaccum::testing::run_cli;
+using gradaccum::testing::step_records;
 using gradaccum::testing::TensorDataset;
 namespace fs = std::filesystem;
 
@@ -368,19 +369,11 @@ const std::string kFp16Run =
     "--set warmup_steps=3 --set mixed_precision=fp16 --set loss_scaler.init_scale=1.0e+9 "
     "--set loss_scaler.growth_interval=2";
 
-std::vector<nlohmann::json> step_lines(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  for (const auto& l : read_jsonl(path)) {
-    if (l.contains("loss")) out.push_back(l);
-  }
-  return out;
-}
-
 TEST(Fp16LossScaler, ScalerStateSurvivesACheckpointBitForBit) {
   const auto dir = make_temp_dir("fp16-resume");
   const auto straight_run = run_cli("train " + kFp16Run + " --set save_steps=6 --set output_dir=" + dir + "/straight");
   ASSERT_EQ(straight_run.exit_code, 0) << straight_run.err;
-  const auto straight = step_lines(dir + "/straight/metrics.jsonl");
+  const auto straight = step_records(dir + "/straight/metrics.jsonl");
   ASSERT_EQ(straight.size(), 20u);
   int skipped_to_12 = 0, skipped_after_12 = 0;
   std::set<double> scales_after_12;
@@ -401,7 +394,7 @@ TEST(Fp16LossScaler, ScalerStateSurvivesACheckpointBitForBit) {
   const auto resumed_run = run_cli("train " + kFp16Run + " --set output_dir=" + dir + "/resumed " +
                                    "--set resume_from_checkpoint=" + dir + "/straight/checkpoints/step-12");
   ASSERT_EQ(resumed_run.exit_code, 0) << resumed_run.err;
-  const auto resumed = step_lines(dir + "/resumed/metrics.jsonl");
+  const auto resumed = step_records(dir + "/resumed/metrics.jsonl");
   ASSERT_EQ(resumed.size(), 8u);
   for (size_t i = 0; i < resumed.size(); ++i) {
     for (const char* key : {"step", "loss", "grad_norm", "grad_norm_clipped", "lr", "items", "skipped", "loss_scale"}) {
@@ -443,7 +436,7 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
   for (const std::string mp : {"no", "bf16", "fp16"}) {
     const auto r = run_cli(run + " --set mixed_precision=" + mp + " --set output_dir=" + dir + "/" + mp);
     ASSERT_EQ(r.exit_code, 0) << mp << ": " << r.err;
-    curves[mp] = step_lines(dir + "/" + mp + "/metrics.jsonl");
+    curves[mp] = step_records(dir + "/" + mp + "/metrics.jsonl");
     ASSERT_EQ(curves[mp].size(), 50u) << mp;
   }
   const auto& fp32 = curves["no"];

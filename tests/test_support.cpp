@@ -25,6 +25,20 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   return lines;
 }
 
+std::vector<nlohmann::json> step_records(const std::string& metrics_path) {
+  std::vector<nlohmann::json> steps;
+  for (const auto& line : read_jsonl(metrics_path)) {
+    if (line.contains("loss")) steps.push_back(line);
+  }
+  return steps;
+}
+
+std::vector<nlohmann::json> train_steps(const std::string& args, const std::string& out) {
+  const auto r = run_cli("train " + args + " --set output_dir=" + out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return step_records(out + "/metrics.jsonl");
+}
+
 std::string make_temp_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() /
              ("gradaccum-test-" + std::to_string(getpid()) + "-" + name);

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -108,6 +110,18 @@ std::string read_text(const std::string& path);
 
 // The JSON objects of a JSON-lines file (metrics.jsonl), in order.
 std::vector<nlohmann::json> read_jsonl(const std::string& path);
+
+// The optimizer-step records of a metrics.jsonl (the lines with a "loss").
+std::vector<nlohmann::json> step_records(const std::string& metrics_path);
+
+// Runs `gradaccum train ARGS --set output_dir=OUT`, expects exit code 0, and
+// returns the run's step records.
+std::vector<nlohmann::json> train_steps(const std::string& args, const std::string& out);
+
+// |a - b| / |b| (b = 0 counts as a tiny number, so a difference still shows).
+inline double relative_difference(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-300);
+}
 
 }  // namespace gradaccum::testing
 
