@@ -23,8 +23,12 @@
 #include "gradaccum/models/gpt2.h"
 #include "padded_batches.h"
 #include "test_support.h"
+#include "tiny_decoders.h"
 
 namespace {
+
+using gradaccum::testing::tiny_bloom_config;
+using gradaccum::testing::tiny_gpt2_config;
 
 using gradaccum::models::BloomConfig;
 using gradaccum::models::BloomForCausalLm;
@@ -343,40 +347,19 @@ TEST(ActivationCheckpointFunction, UndefinedInputOrOutputIsAOneLineError) {
 // ---------------------------------------------------------------------------
 // GPT-2 and BLOOM with gradient_checkpointing
 
-Gpt2Config tiny_gpt2_config() {
-  Gpt2Config c;
-  c.vocab_size = 64;
-  c.n_positions = 32;
-  c.n_embd = 16;
-  c.n_layer = 3;
-  c.n_head = 2;
-  c.init_seed = 1234;
-  return c;
-}
-
-BloomConfig tiny_bloom_config() {
-  BloomConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 24;
-  c.n_layer = 3;
-  c.n_head = 6;
-  c.init_seed = 1234;
-  return c;
-}
-
 enum class Arch { gpt2, bloom };
 
 CausalLmHead make_model(Arch arch, torch::ScalarType dtype) {
   CausalLmHead model = arch == Arch::gpt2 ? CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(
-                                                Gpt2LmHeadModel(tiny_gpt2_config()).ptr()))
+                                                Gpt2LmHeadModel(tiny_gpt2_config(3)).ptr()))
                                           : CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(
-                                                BloomForCausalLm(tiny_bloom_config()).ptr()));
+                                                BloomForCausalLm(tiny_bloom_config(3)).ptr()));
   model->to(dtype);
   return model;
 }
 
 int64_t n_layer(Arch arch) {
-  return arch == Arch::gpt2 ? tiny_gpt2_config().n_layer : tiny_bloom_config().n_layer;
+  return arch == Arch::gpt2 ? tiny_gpt2_config(3).n_layer : tiny_bloom_config(3).n_layer;
 }
 
 // A right-padded batch of very different lengths, padding labelled -100.
@@ -518,7 +501,7 @@ TEST(ActivationCheckpointGpt2, Bf16AutocastRecomputeUsesTheForwardsAutocastState
     const auto checkpointed = autocast_step(true);
     ASSERT_FALSE(at::autocast::is_cpu_enabled());
 
-    EXPECT_EQ(checkpointed.checkpoint_nodes, tiny_gpt2_config().n_layer);
+    EXPECT_EQ(checkpointed.checkpoint_nodes, tiny_gpt2_config(3).n_layer);
     EXPECT_TRUE(torch::equal(checkpointed.loss, plain.loss));
     ASSERT_EQ(checkpointed.grads.size(), plain.grads.size());
     for (size_t i = 0; i < plain.grads.size(); ++i) {

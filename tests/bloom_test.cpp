@@ -18,8 +18,11 @@
 #include "gradaccum/models/causal_lm.h"
 #include "padded_batches.h"
 #include "test_support.h"
+#include "tiny_decoders.h"
 
 namespace {
+
+using gradaccum::testing::tiny_bloom_config;
 
 using gradaccum::core::LossNormalization;
 using gradaccum::models::BloomConfig;
@@ -32,18 +35,8 @@ using gradaccum::testing::max_relative_difference;
 using gradaccum::testing::pad;
 using gradaccum::testing::Padded;
 
-BloomConfig tiny_config() {
-  BloomConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 24;
-  c.n_layer = 2;
-  c.n_head = 6;  // not a power of two: ALiBi's interleaved extra slopes are used
-  c.init_seed = 1234;
-  return c;
-}
-
 CausalLm make_model(torch::ScalarType dtype) {
-  CausalLm model{BloomForCausalLm(tiny_config())};
+  CausalLm model{BloomForCausalLm(tiny_bloom_config())};
   model.module().to(dtype);
   return model;
 }
@@ -137,7 +130,7 @@ TEST(BloomModel, ParameterNamesFollowHuggingFace) {
   EXPECT_EQ(params["transformer.word_embeddings_layernorm.weight"].sum().item<double>(), 24.0);
   EXPECT_EQ(params["transformer.ln_f.bias"].abs().sum().item<double>(), 0.0);
   // The decoder interface: no position table.
-  auto head = BloomForCausalLm(tiny_config());
+  auto head = BloomForCausalLm(tiny_bloom_config());
   EXPECT_EQ(head->transformer->max_positions(), 0);
   EXPECT_EQ(head->transformer->hidden_size(), 24);
   EXPECT_EQ(head->transformer->vocab_size(), 64);
@@ -274,7 +267,7 @@ TEST(BloomModel, LaterTokensDoNotChangeEarlierLogits) {
 }
 
 TEST(BloomModel, BadInputIsAnErrorNamingIt) {
-  BloomConfig odd = tiny_config();
+  BloomConfig odd = tiny_bloom_config();
   odd.n_head = 5;
   EXPECT_EQ(error_of([&] { BloomForCausalLm m(odd); }),
             "BLOOM config: hidden_size 24 is not divisible by n_head 5");

@@ -18,8 +18,12 @@
 #include "gradaccum/models/gpt2.h"
 #include "padded_batches.h"
 #include "test_support.h"
+#include "tiny_decoders.h"
 
 namespace {
+
+using gradaccum::testing::tiny_bloom_config;
+using gradaccum::testing::tiny_gpt2_config;
 
 using gradaccum::models::BloomConfig;
 using gradaccum::models::BloomForCausalLm;
@@ -269,27 +273,6 @@ TEST(ChunkedCrossEntropy, BadInputIsAOneLineError) {
 
 // Whole models: every parameter's gradient (the tied embedding gets both the
 // lookup's and the head's) with chunking equals the plain loss's.
-Gpt2Config tiny_gpt2() {
-  Gpt2Config c;
-  c.vocab_size = 64;
-  c.n_positions = 32;
-  c.n_embd = 16;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.init_seed = 1234;
-  return c;
-}
-
-BloomConfig tiny_bloom() {
-  BloomConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 24;
-  c.n_layer = 2;
-  c.n_head = 6;
-  c.init_seed = 1234;
-  return c;
-}
-
 struct ModelRun {
   double loss;
   int64_t count;
@@ -336,20 +319,20 @@ void expect_model_chunking_exact(CausalLm model, torch::ScalarType dtype, bool l
 }
 
 TEST(ChunkedCrossEntropyModel, Gpt2GradientsEqualPlainLossFloat64) {
-  expect_model_chunking_exact(CausalLm(Gpt2LmHeadModel(tiny_gpt2())), torch::kDouble, false, 1e-10);
+  expect_model_chunking_exact(CausalLm(Gpt2LmHeadModel(tiny_gpt2_config())), torch::kDouble, false, 1e-10);
 }
 
 TEST(ChunkedCrossEntropyModel, Gpt2GradientsEqualPlainLossFloat32LeftPadded) {
-  expect_model_chunking_exact(CausalLm(Gpt2LmHeadModel(tiny_gpt2())), torch::kFloat, true, 1e-5);
+  expect_model_chunking_exact(CausalLm(Gpt2LmHeadModel(tiny_gpt2_config())), torch::kFloat, true, 1e-5);
 }
 
 TEST(ChunkedCrossEntropyModel, BloomGradientsEqualPlainLossFloat64LeftPadded) {
-  expect_model_chunking_exact(CausalLm(BloomForCausalLm(tiny_bloom())), torch::kDouble, true,
+  expect_model_chunking_exact(CausalLm(BloomForCausalLm(tiny_bloom_config())), torch::kDouble, true,
                               1e-10);
 }
 
 TEST(ChunkedCrossEntropyModel, BloomGradientsEqualPlainLossFloat32) {
-  expect_model_chunking_exact(CausalLm(BloomForCausalLm(tiny_bloom()), 0), torch::kFloat, false,
+  expect_model_chunking_exact(CausalLm(BloomForCausalLm(tiny_bloom_config()), 0), torch::kFloat, false,
                               1e-5);
 }
 

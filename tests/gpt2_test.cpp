@@ -16,8 +16,11 @@
 #include "gradaccum/models/causal_lm.h"
 #include "padded_batches.h"
 #include "test_support.h"
+#include "tiny_decoders.h"
 
 namespace {
+
+using gradaccum::testing::tiny_gpt2_config;
 
 using gradaccum::core::LossNormalization;
 using gradaccum::models::CausalLm;
@@ -32,19 +35,8 @@ using gradaccum::testing::Padded;
 using gradaccum::testing::zero_grads;
 
 
-Gpt2Config tiny_config() {
-  Gpt2Config c;
-  c.vocab_size = 64;
-  c.n_positions = 32;
-  c.n_embd = 16;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.init_seed = 1234;
-  return c;
-}
-
 CausalLm make_model(torch::ScalarType dtype) {
-  CausalLm model{Gpt2LmHeadModel(tiny_config())};
+  CausalLm model{Gpt2LmHeadModel(tiny_gpt2_config())};
   model.module().to(dtype);
   return model;
 }
