@@ -213,6 +213,62 @@ TEST(CheckpointSignals, SigtermSavesAndExitsZeroThenResumesBitIdentically) {
   fs::remove_all(dir);
 }
 
+// Two ranks with windows of 16 micro-steps of 4 samples each.
+const std::string kTwoRanks =
+    kRun + " --set threads=1 --set per_device_train_batch_size=4 --set gradient_accumulation_steps=16 --nproc 2";
+
+// SIGTERM to a two-rank job (the launcher, which passes it to both ranks, or
+// rank 1 alone: rank 0 then learns it through the store) once it has logged 3
+// steps; it must save and exit 0. Returns the checkpoint's micro-steps of rank
+// 0 and rank 1: 0 when the stop came too late for the window in flight and
+// was carried to its end.
+std::pair<int64_t, int64_t> sigterm_two_ranks(const std::string& out, bool to_rank1_only) {
+  const auto log = out + ".log";
+  Child child("train " + kTwoRanks + " --set output_dir=" + out, log);
+  wait_for_lines(out + "/metrics.jsonl", 3, child.pid);
+  const pid_t target = to_rank1_only ? gradaccum::testing::rank_pid(child.pid, 1) : child.pid;
+  EXPECT_GT(target, 0);
+  if (target > 0) kill(target, SIGTERM);
+  const int status = child.wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_text(log);
+  const auto checkpoint = gradaccum::io::resolve_checkpoint("latest", out);
+  return {gradaccum::io::read_checkpoint(checkpoint, 0).state.position.micro_step,
+          gradaccum::io::read_checkpoint(checkpoint, 1).state.position.micro_step};
+}
+
+// Each rank stops after its micro-step in flight and saves its own partial
+// window; resuming continues bit-identically. A signal that lands while a rank
+// is already in a window's last micro-step stops the job at the window's end
+// instead: then the attempt is repeated, so that the in-window path is what
+// gets checked (each attempt lands there with high probability).
+void expect_two_rank_preemption_inside_a_window(const std::string& name, bool to_rank1_only) {
+  const auto dir = make_temp_dir(name);
+  run_ok("train " + kTwoRanks + " --set output_dir=" + dir + "/straight");
+  std::string out;
+  std::pair<int64_t, int64_t> micro_steps{0, 0};
+  for (int attempt = 0; attempt < 6 && micro_steps.first == 0; ++attempt) {
+    out = dir + "/stopped" + std::to_string(attempt);
+    micro_steps = sigterm_two_ranks(out, to_rank1_only);
+  }
+  ASSERT_GT(micro_steps.first, 0);
+  ASSERT_GT(micro_steps.second, 0);
+  ASSERT_LT(micro_steps.first, 16);
+  ASSERT_LT(micro_steps.second, 16);
+  const auto resumed = run_ok("train " + kTwoRanks + " --set output_dir=" + out + " --set resume_from_checkpoint=latest");
+  EXPECT_NE(resumed.find(fmt::format("micro-step {})", micro_steps.first)), std::string::npos) << resumed;
+  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(out + "/metrics.jsonl"), 1, 20);
+  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(out + "/final/model.safetensors"));
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointSignals, TwoRanksStopInsideAWindowAndResumeBitIdentically) {
+  expect_two_rank_preemption_inside_a_window("ckpt-sigterm-w2", /*to_rank1_only=*/false);
+}
+
+TEST(CheckpointSignals, SigtermToOneRankStopsBothInsideAWindow) {
+  expect_two_rank_preemption_inside_a_window("ckpt-sigterm-rank1", /*to_rank1_only=*/true);
+}
+
 TEST(CheckpointSignals, SigkillAtARandomPointLosesOnlyWorkSinceTheLastCheckpoint) {
   const auto dir = make_temp_dir("ckpt-sigkill");
   const auto run = kRun + " --set save_steps=2 --set save_total_limit=2";

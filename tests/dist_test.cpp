@@ -3,6 +3,7 @@
 // rendezvous, mismatched configurations).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 
 #include "gradaccum/core/check.h"
 #include "gradaccum/dist/environment.h"
+#include "gradaccum/dist/store_stop_agreement.h"
 #include "test_support.h"
 
 namespace {
@@ -223,6 +225,35 @@ std::vector<std::string> split_args(const std::string& text) {
   return out;
 }
 
+// Preemption with several ranks: the first decision of a window (a rank asked
+// to stop, or a rank entering the last micro-step) is every rank's answer.
+TEST(StopAgreement, FirstDecisionOfAWindowBindsEveryRank) {
+  using gradaccum::dist::StoreStopAgreement;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto every_time = std::chrono::milliseconds(0);
+  StoreStopAgreement rank0(store, 0, every_time);
+  StoreStopAgreement rank1(store, 1, every_time);
+  // Window 1: rank 1 is asked to stop before any rank entered the last micro-step.
+  EXPECT_FALSE(rank0.stop_here(1, false, false));  // nothing decided yet
+  EXPECT_TRUE(rank1.stop_here(1, true, false));
+  EXPECT_TRUE(rank0.stop_here(1, false, false));  // its poll finds the stop
+  // Window 2: rank 0 entered the last micro-step first; rank 1's later request
+  // must wait for the window's end (rank 0 is in the all-reduce).
+  EXPECT_FALSE(rank0.stop_here(2, false, true));
+  EXPECT_FALSE(rank1.stop_here(2, true, false));
+  EXPECT_FALSE(rank1.stop_here(2, true, true));
+  // Rank 0 forgets window 2 once it ended: a new decision can be taken.
+  rank0.window_finished(2);
+  StoreStopAgreement rank1_again(store, 1, every_time);
+  EXPECT_TRUE(rank1_again.stop_here(2, true, false));
+  // Polls are rate-limited: a rank that was not asked finds a stop at its next
+  // poll, or at the latest before its last micro-step.
+  StoreStopAgreement slow(store, 1, std::chrono::hours(1));
+  EXPECT_TRUE(rank0.stop_here(3, true, false));
+  EXPECT_FALSE(slow.stop_here(3, false, false));
+  EXPECT_TRUE(slow.stop_here(3, false, true));
+}
+
 TEST(DataParallelFailures, KilledRankStopsTheJobAndIsNamed) {
   const auto dir = make_temp_dir("dp-kill");
   auto args = split_args("train --set data.train_limit=60000 --set data.eval_limit=-1 --set max_steps=100000 "
@@ -235,21 +266,7 @@ TEST(DataParallelFailures, KilledRankStopsTheJobAndIsNamed) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(fs::exists(metrics)) << read_text(dir + "/stderr");
-  pid_t rank1 = -1;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const auto name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const auto stat = read_text(entry.path().string() + "/stat");
-    if (stat.find(')') == std::string::npos) continue;  // the process is gone
-    const auto environ = read_text(entry.path().string() + "/environ");
-    std::istringstream fields(stat.substr(stat.find(')') + 2));
-    std::string state;
-    pid_t ppid = 0;
-    fields >> state >> ppid;
-    if (ppid == launcher && environ.find(std::string("RANK=1\0", 7)) != std::string::npos) {
-      rank1 = std::stoi(entry.path().filename().string());
-    }
-  }
+  const pid_t rank1 = gradaccum::testing::rank_pid(launcher, 1);
   ASSERT_GT(rank1, 0);
   ASSERT_EQ(kill(rank1, SIGKILL), 0);
   const auto start = std::chrono::steady_clock::now();

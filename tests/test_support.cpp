@@ -39,6 +39,25 @@ std::vector<nlohmann::json> train_steps(const std::string& args, const std::stri
   return step_records(out + "/metrics.jsonl");
 }
 
+int rank_pid(int launcher, int rank) {
+  const auto marker = "RANK=" + std::to_string(rank) + std::string(1, '\0');
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto stat = read_text(entry.path().string() + "/stat");
+    if (stat.find(')') == std::string::npos) continue;  // the process is gone
+    std::istringstream fields(stat.substr(stat.find(')') + 2));
+    std::string state;
+    int ppid = 0;
+    fields >> state >> ppid;
+    if (ppid != launcher) continue;
+    // "RANK=" preceded by the start of the block or a NUL: not LOCAL_RANK=.
+    const auto environ = std::string(1, '\0') + read_text(entry.path().string() + "/environ");
+    if (environ.find(std::string(1, '\0') + marker) != std::string::npos) return std::stoi(name);
+  }
+  return -1;
+}
+
 std::string make_temp_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() /
              ("gradaccum-test-" + std::to_string(getpid()) + "-" + name);

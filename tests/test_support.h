@@ -118,6 +118,10 @@ std::vector<nlohmann::json> step_records(const std::string& metrics_path);
 // returns the run's step records.
 std::vector<nlohmann::json> train_steps(const std::string& args, const std::string& out);
 
+// The pid of the child of `launcher` (a `gradaccum train --nproc` process)
+// whose environment says RANK=`rank`, or -1.
+int rank_pid(int launcher, int rank);
+
 // |a - b| / |b| (b = 0 counts as a tiny number, so a difference still shows).
 inline double relative_difference(double a, double b) {
   return std::abs(a - b) / std::max(std::abs(b), 1e-300);

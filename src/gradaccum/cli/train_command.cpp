@@ -18,6 +18,7 @@
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/dist/process_group.h"
+#include "gradaccum/dist/store_stop_agreement.h"
 #include "gradaccum/dist/sharded_optimizer.h"
 #include "gradaccum/io/checkpoint.h"
 #include "gradaccum/io/config.h"
@@ -203,8 +204,11 @@ int run_train(const TrainArgs& args) {
   std::unique_ptr<dist::BucketedGradSync> sync;
   std::unique_ptr<torch::optim::Optimizer> sharded;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::unique_ptr<dist::StoreStopAgreement> stop_agreement;
   if (env.distributed()) {
-    group = dist::connect(env, std::chrono::seconds(config.dist_timeout_s), config.trainer.device);
+    auto connection = dist::connect(env, std::chrono::seconds(config.dist_timeout_s), config.trainer.device);
+    group = connection.group;
+    stop_agreement = std::make_unique<dist::StoreStopAgreement>(connection.store, env.rank);
     dist::check_same_on_all_ranks(*group, static_cast<int64_t>(std::hash<std::string>{}(config.resolved_yaml) >> 1),
                                   "configuration");
     model->module().to(config.trainer.device, config.trainer.dtype);
@@ -269,7 +273,7 @@ int run_train(const TrainArgs& args) {
                           config.trainer.seed);
   writer.set_optimizer(trainer.optimizer());
   install_stop_handlers();
-  trainer.set_checkpointing(&writer, &g_stop_requested);
+  trainer.set_checkpointing(&writer, &g_stop_requested, stop_agreement.get());
 
   const auto summary = trainer.run();
   if (summary.preempted) {

@@ -142,9 +142,11 @@ void Trainer::restore(const TrainingState& state) {
   steps_->resume_at(position_.step, position_.schedule_step);
 }
 
-void Trainer::set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop) {
+void Trainer::set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop,
+                                StopAgreement* agreement) {
   hook_ = hook;
   stop_ = stop;
+  agreement_ = agreement != nullptr ? agreement : (sync_.world_size() == 1 ? &local_stop_ : nullptr);
 }
 
 TrainingState Trainer::state_at(const TrainingPosition& position) const {
@@ -168,7 +170,9 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   const auto start = Clock::now();
   double data_time = 0.0;
   const int64_t rank = sync_.rank();
-  const bool one_process = sync_.world_size() == 1;
+  // Preemption can stop this window between micro-steps (`partial` receives it).
+  const bool may_stop_inside = partial != nullptr && stop_ != nullptr && agreement_ != nullptr;
+  const int64_t window_id = steps_->step();  // the optimizer step this window becomes
 
   normalizer_.begin_window();
   // fp16: every micro-step's objective is multiplied by this; finish() divides
@@ -185,6 +189,21 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   std::vector<torch::Tensor> micro_sums;  // only read when the loss is not finite
   for (int64_t s = first_micro_step; s < window.micro_steps(); ++s) {
     const bool last = s + 1 == window.micro_steps();
+    // Before each micro-step but the first one run here, and always before
+    // the last (with several ranks, entering it commits to the all-reduce).
+    if (may_stop_inside && (s > first_micro_step || last) &&
+        agreement_->stop_here(window_id, stop_requested(), last)) {
+      if (s > 0) {  // micro-step 0 has accumulated nothing: a plain checkpoint
+        partial->totals = normalizer_.local_totals().to(torch::kCPU);
+        for (const auto& p : params_) {
+          partial->grads.push_back(p.grad().defined()
+                                       ? p.grad().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
+                                       : torch::Tensor());
+        }
+      }
+      stopped_after_ = s;
+      return std::nullopt;
+    }
     const auto fetch_start = Clock::now();
     const auto indices = window.micro_batch(s, rank);
     sync_.before_backward(last);  // communication only on the last micro-step
@@ -204,17 +223,6 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
       micro_sums.emplace_back();
     }
     sync_.after_backward(last);
-    // One process may stop between micro-steps and keep the partial window;
-    // several ranks stop together at the window's end (below).
-    if (!last && one_process && partial != nullptr && stop_requested()) {
-      partial->totals = normalizer_.local_totals().to(torch::kCPU);
-      for (const auto& p : params_) {
-        partial->grads.push_back(p.grad().defined() ? p.grad().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
-                                                    : torch::Tensor());
-      }
-      stopped_after_ = s + 1;
-      return std::nullopt;
-    }
   }
   // Every gradient now holds this rank's Σ over micro-steps; after the sync,
   // the Σ over ranks. One division by the global count makes it exact. The
@@ -222,6 +230,7 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   auto local = normalizer_.local_totals();
   auto totals = torch::cat({local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options())});
   sync_.finish_window(totals);
+  if (may_stop_inside) agreement_->window_finished(window_id);
   const auto window_loss = normalizer_.finish(totals, params_, sync_.world_size(), loss_multiplier);
 
   auto report_non_finite = [&](int64_t step) {
@@ -316,7 +325,7 @@ TrainSummary Trainer::run() {
       if (!outcome) {  // stopped inside the window: save it as it is
         auto state = state_at(pos);
         state.position.micro_step = stopped_after_;
-        state.partial = std::move(partial);
+        if (stopped_after_ > 0) state.partial = std::move(partial);
         hook_->save(state, SaveReason::preempted);
         summary.preempted = true;
         break;

@@ -16,6 +16,7 @@
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
+#include "gradaccum/core/stop_agreement.h"
 #include "gradaccum/core/trainable.h"
 #include "gradaccum/core/training_state.h"
 #include "gradaccum/core/training_observer.h"
@@ -82,11 +83,14 @@ class Trainer {
   void restore(const TrainingState& state);
 
   // Checkpoints: `hook` is called every options.save_steps steps, at the end,
-  // and when `*stop` becomes true (SIGTERM/SIGINT). With one process the loop
-  // stops after the micro-step in flight and saves the partial window; with
-  // several, ranks agree at the window's end (the flag travels with the loss
-  // totals, so stopping costs no extra collective) and save there.
-  void set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop);
+  // and when `*stop` becomes true (SIGTERM/SIGINT). The loop then stops after
+  // the micro-step in flight and saves the partial window, where `agreement`
+  // allows it (stop_agreement.h; null: the one-process agreement, or with
+  // several ranks none, so they stop at the window's end). A stop that cannot
+  // happen inside the window happens at its end: the flag travels with the
+  // loss totals, so it costs no extra collective.
+  void set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop,
+                         StopAgreement* agreement = nullptr);
 
   TrainSummary run();
 
@@ -131,6 +135,8 @@ class Trainer {
   PartialWindow resume_partial_;
   CheckpointHook* hook_ = nullptr;
   const std::atomic<bool>* stop_ = nullptr;
+  LocalStopAgreement local_stop_;
+  StopAgreement* agreement_ = nullptr;  // null: no stop inside a window
   bool stop_agreed_ = false;  // set by a window whose all-reduced stop flag was raised
   int64_t stopped_after_ = 0;  // micro-steps done when run_window stopped early
 };

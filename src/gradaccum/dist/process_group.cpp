@@ -78,9 +78,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_nccl(const c10::intrusive_ptr<c10d::
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::ProcessGroup> connect(const DistEnvironment& env,
-                                               std::chrono::milliseconds timeout,
-                                               c10::Device device) {
+Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout, c10::Device device) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(env.master_port);
   options.isServer = env.rank == 0;
@@ -97,9 +95,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> connect(const DistEnvironment& env,
                             what.substr(0, what.find('\n'))));
   }
 #ifdef GRADACCUM_WITH_NCCL
-  if (device.is_cuda()) return make_nccl(store, env, timeout, device);
+  if (device.is_cuda()) return {make_nccl(store, env, timeout, device), store};
 #endif
-  return make_gloo(store, env, timeout);
+  return {make_gloo(store, env, timeout), store};
 }
 
 void check_same_on_all_ranks(c10d::ProcessGroup& group, int64_t value, const std::string& what) {

@@ -5,6 +5,7 @@
 
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 
@@ -12,14 +13,19 @@
 
 namespace gradaccum::dist {
 
+// A connected rank: its process group, and the rendezvous store (a TCPStore on
+// rank 0) for small control-plane agreements that must not be collectives.
+struct Connection {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<c10d::Store> store;
+};
+
 // Connects this rank; every collective of the returned group fails after
 // `timeout` instead of hanging. Throws gradaccum::Error naming the address when
 // the rendezvous cannot be reached in time. `device` is the training device: a
 // CUDA device gets NCCL in a GRADACCUM_WITH_NCCL build (untested: no GPU here),
 // anything else Gloo.
-c10::intrusive_ptr<c10d::ProcessGroup> connect(const DistEnvironment& env,
-                                               std::chrono::milliseconds timeout,
-                                               c10::Device device);
+Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout, c10::Device device);
 
 // Rank 0's `values` on every rank, or an error naming the first rank whose
 // value differs (used to refuse mismatched configurations across ranks).

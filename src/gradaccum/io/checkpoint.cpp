@@ -46,6 +46,9 @@ uint32_t crc32_of(const std::string& bytes) {
   return static_cast<uint32_t>(crc);
 }
 
+// A rank's partially accumulated window (format 3; format 2 kept rank 0's in state.safetensors).
+std::string window_file(int64_t rank) { return fmt::format("window-rank{}.safetensors", rank); }
+
 std::string optimizer_file(bool per_rank, int64_t rank) {
   return per_rank ? fmt::format("optimizer-rank{}.pt", rank) : std::string("optimizer.pt");
 }
@@ -136,20 +139,11 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
     if (!c.model_config.is_null()) {
       write_file_atomically_fsync((tmp / kModelConfig).string(), c.model_config.dump(2) + "\n");
     }
-    NamedTensors state_tensors;
-    state_tensors.emplace_back("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
-    if (c.state.position.micro_step > 0) {
-      state_tensors.emplace_back("partial.totals", c.state.partial.totals);
-      for (size_t i = 0; i < c.state.partial.grads.size(); ++i) {
-        const auto& g = c.state.partial.grads[i];
-        if (g.defined()) state_tensors.emplace_back(fmt::format("partial.grad.{:05d}", i), g);
-      }
-    }
-    save_safetensors((tmp / kStateTensors).string(), state_tensors);
+    save_safetensors((tmp / kStateTensors).string(),
+                     {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
     nlohmann::json trainer_state = {
         {"format_version", kCheckpointFormatVersion},
         {"position", position_json(c.state.position)},
-        {"partial_grads", static_cast<int64_t>(c.state.partial.grads.size())},
         {"micro_batch", c.state.micro_batch},
         {"accumulation_steps", c.state.accumulation_steps},
         {"world_size", c.state.world_size},
@@ -162,6 +156,20 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
         {"optimizer_per_rank", c.optimizer_per_rank},
         {"config", c.resolved_config}};
     write_file_atomically_fsync((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
+  }
+  if (c.state.position.micro_step > 0) {
+    // Inside a window every rank keeps its own sums: ranks may have stopped
+    // after different micro-steps, and their gradients differ until the
+    // window's all-reduce.
+    const auto long_scalar = [](int64_t v) { return torch::full({1}, v, torch::kLong); };
+    NamedTensors window{{"micro_step", long_scalar(c.state.position.micro_step)},
+                        {"grad_count", long_scalar(static_cast<int64_t>(c.state.partial.grads.size()))},
+                        {"totals", c.state.partial.totals}};
+    for (size_t i = 0; i < c.state.partial.grads.size(); ++i) {
+      const auto& g = c.state.partial.grads[i];
+      if (g.defined()) window.emplace_back(fmt::format("grad.{:05d}", i), g);
+    }
+    save_safetensors((tmp / window_file(options_.rank)).string(), window);
   }
   barrier();  // every rank's files are in place
 
@@ -215,9 +223,9 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
     throw Error(fmt::format("{}: not valid JSON (corrupt checkpoint)", what(kManifest)));
   }
   const auto version = field<int64_t>(manifest, "format_version", what(kManifest));
-  GA_CHECK(version == kCheckpointFormatVersion,
-           "{}: format version {} is not supported (this build reads version {})", what(kManifest),
-           version, kCheckpointFormatVersion);
+  GA_CHECK(version == kCheckpointFormatVersion || version == 2,
+           "{}: format version {} is not supported (this build reads versions 2 and {})",
+           what(kManifest), version, kCheckpointFormatVersion);
   const auto files = field<nlohmann::json>(manifest, "files", what(kManifest));
   GA_CHECK(files.is_object(), "{}: 'files' is not an object", what(kManifest));
 
@@ -250,8 +258,8 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
     throw Error(fmt::format("{}: not valid JSON", what(kTrainerState)));
   }
   const auto ts_what = what(kTrainerState);
-  GA_CHECK(field<int64_t>(ts, "format_version", ts_what) == kCheckpointFormatVersion,
-           "{}: unsupported format version", ts_what);
+  GA_CHECK(field<int64_t>(ts, "format_version", ts_what) == version,
+           "{}: its format version differs from the manifest's", ts_what);
   const auto pos = field<nlohmann::json>(ts, "position", ts_what);
   auto& p = loaded.state.position;
   p.step = field<int64_t>(pos, "step", ts_what);
@@ -278,27 +286,53 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   loaded.seed = field<uint64_t>(ts, "seed", ts_what);
   loaded.resolved_config = field<std::string>(ts, "config", ts_what);
   const bool per_rank = field<bool>(ts, "optimizer_per_rank", ts_what);
-  const auto partial_grads = field<int64_t>(ts, "partial_grads", ts_what);
   GA_CHECK(!per_rank || rank < loaded.state.world_size,
            "checkpoint {}: rank {} has no optimizer shard (saved by {} ranks with zero_stage 1)",
            directory, rank, loaded.state.world_size);
+  GA_CHECK(p.micro_step == 0 || rank < loaded.state.world_size,
+           "checkpoint {}: it was saved inside a window by {} ranks, so rank {} has no partial "
+           "window; resume it with the same b x N x W",
+           directory, loaded.state.world_size, rank);
 
-  for (auto& [name, tensor] : parse_safetensors(need(kStateTensors), what(kStateTensors))) {
-    if (name == "rng.cpu") {
-      loaded.rng_state = tensor;
-    } else if (name == "partial.totals") {
-      loaded.state.partial.totals = tensor;
-    }
+  const auto state_tensors = parse_safetensors(need(kStateTensors), what(kStateTensors));
+  for (const auto& [name, tensor] : state_tensors) {
+    if (name == "rng.cpu") loaded.rng_state = tensor;
   }
   if (p.micro_step > 0) {
-    GA_CHECK(loaded.state.partial.totals.defined() && loaded.state.partial.totals.numel() == 3,
-             "{}: the partial window's totals are missing", what(kStateTensors));
-    loaded.state.partial.grads.resize(static_cast<size_t>(partial_grads));
-    for (auto& [name, tensor] : parse_safetensors(need(kStateTensors), what(kStateTensors))) {
-      if (name.rfind("partial.grad.", 0) != 0) continue;
-      const auto index = std::stoll(name.substr(13));
-      GA_CHECK(index >= 0 && index < partial_grads, "{}: {} is out of range", what(kStateTensors), name);
-      loaded.state.partial.grads[static_cast<size_t>(index)] = tensor;
+    // The window's sums: format 2 kept rank 0's (the only rank that could
+    // stop inside a window) in state.safetensors under "partial."; format 3
+    // keeps each rank's in its own file, with its own micro-step.
+    auto& partial = loaded.state.partial;
+    const bool own_file = version >= 3;
+    const std::string file = own_file ? window_file(rank) : std::string(kStateTensors);
+    const std::string prefix = own_file ? "" : "partial.";
+    const auto tensors = own_file ? parse_safetensors(need(file), what(file.c_str())) : state_tensors;
+    const auto where = what(file.c_str());
+    int64_t grad_count = own_file ? -1 : field<int64_t>(ts, "partial_grads", ts_what);
+    for (const auto& [name, tensor] : tensors) {
+      if (name == prefix + "totals") partial.totals = tensor;
+      if (own_file && (name == "micro_step" || name == "grad_count")) {
+        GA_CHECK(tensor.scalar_type() == torch::kLong && tensor.numel() == 1,
+                 "{}: '{}' is not one int64", where, name);
+        (name == "micro_step" ? p.micro_step : grad_count) = tensor.item<int64_t>();
+      }
+    }
+    GA_CHECK(partial.totals.defined() && partial.totals.numel() == 3 &&
+                 partial.totals.scalar_type() == torch::kDouble,
+             "{}: the partial window's totals are missing or malformed", where);
+    GA_CHECK(grad_count >= 0 && p.micro_step > 0, "{}: the partial window's {} is missing or negative",
+             where, grad_count < 0 ? "grad_count" : "micro_step");
+    partial.grads.resize(static_cast<size_t>(grad_count));
+    const auto grad_prefix = prefix + "grad.";
+    for (const auto& [name, tensor] : tensors) {
+      if (name.rfind(grad_prefix, 0) != 0) continue;
+      const auto digits = name.substr(grad_prefix.size());
+      GA_CHECK(!digits.empty() && digits.size() <= 9 &&
+                   digits.find_first_not_of("0123456789") == std::string::npos,
+               "{}: tensor {} has no gradient index", where, name);
+      const auto index = std::stoll(digits);
+      GA_CHECK(index < grad_count, "{}: {} is out of range", where, name);
+      partial.grads[static_cast<size_t>(index)] = tensor;
     }
   }
   loaded.model = parse_safetensors(need(kModel), what(kModel));

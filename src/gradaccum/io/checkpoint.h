@@ -1,16 +1,20 @@
 // Training checkpoints: `output_dir/checkpoints/step-K/`, one directory per
 // saved step, that a reader either sees complete or not at all.
 //
-// Layout (format version 2):
+// Layout (format version 3):
 //   model.safetensors        the weights (HF names where the model has them)
 //   config.json              the model's HF config, where it has one
 //   optimizer.pt             optimizer state (libtorch archive); under ZeRO-1
 //                            one optimizer-rank<R>.pt per rank
-//   state.safetensors        tensors of the loop: the CPU RNG state and, for a
-//                            window interrupted by preemption, its gradient sums
-//                            (partial.grad.<i>) and loss totals (partial.totals)
+//   state.safetensors        tensors of the loop: the CPU RNG state
+//   window-rank<R>.safetensors  only for a window interrupted by preemption:
+//                            rank R's micro-steps done (micro_step), gradient
+//                            sums (grad.<i> of grad_count) and loss totals
+//                            (totals). Ranks may have stopped after different
+//                            micro-steps (core/stop_agreement.h).
 //   trainer_state.json       format_version, the position (step, LR schedule
-//                            step, epoch, window, micro-step, running sums), the
+//                            step, epoch, window, rank 0's micro-step, running
+//                            sums), the
 //                            decomposition b×N×W, the fp16 loss scaler (scale,
 //                            growth tracker; null otherwise), seed, and the
 //                            resolved configuration
@@ -37,7 +41,8 @@
 
 namespace gradaccum::io {
 
-inline constexpr int kCheckpointFormatVersion = 2;  // 2: schedule_step, loss_scaler
+// 2: schedule_step, loss_scaler; 3: the partial window per rank (2 is still read).
+inline constexpr int kCheckpointFormatVersion = 3;
 
 // What one rank contributes to a checkpoint.
 struct CheckpointContents {
