@@ -213,9 +213,12 @@ TEST(CheckpointSignals, SigtermSavesAndExitsZeroThenResumesBitIdentically) {
   fs::remove_all(dir);
 }
 
-// Two ranks with windows of 16 micro-steps of 4 samples each.
-const std::string kTwoRanks =
-    kRun + " --set threads=1 --set per_device_train_batch_size=4 --set gradient_accumulation_steps=16 --nproc 2";
+// Two ranks with windows of 16 micro-steps of 4 samples each. The CNN makes a
+// step take long enough (~0.1 s) for a signal sent after step 3 to land in
+// training rather than after the run's end.
+const std::string kTwoRanks = kRun +
+    " --set model.type=cnn --set threads=1 --set per_device_train_batch_size=4"
+    " --set gradient_accumulation_steps=16 --nproc 2";
 
 // SIGTERM to a two-rank job (the launcher, which passes it to both ranks, or
 // rank 1 alone: rank 0 then learns it through the store) once it has logged 3
