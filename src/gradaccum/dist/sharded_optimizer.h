@@ -22,14 +22,23 @@ namespace gradaccum::dist {
 class ShardedOptimizer final : public torch::optim::Optimizer {
  public:
   // `params` in the same order on every rank, all of one dtype and device.
+  // `gather_bytes`: output bytes of one all-gather call (all ranks' pieces);
+  // small, so the step's transient buffers are too (see step()).
   ShardedOptimizer(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<torch::Tensor> params,
-                   const optim::OptimizerSpec& spec);
+                   const optim::OptimizerSpec& spec, int64_t gather_bytes = kDefaultGatherBytes);
+
+  static constexpr int64_t kDefaultGatherBytes = int64_t{4} << 20;
 
   // Steps this rank's range with the learning rate set on this optimizer's
   // param group, then all-gathers the ranges.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
+  // Parameter elements this rank steps: its range of the flattened parameters.
   int64_t owned_elements() const { return end_ - begin_; }
+  // Elements of optimizer state this rank holds (AdamW: both moments, SGD:
+  // the momentum buffer): a multiple of owned_elements() once stepped, never
+  // of the whole model. The number ZeRO-1's memory saving comes from.
+  int64_t state_elements() const;
 
   // This rank's shard of the state (each rank saves and loads its own).
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -45,6 +54,7 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::vector<torch::Tensor> all_;
+  int64_t gather_bytes_;
   int64_t shard_size_ = 0;  // elements per rank (the last range is padded)
   int64_t begin_ = 0, end_ = 0;
   std::vector<Piece> pieces_;
