@@ -5,7 +5,12 @@
 # vocabulary) on packed KJV blocks of 16 tokens, 1 x 2 per rank, 3 steps:
 # small activations, so that AdamW's two moments (~650 MB unsharded) are a
 # large part of the peak, as in the regime ZeRO-1 is for.
-# Rank 0's figure is metrics.jsonl's last peak_rss_mb; rank 1's is rank1.json.
+# Two peaks per rank: the training loop's (rank 0: metrics.jsonl's last step
+# line; rank 1: rank1.json's train_peak_rss_mb), where ZeRO-1's saving shows,
+# and the whole run's (summary.json / rank1.json peak_rss_mb), which adds the
+# end-of-run checkpoint: each rank's optimizer state serialized in memory and,
+# on rank 0 only, the weights' safetensors file built in memory (~325 MB), a
+# transient ZeRO-1 does not touch.
 #
 # Usage: bench/dist/zero_memory.sh [GRADACCUM_BINARY]
 set -euo pipefail
@@ -16,7 +21,7 @@ LOCK=${LOCK:-/tmp/gradaccum-bench.lock}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-echo "| zero_stage | rank 0 peak RSS (MB) | rank 1 peak RSS (MB) | last loss |"
+echo "| zero_stage | training loop: rank 0 / rank 1 (MB) | whole run: rank 0 / rank 1 (MB) | last loss |"
 echo "|---|---|---|---|"
 for stage in 0 1; do
   out=$work/zero$stage
@@ -30,7 +35,9 @@ import json, sys
 out, stage = sys.argv[1], sys.argv[2]
 steps = [json.loads(l) for l in open(out + "/metrics.jsonl")]
 last = [s for s in steps if "loss" in s][-1]
+summary = json.load(open(out + "/summary.json"))
 rank1 = json.load(open(out + "/rank1.json"))
-print(f"| {stage} | {last['peak_rss_mb']:.0f} | {rank1['peak_rss_mb']:.0f} | {last['loss']:.4f} |")
+print(f"| {stage} | {last['peak_rss_mb']:.0f} / {rank1['train_peak_rss_mb']:.0f} "
+      f"| {summary['peak_rss_mb']:.0f} / {rank1['peak_rss_mb']:.0f} | {last['loss']:.4f} |")
 PY
 done

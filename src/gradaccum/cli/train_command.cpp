@@ -155,6 +155,17 @@ void print_sample(Workload& workload, const io::SampleConfig& sample) {
   fmt::print("sample: {}{}\n", sample.prompt, tokenizer.decode(tokens));
 }
 
+// Peak RSS as of the latest optimizer step, i.e. before the end-of-run
+// checkpoint and final save (rank 0's metrics lines carry the same figure).
+class StepPeakRss final : public core::TrainingObserver {
+ public:
+  void on_step(const core::StepRecord&) override { mb_ = io::peak_rss_mb(); }
+  double mb() const { return mb_; }
+
+ private:
+  double mb_ = 0.0;
+};
+
 }  // namespace
 
 int run_train(const TrainArgs& args) {
@@ -227,6 +238,8 @@ int run_train(const TrainArgs& args) {
 
   // Rank 0 writes the outputs; every figure it reports is global.
   core::ObserverList observers;
+  StepPeakRss step_peak;
+  observers.add(step_peak);
   std::unique_ptr<io::MetricsWriter> metrics;
   std::unique_ptr<Progress> progress;
   if (rank0) {
@@ -289,10 +302,14 @@ int run_train(const TrainArgs& args) {
     }
   }
   if (!rank0) {
-    // Memory is per process: every rank leaves its own figure beside the summary.
+    // Memory is per process: every rank leaves its own figures beside the
+    // summary, for the whole run and for the training loop alone.
+    const nlohmann::json figures = {{"rank", env.rank},
+                                    {"peak_rss_mb", io::peak_rss_mb()},
+                                    {"train_peak_rss_mb", step_peak.mb()}};
     io::write_file_atomically(
         (std::filesystem::path(config.output_dir) / fmt::format("rank{}.json", env.rank)).string(),
-        nlohmann::json{{"rank", env.rank}, {"peak_rss_mb", io::peak_rss_mb()}}.dump() + "\n");
+        figures.dump() + "\n");
   }
   return 0;
 }
