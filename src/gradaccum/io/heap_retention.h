@@ -10,8 +10,8 @@ namespace gradaccum::io {
 // Its dynamic rule raises both as larger blocks are freed, up to 32 MiB (mmap)
 // and 64 MiB (trim), but only as far as the largest mmapped block freed so far.
 // On the default CNN at b = 64 (6.4 MB activations) `gradaccum train` was left
-// below that: its heap was trimmed during every step and 6,000-10,000 pages
-// (25-40 MB) were faulted back in per 64-sample step (BENCHMARKS.md 1). This
+// below that: its heap was trimmed during every step and 6,000-13,000 pages
+// (25-55 MB) were faulted back in per 64-sample step (BENCHMARKS.md 1). This
 // sets the rule's end state at once: blocks up to 32 MiB come from the heap,
 // and up to 64 MiB of free heap top is kept. Peak RSS is not raised (the pages
 // are kept, not added). Returns false (and does nothing) off glibc.
