@@ -46,7 +46,16 @@ BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::ProcessGroup> group,
     bucket.buffer = torch::empty({bucket.buffer.numel() + p.numel()}, p.options());
     bucket_of_[k] = buckets_.size() - 1;
   }
-  for (auto& bucket : buckets_) bucket.pending = static_cast<int64_t>(bucket.params.size());
+  grad_views_.resize(params_.size());
+  for (auto& bucket : buckets_) {
+    bucket.pending = static_cast<int64_t>(bucket.params.size());
+    int64_t offset = 0;
+    for (auto k : bucket.params) {
+      const auto n = params_[k].numel();
+      grad_views_[k] = bucket.buffer.slice(0, offset, offset + n).view_as(params_[k]);
+      offset += n;
+    }
+  }
 
   // Same starting weights everywhere (the ranks' seeds already agree; this
   // also covers models initialized differently per rank).
@@ -93,7 +102,27 @@ BucketedGradSync::~BucketedGradSync() {
   }
 }
 
+bool BucketedGradSync::grad_is_view(size_t k) const {
+  const auto& g = params_[k].grad();
+  return g.defined() && g.data_ptr() == grad_views_[k].data_ptr() && g.sizes() == grad_views_[k].sizes();
+}
+
+void BucketedGradSync::attach_gradients() {
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (grad_is_view(k)) continue;
+    auto& p = params_[k];
+    if (p.grad().defined()) {
+      grad_views_[k].copy_(p.grad());
+    } else {
+      grad_views_[k].zero_();
+    }
+    p.mutable_grad() = grad_views_[k];
+  }
+}
+
 void BucketedGradSync::before_backward(bool last) {
+  attach_gradients();
   *armed_ = last || options_.sync_each_micro_step;
 }
 
@@ -105,16 +134,16 @@ void BucketedGradSync::on_gradient_ready(size_t param) {
 void BucketedGradSync::launch_ready_buckets(bool force) {
   while (next_launch_ < buckets_.size() && (force || buckets_[next_launch_].pending <= 0)) {
     auto& bucket = buckets_[next_launch_];
-    int64_t offset = 0;
     for (auto k : bucket.params) {
+      // Normally .grad is the view already (attach_gradients); this covers a
+      // .grad replaced since, e.g. by a hook.
+      if (grad_is_view(k)) continue;
       const auto& p = params_[k];
-      auto slice = bucket.buffer.slice(0, offset, offset + p.numel());
       if (p.grad().defined()) {
-        slice.copy_(p.grad().reshape(-1));
+        grad_views_[k].copy_(p.grad());
       } else {
-        slice.zero_();  // unused parameter or no samples on this rank
+        grad_views_[k].zero_();  // unused parameter
       }
-      offset += p.numel();
     }
     std::vector<torch::Tensor> tensors{bucket.buffer};
     bucket.work = group_->allreduce(tensors);  // sum
@@ -130,16 +159,8 @@ void BucketedGradSync::complete_round(double scale) {
     wait_for(bucket.work, rank(), "a gradient all-reduce");
     bucket.work.reset();
     if (scale != 1.0) bucket.buffer.mul_(scale);
-    int64_t offset = 0;
     for (auto k : bucket.params) {
-      auto& p = params_[k];
-      auto summed = bucket.buffer.slice(0, offset, offset + p.numel()).view_as(p);
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(summed);
-      } else {
-        p.mutable_grad() = summed.clone();
-      }
-      offset += p.numel();
+      if (!grad_is_view(k)) params_[k].mutable_grad() = grad_views_[k];
     }
     bucket.pending = static_cast<int64_t>(bucket.params.size());
   }

@@ -1,19 +1,25 @@
 // Deferred, bucketed, overlapped gradient synchronization: the narrow reducer
 // this engine needs on c10d (libtorch has no DDP in C++).
 //
+// - Parameters are grouped into buckets of about `bucket_bytes`, in reverse
+//   registration order (roughly the order backward produces them). Each
+//   bucket is one flat buffer, and every parameter's .grad is a view into its
+//   bucket (as DDP's gradient_as_bucket_view): the gradients are not held
+//   twice, and a bucket is all-reduced where backward accumulated it, with no
+//   copy in or out. Before each micro-step, a .grad that the step sequence set
+//   to none is pointed back at its (zeroed) view; one that was replaced (a
+//   restored partial window) is copied into it.
 // - On a window's first N−1 micro-steps nothing is communicated: gradients
 //   accumulate locally in .grad.
 // - On the last micro-step, a post-hook on every parameter's gradient
-//   accumulator notes when its gradient is final. Parameters are grouped into
-//   buckets of about `bucket_bytes`, in reverse registration order (roughly the
-//   order backward produces them); a bucket whose gradients are all final is
-//   packed into a flat buffer and its all-reduce (sum) launched at once, while
-//   backward goes on computing the rest. Buckets are launched in index order
-//   on every rank, so the collectives always match.
+//   accumulator notes when its gradient is final; a bucket whose gradients
+//   are all final has its all-reduce (sum) launched at once, while backward
+//   goes on computing the rest. Buckets are launched in index order on every
+//   rank, so the collectives always match.
 // - finish_window() launches what is left (parameters without a gradient,
-//   ranks without samples), waits, unpacks the summed gradients, and sums the
-//   window's loss totals. The exact division by the global count is the
-//   LossNormalizer's job, done once afterwards.
+//   ranks without samples), waits, and sums the window's loss totals. The
+//   exact division by the global count is the LossNormalizer's job, done once
+//   afterwards.
 //
 // `sync_each_micro_step` (for comparison only) all-reduces after every
 // micro-step as DDP without no_sync() does; gradients are averaged each time
@@ -60,6 +66,10 @@ class BucketedGradSync final : public core::GradSync {
     c10::intrusive_ptr<c10d::Work> work;
   };
 
+  // Points every .grad at its view into the buckets (see above).
+  void attach_gradients();
+  // Whether parameter k's .grad is its bucket view.
+  bool grad_is_view(size_t k) const;
   void on_gradient_ready(size_t param);
   void launch_ready_buckets(bool force);
   // Waits for every bucket, unpacks into .grad (scaled by `scale`), resets.
@@ -70,6 +80,7 @@ class BucketedGradSync final : public core::GradSync {
   GradSyncOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param index -> bucket index
+  std::vector<torch::Tensor> grad_views_;  // param index -> its slice of its bucket, shaped like it
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooks alive
   std::shared_ptr<bool> armed_;  // shared with the hooks
   size_t next_launch_ = 0;
