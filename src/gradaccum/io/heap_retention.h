@@ -13,8 +13,8 @@ namespace gradaccum::io {
 // below that: its heap was trimmed during every step and 6,000-13,000 pages
 // (25-55 MB) were faulted back in per 64-sample step (BENCHMARKS.md 1). This
 // sets the rule's end state at once: blocks up to 32 MiB come from the heap,
-// and up to 64 MiB of free heap top is kept. Peak RSS is not raised (the pages
-// are kept, not added). Returns false (and does nothing) off glibc.
+// and up to 64 MiB of free heap top is kept. Peak RSS stays within a few MB
+// (the pages are kept, not added). Returns false (and does nothing) off glibc.
 // Process-wide: call once at program start.
 bool retain_freed_heap();
 
