@@ -73,7 +73,7 @@ class CheckpointWriter final : public core::CheckpointHook {
       contents.model = model_.weights();
       contents.model_config = model_.hf_config;
     }
-    if (rank0_ || optimizer_per_rank_) contents.optimizer = io::serialize_optimizer(*optimizer_);
+    if (rank0_ || optimizer_per_rank_) contents.optimizer = optimizer_;
     contents.optimizer_per_rank = optimizer_per_rank_;
     contents.resolved_config = resolved_config_;
     contents.seed = seed_;

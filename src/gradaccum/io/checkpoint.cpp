@@ -49,6 +49,25 @@ uint32_t crc32_of(const std::string& bytes) {
 // A rank's partially accumulated window (format 3; format 2 kept rank 0's in state.safetensors).
 std::string window_file(int64_t rank) { return fmt::format("window-rank{}.safetensors", rank); }
 
+// Size and CRC-32 of a file, read in pieces: the manifest of a large
+// checkpoint must not hold a whole file in memory.
+std::pair<uint64_t, uint32_t> file_size_and_crc32(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  GA_CHECK(in.good(), "{}: cannot read", path.string());
+  std::vector<char> piece(1 << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t size = 0;
+  while (in) {
+    in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
+    const auto n = static_cast<uInt>(in.gcount());
+    if (n == 0) break;
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(piece.data()), n);
+    size += n;
+  }
+  GA_CHECK(!in.bad(), "{}: read failed", path.string());
+  return {size, static_cast<uint32_t>(crc)};
+}
+
 std::string optimizer_file(bool per_rank, int64_t rank) {
   return per_rank ? fmt::format("optimizer-rank{}.pt", rank) : std::string("optimizer.pt");
 }
@@ -131,8 +150,8 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
   barrier();
 
   if (c.optimizer_per_rank || rank0) {
-    write_file_atomically_fsync((tmp / optimizer_file(c.optimizer_per_rank, options_.rank)).string(),
-                                c.optimizer);
+    GA_CHECK(c.optimizer != nullptr, "checkpoint: rank {} has no optimizer state to save", options_.rank);
+    save_optimizer(*c.optimizer, (tmp / optimizer_file(c.optimizer_per_rank, options_.rank)).string());
   }
   if (rank0) {
     save_safetensors((tmp / kModel).string(), c.model);
@@ -176,8 +195,8 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
   if (rank0) {
     nlohmann::json files = nlohmann::json::object();
     for (const auto& entry : fs::directory_iterator(tmp)) {
-      const auto bytes = read_bytes(entry.path());
-      files[entry.path().filename().string()] = {{"bytes", bytes.size()}, {"crc32", crc32_of(bytes)}};
+      const auto [size, crc] = file_size_and_crc32(entry.path());
+      files[entry.path().filename().string()] = {{"bytes", size}, {"crc32", crc}};
     }
     const nlohmann::json manifest = {{"format_version", kCheckpointFormatVersion}, {"files", files}};
     write_file_atomically_fsync((tmp / kManifest).string(), manifest.dump(2) + "\n");
@@ -346,6 +365,19 @@ std::string serialize_optimizer(const torch::optim::Optimizer& optimizer) {
   std::ostringstream out;
   archive.save_to(out);
   return out.str();
+}
+
+void save_optimizer(const torch::optim::Optimizer& optimizer, const std::string& path) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  try {
+    archive.save_to(path);
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    throw Error(fmt::format("{}: cannot write the optimizer state: {}", path,
+                            message.substr(0, message.find('\n'))));
+  }
+  fsync_file(path);
 }
 
 void deserialize_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes,

@@ -49,7 +49,9 @@ struct CheckpointContents {
   core::TrainingState state;
   NamedTensors model;          // rank 0 only (every rank holds the same weights)
   nlohmann::json model_config;  // null: no config.json
-  std::string optimizer;       // serialized optimizer state (see serialize_optimizer)
+  // Written straight into its file (no in-memory copy of the state) by the
+  // ranks that save one: rank 0, or every rank under ZeRO-1.
+  const torch::optim::Optimizer* optimizer = nullptr;
   bool optimizer_per_rank = false;  // ZeRO-1: every rank saves its own shard
   std::string resolved_config;  // the run's YAML
   uint64_t seed = 0;
@@ -101,6 +103,9 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank);
 
 // libtorch optimizer state to and from bytes.
 std::string serialize_optimizer(const torch::optim::Optimizer& optimizer);
+// The same archive written to `path` as it is produced (the state is not
+// copied into memory first), then fsynced.
+void save_optimizer(const torch::optim::Optimizer& optimizer, const std::string& path);
 void deserialize_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes,
                            const std::string& what);
 

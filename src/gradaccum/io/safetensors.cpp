@@ -230,8 +230,18 @@ NamedTensors load_safetensors(const std::string& path,
   return parse_safetensors(std::string_view(static_cast<const char*>(map), size), path, metadata);
 }
 
-std::string serialize_safetensors(const NamedTensors& tensors,
-                                  const std::map<std::string, std::string>& metadata) {
+namespace {
+// A safetensors file as the pieces it is written from: the 8-byte header size
+// and the header (in `header`), then each tensor's bytes, read in place from
+// `tensors` (contiguous CPU copies only where the input was not).
+struct SafetensorsLayout {
+  std::string header;
+  std::vector<torch::Tensor> tensors;
+  std::vector<std::string_view> pieces;
+};
+
+SafetensorsLayout layout_safetensors(const NamedTensors& tensors,
+                                     const std::map<std::string, std::string>& metadata) {
   struct Item {
     const std::string* name;
     torch::Tensor data;  // contiguous CPU
@@ -272,20 +282,44 @@ std::string serialize_safetensors(const NamedTensors& tensors,
   }
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 
-  std::string out;
-  out.reserve(8 + header_text.size() + offset);
+  SafetensorsLayout layout;
   const uint64_t header_size = header_text.size();
-  out.append(reinterpret_cast<const char*>(&header_size), 8);
-  out += header_text;
-  for (const auto& item : items)
-    out.append(static_cast<const char*>(item.data.data_ptr()),
-               static_cast<size_t>(item.data.numel()) * item.dtype->size);
+  layout.header.append(reinterpret_cast<const char*>(&header_size), 8);
+  layout.header += header_text;
+  layout.pieces.emplace_back(layout.header);
+  for (auto& item : items) {
+    layout.pieces.emplace_back(static_cast<const char*>(item.data.data_ptr()),
+                               static_cast<size_t>(item.data.numel()) * item.dtype->size);
+    layout.tensors.push_back(std::move(item.data));  // keeps the bytes alive
+  }
+  return layout;
+}
+}  // namespace
+
+std::string serialize_safetensors(const NamedTensors& tensors,
+                                  const std::map<std::string, std::string>& metadata) {
+  const auto layout = layout_safetensors(tensors, metadata);
+  size_t total = 0;
+  for (const auto piece : layout.pieces) total += piece.size();
+  std::string out;
+  out.reserve(total);
+  for (const auto piece : layout.pieces) out.append(piece);
   return out;
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  write_file_atomically_fsync(path, serialize_safetensors(tensors, metadata));
+  const auto layout = layout_safetensors(tensors, metadata);
+  write_file_atomically_fsync(path, layout.pieces);
+}
+
+void fsync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  GA_CHECK(fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  GA_CHECK(rc == 0, "{}: cannot fsync: {}", path, std::strerror(saved));
 }
 
 void fsync_directory(const std::string& path) {
@@ -298,6 +332,10 @@ void fsync_directory(const std::string& path) {
 }
 
 void write_file_atomically_fsync(const std::string& path, std::string_view bytes) {
+  write_file_atomically_fsync(path, std::vector<std::string_view>{bytes});
+}
+
+void write_file_atomically_fsync(const std::string& path, const std::vector<std::string_view>& pieces) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path directory = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -311,12 +349,14 @@ void write_file_atomically_fsync(const std::string& path, std::string_view bytes
     ::unlink(temporary.c_str());
     throw Error(fmt::format("{}: {} failed: {}", path, step, std::strerror(error)));
   };
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("write", errno);
-    written += static_cast<size_t>(n);
+  for (const auto bytes : pieces) {
+    size_t written = 0;
+    while (written < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("write", errno);
+      written += static_cast<size_t>(n);
+    }
   }
   if (::fsync(fd) != 0) fail("fsync", errno);
   if (::close(fd) != 0) {

@@ -52,7 +52,8 @@ NamedTensors load_safetensors(const std::string& path,
 std::string serialize_safetensors(const NamedTensors& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 
-// serialize_safetensors written to `path` atomically (write_file_atomically_fsync).
+// serialize_safetensors written to `path` atomically (write_file_atomically_fsync),
+// straight from the tensors' memory: no second copy of the file is built.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
@@ -62,8 +63,12 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 // and a gradaccum::Error is thrown. (io::write_file_atomically in
 // metrics_writer.h does not fsync, which a multi-GB checkpoint needs.)
 void write_file_atomically_fsync(const std::string& path, std::string_view bytes);
+// The same for a file made of `pieces` in order, written without joining them.
+void write_file_atomically_fsync(const std::string& path, const std::vector<std::string_view>& pieces);
 
 // fsyncs a directory so that renames and creations inside it are durable.
 void fsync_directory(const std::string& path);
+// fsyncs a file written by other code (a libtorch archive).
+void fsync_file(const std::string& path);
 
 }  // namespace gradaccum::io
