@@ -3,13 +3,9 @@
 // two micro-steps ends with the sum over ranks in .grad, and a .grad set to
 // none or replaced between windows is pointed back at its view.
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
-#include <exception>
-#include <thread>
 
 #include "gradaccum/dist/bucketed_grad_sync.h"
+#include "in_process_ranks.h"
 
 namespace {
 
@@ -46,47 +42,31 @@ struct RankRun {
 };
 
 TEST(BucketedGradSync, GradientsAreBucketViewsAndHoldTheSumOverRanks) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<RankRun> runs(kWorld);
-  std::vector<std::exception_ptr> errors(kWorld);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto options = c10d::ProcessGroupGloo::Options::create();
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, kWorld, options);
-        auto params = make_params();
-        gradaccum::dist::GradSyncOptions sync_options;
-        sync_options.bucket_bytes = 104;
-        BucketedGradSync sync(group, params, sync_options);
-        auto& run = runs[rank];
-        micro_step(sync, params, rank, /*last=*/false);
-        for (auto& p : params) run.storages.push_back(p.grad().storage().data());
-        micro_step(sync, params, rank, /*last=*/true);
-        auto totals = torch::zeros({3}, torch::kDouble);
-        sync.finish_window(totals);
-        run.calls = sync.allreduce_calls();
-        for (auto& p : params) run.summed.push_back(p.grad().clone());
+  gradaccum::testing::run_on_ranks(kWorld, [&](const auto& group, int rank) {
+    auto params = make_params();
+    gradaccum::dist::GradSyncOptions sync_options;
+    sync_options.bucket_bytes = 104;
+    BucketedGradSync sync(group, params, sync_options);
+    auto& run = runs[rank];
+    micro_step(sync, params, rank, /*last=*/false);
+    for (auto& p : params) run.storages.push_back(p.grad().storage().data());
+    micro_step(sync, params, rank, /*last=*/true);
+    auto totals = torch::zeros({3}, torch::kDouble);
+    sync.finish_window(totals);
+    run.calls = sync.allreduce_calls();
+    for (auto& p : params) run.summed.push_back(p.grad().clone());
 
-        // What the step sequence does between windows (set_to_none), and a
-        // .grad replaced by other code: both go back into the buckets.
-        params[1].mutable_grad() = torch::Tensor();
-        params[0].mutable_grad() = torch::full({2, 5}, 5.0, torch::kDouble);
-        sync.before_backward(false);
-        run.reattached_to_same_memory = params[1].grad().storage().data() == run.storages[1] &&
-                                        params[0].grad().storage().data() == run.storages[0] &&
-                                        params[1].grad().abs().sum().item<double>() == 0.0;
-        run.replaced_value = params[0].grad().mean().item<double>();
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (const auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
+    // What the step sequence does between windows (set_to_none), and a
+    // .grad replaced by other code: both go back into the buckets.
+    params[1].mutable_grad() = torch::Tensor();
+    params[0].mutable_grad() = torch::full({2, 5}, 5.0, torch::kDouble);
+    sync.before_backward(false);
+    run.reattached_to_same_memory = params[1].grad().storage().data() == run.storages[1] &&
+                                    params[0].grad().storage().data() == run.storages[0] &&
+                                    params[1].grad().abs().sum().item<double>() == 0.0;
+    run.replaced_value = params[0].grad().mean().item<double>();
+  });
   for (int rank = 0; rank < kWorld; ++rank) {
     const auto& run = runs[rank];
     // Two buckets: {third, second} share one buffer, the first has its own.

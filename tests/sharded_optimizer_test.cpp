@@ -3,14 +3,10 @@
 // parameters only, the weights equal the unsharded optimizer's, and no
 // reference to the gradients outlives a step.
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
-#include <exception>
-#include <thread>
 
 #include "gradaccum/core/check.h"
 #include "gradaccum/dist/sharded_optimizer.h"
+#include "in_process_ranks.h"
 
 namespace {
 
@@ -51,40 +47,24 @@ struct RankRun {
 // Two steps of the sharded optimizer on each of kWorld threads.
 std::vector<RankRun> run_sharded(const OptimizerSpec& spec,
                                  int64_t gather_bytes = ShardedOptimizer::kDefaultGatherBytes) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<RankRun> runs(kWorld);
-  std::vector<std::exception_ptr> errors(kWorld);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto options = c10d::ProcessGroupGloo::Options::create();
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, kWorld, options);
-        auto params = make_params();
-        ShardedOptimizer optimizer(group, params, spec, gather_bytes);
-        auto& run = runs[rank];
-        for (int step = 0; step < 2; ++step) {
-          set_grads(params, step);
-          optimizer.step();
-        }
-        run.owned = optimizer.owned_elements();
-        run.state = optimizer.state_elements();
-        for (auto& p : params) {
-          run.weights.push_back(p.detach().clone());
-          const auto grad = p.grad();
-          p.mutable_grad() = torch::Tensor();  // what zero_grad (set_to_none) does
-          run.grad_storage_refs.push_back(static_cast<int64_t>(grad.storage().use_count()));
-        }
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (const auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
+  gradaccum::testing::run_on_ranks(kWorld, [&](const auto& group, int rank) {
+    auto params = make_params();
+    ShardedOptimizer optimizer(group, params, spec, gather_bytes);
+    auto& run = runs[rank];
+    for (int step = 0; step < 2; ++step) {
+      set_grads(params, step);
+      optimizer.step();
+    }
+    run.owned = optimizer.owned_elements();
+    run.state = optimizer.state_elements();
+    for (auto& p : params) {
+      run.weights.push_back(p.detach().clone());
+      const auto grad = p.grad();
+      p.mutable_grad() = torch::Tensor();  // what zero_grad (set_to_none) does
+      run.grad_storage_refs.push_back(static_cast<int64_t>(grad.storage().use_count()));
+    }
+  });
   return runs;
 }
 
