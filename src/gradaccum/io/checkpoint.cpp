@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "gradaccum/core/check.h"
 
@@ -32,9 +33,9 @@ std::string read_bytes(const fs::path& path) {
   return buffer.str();
 }
 
-uint32_t crc32_of(const std::string& bytes) {
-  // zlib's crc32 takes uInt lengths: feed it in pieces for files over 4 GB.
-  uLong crc = crc32(0L, Z_NULL, 0);
+// `crc` continued over `bytes`. zlib's crc32 takes uInt lengths: feed it in
+// pieces for files over 4 GB.
+uLong crc32_update(uLong crc, std::string_view bytes) {
   const auto* data = reinterpret_cast<const Bytef*>(bytes.data());
   size_t left = bytes.size();
   while (left > 0) {
@@ -43,7 +44,11 @@ uint32_t crc32_of(const std::string& bytes) {
     data += piece;
     left -= piece;
   }
-  return static_cast<uint32_t>(crc);
+  return crc;
+}
+
+uint32_t crc32_of(const std::string& bytes) {
+  return static_cast<uint32_t>(crc32_update(crc32(0L, Z_NULL, 0), bytes));
 }
 
 // A rank's partially accumulated window (format 3; format 2 kept rank 0's in state.safetensors).
@@ -59,9 +64,9 @@ std::pair<uint64_t, uint32_t> file_size_and_crc32(const fs::path& path) {
   uint64_t size = 0;
   while (in) {
     in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
-    const auto n = static_cast<uInt>(in.gcount());
+    const auto n = static_cast<size_t>(in.gcount());
     if (n == 0) break;
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(piece.data()), n);
+    crc = crc32_update(crc, std::string_view(piece.data(), n));
     size += n;
   }
   GA_CHECK(!in.bad(), "{}: read failed", path.string());
