@@ -107,22 +107,20 @@ bool BucketedGradSync::grad_is_view(size_t k) const {
   return g.defined() && g.data_ptr() == grad_views_[k].data_ptr() && g.sizes() == grad_views_[k].sizes();
 }
 
-void BucketedGradSync::attach_gradients() {
+void BucketedGradSync::adopt_gradient(size_t k) {
+  if (grad_is_view(k)) return;
   torch::NoGradGuard no_grad;
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (grad_is_view(k)) continue;
-    auto& p = params_[k];
-    if (p.grad().defined()) {
-      grad_views_[k].copy_(p.grad());
-    } else {
-      grad_views_[k].zero_();
-    }
-    p.mutable_grad() = grad_views_[k];
+  auto& p = params_[k];
+  if (p.grad().defined()) {
+    grad_views_[k].copy_(p.grad());
+  } else {
+    grad_views_[k].zero_();  // released by the step sequence, or an unused parameter
   }
+  p.mutable_grad() = grad_views_[k];
 }
 
 void BucketedGradSync::before_backward(bool last) {
-  attach_gradients();
+  for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k);
   *armed_ = last || options_.sync_each_micro_step;
 }
 
@@ -134,17 +132,9 @@ void BucketedGradSync::on_gradient_ready(size_t param) {
 void BucketedGradSync::launch_ready_buckets(bool force) {
   while (next_launch_ < buckets_.size() && (force || buckets_[next_launch_].pending <= 0)) {
     auto& bucket = buckets_[next_launch_];
-    for (auto k : bucket.params) {
-      // Normally .grad is the view already (attach_gradients); this covers a
-      // .grad replaced since, e.g. by a hook.
-      if (grad_is_view(k)) continue;
-      const auto& p = params_[k];
-      if (p.grad().defined()) {
-        grad_views_[k].copy_(p.grad());
-      } else {
-        grad_views_[k].zero_();  // unused parameter
-      }
-    }
+    // Normally a no-op (before_backward adopted every .grad); covers a .grad
+    // replaced during backward.
+    for (auto k : bucket.params) adopt_gradient(k);
     std::vector<torch::Tensor> tensors{bucket.buffer};
     bucket.work = group_->allreduce(tensors);  // sum
     ++window_calls_;
@@ -159,9 +149,6 @@ void BucketedGradSync::complete_round(double scale) {
     wait_for(bucket.work, rank(), "a gradient all-reduce");
     bucket.work.reset();
     if (scale != 1.0) bucket.buffer.mul_(scale);
-    for (auto k : bucket.params) {
-      if (!grad_is_view(k)) params_[k].mutable_grad() = grad_views_[k];
-    }
     bucket.pending = static_cast<int64_t>(bucket.params.size());
   }
   next_launch_ = 0;

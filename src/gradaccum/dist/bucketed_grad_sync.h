@@ -66,8 +66,9 @@ class BucketedGradSync final : public core::GradSync {
     c10::intrusive_ptr<c10d::Work> work;
   };
 
-  // Points every .grad at its view into the buckets (see above).
-  void attach_gradients();
+  // Points parameter k's .grad at its view into the buckets, keeping its
+  // value (zero when it had none); a no-op when it is the view already.
+  void adopt_gradient(size_t k);
   // Whether parameter k's .grad is its bucket view.
   bool grad_is_view(size_t k) const;
   void on_gradient_ready(size_t param);
