@@ -9,6 +9,7 @@
 #include "gradaccum/data/fashion_mnist.h"
 #include "gradaccum/data/kjv.h"
 #include "gradaccum/data/lm_dataset.h"
+#include "gradaccum/data/random_tokens.h"
 #include "gradaccum/data/text_source.h"
 
 namespace gradaccum::cli {
@@ -154,24 +155,26 @@ void apply_memory_options(models::BuiltModel& model, const models::ModelConfig& 
   model.set_gradient_checkpointing(config.gradient_checkpointing);
   model.set_loss_chunk_tokens(config.loss_chunk_tokens);
 }
-}  // namespace
 
-Workload make_workload(const io::TrainConfig& config, bool with_eval) {
-  Workload w;
+// data.type random_tokens: no tokenizer, the vocabulary is data.vocab_size.
+// Evaluation (eval_fraction > 0) runs on ⌊train_size·eval_fraction⌋ further
+// rows of the same seeded stream, disjoint from the training rows.
+void make_random_token_data(const io::TrainConfig& config, bool with_eval, Workload& w) {
   const auto& d = config.data;
-  if (d.type == "fashion_mnist") {
-    w.train = std::make_shared<data::FashionMnist>(d.directory, "train", d.train_limit);
-    if (with_eval && d.eval_limit >= 0) {
-      w.eval = std::make_shared<data::FashionMnist>(d.directory, "test", d.eval_limit);
-    }
-    w.model = models::make_image_model(config.model, 10);
-    apply_memory_options(w.model, config.model);
-    return w;
-  }
+  const auto eval_rows =
+      with_eval && d.eval_limit >= 0 ? static_cast<int64_t>(static_cast<double>(d.train_size) * d.eval_fraction) : 0;
+  auto random = data::make_random_tokens_data(d.vocab_size, d.max_length, d.train_size, eval_rows,
+                                              config.trainer.seed);
+  w.description = random.train->summary();
+  w.train = random.train;
+  w.eval = random.eval;
+}
 
+// The tokenized data types (kjv, kjv_testament, text): loads the tokenizer.
+void make_tokenized_data(const io::TrainConfig& config, Workload& w, int64_t& num_labels) {
+  const auto& d = config.data;
   w.tokenizer.emplace(data::Tokenizer::load(tokenizer_directory(d.tokenizer)));
   const auto& tokenizer = *w.tokenizer;
-  int64_t num_labels = 0;
   if (d.type == "kjv") {
     data::KjvLmOptions options;
     options.dataset.max_length = d.max_length;
@@ -197,17 +200,41 @@ Workload make_workload(const io::TrainConfig& config, bool with_eval) {
   } else {
     make_text_data(config, tokenizer, w, num_labels);
   }
+}
+}  // namespace
+
+Workload make_workload(const io::TrainConfig& config, bool with_eval) {
+  Workload w;
+  const auto& d = config.data;
+  if (d.type == "fashion_mnist") {
+    w.train = std::make_shared<data::FashionMnist>(d.directory, "train", d.train_limit);
+    if (with_eval && d.eval_limit >= 0) {
+      w.eval = std::make_shared<data::FashionMnist>(d.directory, "test", d.eval_limit);
+    }
+    w.model = models::make_image_model(config.model, 10);
+    apply_memory_options(w.model, config.model);
+    return w;
+  }
+
+  int64_t num_labels = 0;
+  if (d.type == "random_tokens") {
+    make_random_token_data(config, with_eval, w);
+  } else {
+    make_tokenized_data(config, w, num_labels);
+  }
+  // The ids the data can hold: the model's vocabulary must cover them.
+  const int64_t vocab = w.tokenizer ? static_cast<int64_t>(w.tokenizer->id_count()) : d.vocab_size;
+  const char* vocab_source = w.tokenizer ? "the tokenizer" : "data.vocab_size";
   w.train = limit(w.train, d.train_limit);
   w.eval = with_eval && d.eval_limit >= 0 ? limit(w.eval, d.eval_limit) : nullptr;
   GA_CHECK(w.train->size() > 0, "data: no training samples ({})", w.description);
 
-  const auto vocab = static_cast<int64_t>(tokenizer.id_count());
   w.model = config.model.hf_checkpoint.empty()
                 ? models::make_language_model(config.model, vocab, num_labels, config.trainer.seed)
                 : models::load_language_model(config.model.hf_checkpoint, num_labels, config.trainer.seed);
   apply_memory_options(w.model, config.model);
-  GA_CHECK(w.model.vocab_size >= vocab, "model: its vocabulary has {} ids, the tokenizer {}: they do not fit",
-           w.model.vocab_size, vocab);
+  GA_CHECK(w.model.vocab_size >= vocab, "model: its vocabulary has {} ids, {} {}: they do not fit",
+           w.model.vocab_size, vocab_source, vocab);
   GA_CHECK(w.model.max_positions == 0 || d.max_length <= w.model.max_positions,
            "key 'data.max_length': {} is longer than the model's context of {} positions (n_positions)",
            d.max_length, w.model.max_positions);
@@ -215,7 +242,7 @@ Workload make_workload(const io::TrainConfig& config, bool with_eval) {
   if (num_labels > 0) {
     // HF's *ForSequenceClassification finds each row's last real token from
     // pad_token_id; ours come from the attention mask, theirs need the id.
-    w.model.hf_config["pad_token_id"] = end_of_text(tokenizer);
+    w.model.hf_config["pad_token_id"] = end_of_text(*w.tokenizer);
   }
   if (w.items_are_tokens) {
     w.description += fmt::format("; unigram baseline {:.3f} nats/token", unigram_entropy(*w.train, vocab));

@@ -34,7 +34,7 @@ model:
   vocab_size: 0                   # 0 = the tokenizer's
   hf_checkpoint: ""               # start from an HF checkpoint directory instead
 data:
-  type: fashion_mnist             # fashion_mnist | kjv | kjv_testament | text
+  type: fashion_mnist             # fashion_mnist | kjv | kjv_testament | text | random_tokens
   directory: ""                   # fashion_mnist: "" = /usr/share/datasets/fashion-mnist
   path: ""                        # text: a .txt (one document per line) or .jsonl file
   eval_path: ""                   # text: evaluation file ("" = split off eval_fraction)
@@ -42,10 +42,12 @@ data:
   max_length: 128                 # tokens per sample (truncation, or the block size when packing)
   packing: false                  # join documents into blocks of max_length (causal LM)
   group_by_length: false          # sort each window's samples by length (exact; less padding)
-  eval_fraction: 0.1              # kjv, kjv_testament, text without eval_path
+  eval_fraction: 0.1              # kjv, kjv_testament, text without eval_path, random_tokens
   balanced: false                 # kjv_testament: as many Old as New Testament verses
   train_limit: 0
   eval_limit: 0
+  vocab_size: 0                   # random_tokens: ids in [0, vocab_size) (required, >= 2; no tokenizer)
+  train_size: 4096                # random_tokens: training rows of max_length ids, seeded by seed
 sample:                           # causal LMs: a generated sample printed at the end
   prompt: ""                      # "" = none
   max_new_tokens: 40
@@ -262,7 +264,7 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   require(c.model.vocab_size >= 0, "model.vocab_size", ">= 0 (0 = the tokenizer's)", std::to_string(c.model.vocab_size));
   c.model.hf_checkpoint = get_string(root, "model.hf_checkpoint");
 
-  c.data.type = one_of(root, "data.type", {"fashion_mnist", "kjv", "kjv_testament", "text"});
+  c.data.type = one_of(root, "data.type", {"fashion_mnist", "kjv", "kjv_testament", "text", "random_tokens"});
   const bool text_data = c.data.type != "fashion_mnist";
   const bool language_model = c.model.type == "gpt2" || c.model.type == "bloom" || !c.model.hf_checkpoint.empty();
   GA_CHECK(text_data == language_model,
@@ -284,7 +286,20 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   require(c.data.eval_fraction >= 0 && c.data.eval_fraction < 1, "data.eval_fraction", "in [0, 1)",
           fmt::format("{}", c.data.eval_fraction));
   c.data.balanced = get_bool(root, "data.balanced");
+  const bool random_tokens = c.data.type == "random_tokens";
+  c.data.vocab_size = get_int(root, "data.vocab_size");
+  if (random_tokens) {
+    require(c.data.vocab_size >= 2, "data.vocab_size", ">= 2 with data.type random_tokens",
+            std::to_string(c.data.vocab_size));
+  } else {
+    require(c.data.vocab_size == 0, "data.vocab_size", "0 unless data.type is random_tokens (the tokenizer's)",
+            std::to_string(c.data.vocab_size));
+  }
+  c.data.train_size = get_int(root, "data.train_size");
+  require(c.data.train_size >= 1, "data.train_size", ">= 1", std::to_string(c.data.train_size));
   c.sample.prompt = get_string(root, "sample.prompt");
+  GA_CHECK(!random_tokens || c.sample.prompt.empty(),
+           "key 'sample.prompt': data.type random_tokens has no tokenizer to encode a prompt; leave it \"\"");
   c.sample.max_new_tokens = get_int(root, "sample.max_new_tokens");
   require(c.sample.max_new_tokens >= 0, "sample.max_new_tokens", ">= 0", std::to_string(c.sample.max_new_tokens));
   c.sample.temperature = get_double(root, "sample.temperature");

@@ -16,7 +16,7 @@
 namespace gradaccum::io {
 
 struct DataConfig {
-  std::string type = "fashion_mnist";  // fashion_mnist | kjv | kjv_testament | text
+  std::string type = "fashion_mnist";  // fashion_mnist | kjv | kjv_testament | text | random_tokens
   std::string directory;  // the dataset's files; default: the Debian package's path
   std::string path;       // text: the training file (.txt or .jsonl)
   std::string eval_path;  // text: an evaluation file ("" = split off eval_fraction)
@@ -27,6 +27,8 @@ struct DataConfig {
   bool balanced = false;
   int64_t train_limit = 0;  // > 0: the first train_limit training samples
   int64_t eval_limit = 0;   // > 0: the first eval_limit test samples; < 0: no evaluation
+  int64_t vocab_size = 0;     // random_tokens: ids in [0, vocab_size), the model's vocabulary
+  int64_t train_size = 4096;  // random_tokens: training rows (eval: ⌊train_size·eval_fraction⌋ more)
 };
 
 // A sample generated at the end of a causal-LM run.
