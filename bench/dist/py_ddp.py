@@ -10,6 +10,13 @@ same math (cross-entropy summed over the window and divided by B, AdamW lr 2e-3 
 cosine schedule, clipping at 1.0, one small all-reduce of the loss totals per step as
 gradaccum does).
 
+--model gpt: instead, the 3.3M-parameter GPT-2 of bench/py/lm_throughput.py (its Gpt2 class:
+vocab 8192, context 128, n_embd 192, 4 layers, 3 heads, tied head, initialized from a seed-0
+generator like gradaccum's model with seed 0, bench/dist/gpt-3m.yaml) on rows of random token
+ids (labels = inputs), a window of B = b * N * W rows drawn per step from a generator seeded
+with (seed, step); the loss is the cross-entropy of the shifted tokens summed over the window
+and divided by its token count B * 127, AdamW lr 1e-3 with a cosine schedule, clipping at 1.0.
+
 --mode deferred: `with ddp.no_sync():` on the first N-1 micro-steps, so DDP all-reduces
 only during the last backward (what the DDP docs recommend for accumulation).
 --mode eager: no no_sync(), DDP all-reduces during every backward.
@@ -30,6 +37,7 @@ import json
 import math
 import os
 import struct
+import sys
 import time
 
 import torch
@@ -67,8 +75,16 @@ def make_mlp(hidden, classes=10):
     return nn.Sequential(*layers)
 
 
+def gpt_model():
+    """The GPT of bench/py/lm_throughput.py and its context length."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+    import lm_throughput
+    return lm_throughput.Gpt2(), lm_throughput.VOCAB, lm_throughput.CONTEXT
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--accum", type=int, default=8)
     ap.add_argument("--max-steps", type=int, default=12)
@@ -85,19 +101,27 @@ def main():
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    images = read_images(os.path.join(DATA_DIR, "train-images-idx3-ubyte.gz"), args.train_limit)
-    labels = read_labels(os.path.join(DATA_DIR, "train-labels-idx1-ubyte.gz"), args.train_limit)
-    n = images.shape[0]
     b, N = args.micro_batch, args.accum
     B = b * N * world
-    windows_per_epoch = n // B
-    assert windows_per_epoch > 0, "--train-limit smaller than one window"
+    gpt = args.model == "gpt"
+    if gpt:
+        model, vocab, context = gpt_model()
+        items_per_micro = b * (context - 1)  # predicted tokens
+        lr = 1e-3
+    else:
+        images = read_images(os.path.join(DATA_DIR, "train-images-idx3-ubyte.gz"), args.train_limit)
+        labels = read_labels(os.path.join(DATA_DIR, "train-labels-idx1-ubyte.gz"), args.train_limit)
+        n = images.shape[0]
+        windows_per_epoch = n // B
+        assert windows_per_epoch > 0, "--train-limit smaller than one window"
+        torch.manual_seed(args.seed)
+        model = make_mlp([int(h) for h in args.hidden.split(",")])
+        items_per_micro = b
+        lr = 2e-3
 
-    torch.manual_seed(args.seed)
-    model = make_mlp([int(h) for h in args.hidden.split(",")])
     ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)  # broadcasts rank 0's weights
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     total = args.max_steps
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total)))
@@ -105,27 +129,40 @@ def main():
     out = open(args.output, "w") if (rank == 0 and args.output) else None
     perm = None
     for step in range(args.max_steps):
-        epoch, k = divmod(step, windows_per_epoch)
-        if k == 0:
+        if gpt:
+            # The whole window's rows (every rank draws the same), before the clock starts.
             g = torch.Generator()
-            g.manual_seed(args.seed + epoch)
-            perm = torch.randperm(n, generator=g)
-        window = perm[k * B:(k + 1) * B]
+            g.manual_seed(args.seed * 1_000_003 + step)
+            window_ids = torch.randint(vocab, (B, context), generator=g)
+        else:
+            epoch, k = divmod(step, windows_per_epoch)
+            if k == 0:
+                g = torch.Generator()
+                g.manual_seed(args.seed + epoch)
+                perm = torch.randperm(n, generator=g)
+            window = perm[k * B:(k + 1) * B]
         start = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64)
         for s in range(N):
-            idx = window[(s * world + rank) * b:(s * world + rank + 1) * b]
-            x = (images[idx].float().div_(255.0) - MEAN) / STD
-            y = labels[idx]
+            first = (s * world + rank) * b
             sync_now = args.mode == "eager" or s == N - 1
             ctx = contextlib.nullcontext() if sync_now else ddp.no_sync()
             with ctx:
-                logits = ddp(x)
-                loss = F.cross_entropy(logits, y, reduction="sum")
-                # DDP averages over W ranks: / (b N) here makes the window mean / B.
-                (loss / (b * N)).backward()
+                if gpt:
+                    ids = window_ids[first:first + b]
+                    logits = ddp(ids)
+                    loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1),
+                                           reduction="sum")
+                else:
+                    idx = window[first:first + b]
+                    x = (images[idx].float().div_(255.0) - MEAN) / STD
+                    logits = ddp(x)
+                    loss = F.cross_entropy(logits, labels[idx], reduction="sum")
+                # DDP averages over W ranks: / (items per rank and window) here makes the
+                # gradient that of the window's sum / its item count (samples, or tokens).
+                (loss / (items_per_micro * N)).backward()
             loss_sum += loss.detach().double()
-        totals = torch.stack([loss_sum, torch.tensor(float(b * N), dtype=torch.float64)])
+        totals = torch.stack([loss_sum, torch.tensor(float(items_per_micro * N), dtype=torch.float64)])
         dist.all_reduce(totals)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -139,7 +176,7 @@ def main():
                 "step": step + 1, "loss": host[0], "grad_norm": host[1],
                 "step_time_s": step_time, "world_size": world,
                 "allreduce_bytes": grad_bytes * syncs,
-                "mode": args.mode, "micro_batch": b, "accum": N,
+                "mode": args.mode, "model": args.model, "micro_batch": b, "accum": N,
             }) + "\n")
             out.flush()
     if out:

@@ -16,6 +16,12 @@ Runs alternate: each repetition goes through every link, and within a link throu
 warm-up of all repetitions, the range of the per-run medians, and bytes all-reduced per step.
 
   /usr/bin/python3 bench/dist/run_bench.py --bin build-dist/gradaccum --reps 3
+
+Models: --model mlp (default) is the MLP on Fashion-MNIST above; --model gpt is the 3.3M-parameter
+GPT-2 of issue 4 on random token ids (gradaccum: bench/dist/gpt-3m.yaml; Python: py_ddp.py
+--model gpt), micro-batch 2 and N = 8 unless --micro-batch / --accum say otherwise:
+
+  /usr/bin/python3 bench/dist/run_bench.py --bin build-dist/gradaccum --model gpt --links lo --reps 3
 """
 import argparse
 import json
@@ -29,6 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 NETNS = os.path.join(HERE, "netns.sh")
 PY_DDP = os.path.join(HERE, "py_ddp.py")
+GPT_CONFIG = os.path.join(HERE, "gpt-3m.yaml")
 LOCK = "/tmp/gradaccum-bench.lock"
 NS = [("ga0", "ga-veth0"), ("ga1", "ga-veth1")]
 MASTER_NETNS = "10.213.0.1"
@@ -39,6 +46,18 @@ def netns(*args):
 
 
 def our_args(a, mode, out_dir):
+    if a.model == "gpt":
+        # The model, data and optimizer are the config file's; the run's shape comes from here.
+        sets = {
+            "per_device_train_batch_size": a.micro_batch, "gradient_accumulation_steps": a.accum,
+            "max_steps": a.max_steps, "threads": 1, "ddp_bucket_cap_mb": 25, "dist_timeout": 300,
+            "sync_each_micro_step": "true" if mode == "eager" else "false",
+            "output_dir": out_dir, "logging_steps": 1000,
+        }
+        cmd = [a.bin, "train", GPT_CONFIG]
+        for k, v in sets.items():
+            cmd += ["--set", f"{k}={v}"]
+        return cmd
     hidden = "[" + ",".join(a.hidden.split(",")) + "]"
     sets = {
         "model.type": "mlp", "model.norm": "none", "model.hidden": hidden,
@@ -55,6 +74,10 @@ def our_args(a, mode, out_dir):
 
 
 def py_args(a, mode, out_file):
+    if a.model == "gpt":
+        return ["/usr/bin/python3", PY_DDP, "--model", "gpt", "--micro-batch", str(a.micro_batch),
+                "--accum", str(a.accum), "--max-steps", str(a.max_steps), "--mode", mode,
+                "--threads", "1", "--bucket-cap-mb", "25", "--output", out_file]
     return ["/usr/bin/python3", PY_DDP, "--micro-batch", str(a.micro_batch), "--accum", str(a.accum),
             "--max-steps", str(a.max_steps), "--hidden", a.hidden, "--mode", mode,
             "--train-limit", str(a.train_limit), "--threads", "1", "--bucket-cap-mb", "25",
@@ -134,8 +157,10 @@ def main():
     ap.add_argument("--links", default="lo,10gbit,1gbit")
     ap.add_argument("--impls", default="ours,py")
     ap.add_argument("--modes", default="deferred,eager")
-    ap.add_argument("--hidden", default="2048,2048,2048")
-    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp",
+                    help="mlp: the Fashion-MNIST MLP; gpt: the 3.3M-parameter GPT-2 on random tokens")
+    ap.add_argument("--hidden", default="2048,2048,2048", help="--model mlp: hidden widths")
+    ap.add_argument("--micro-batch", type=int, default=None, help="default 16 (mlp) or 2 (gpt)")
     ap.add_argument("--accum", type=int, default=8)
     ap.add_argument("--max-steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2, help="steps dropped at the start of each run")
@@ -145,6 +170,8 @@ def main():
     ap.add_argument("--results", default="", help="write all per-run results here (JSON)")
     a = ap.parse_args()
     a.bin = os.path.abspath(a.bin)
+    if a.micro_batch is None:
+        a.micro_batch = 2 if a.model == "gpt" else 16
     # A SIGTERM or SIGHUP still runs the `finally` below, which removes the namespaces.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: sys.exit(1))
@@ -194,7 +221,9 @@ def main():
 
     f3 = lambda x: f"{x:.3f}"
     print()
-    print(f"W = 2, N = {a.accum}, micro-batch {a.micro_batch}, MLP 784-{a.hidden.replace(',', '-')}-10, "
+    model = ("GPT-2 3.38M parameters (bench/dist/gpt-3m.yaml), 128 tokens per row" if a.model == "gpt"
+             else f"MLP 784-{a.hidden.replace(',', '-')}-10")
+    print(f"W = 2, N = {a.accum}, micro-batch {a.micro_batch}, {model}, "
           f"1 thread per rank; median over steps {a.warmup + 1}..{a.max_steps} of all runs "
           f"[range of per-run medians]; MB = 10^6 bytes")
     print()
