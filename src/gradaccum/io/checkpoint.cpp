@@ -89,6 +89,18 @@ int64_t step_of(const fs::path& dir) {
   return k;
 }
 
+// Deletes a published checkpoint without ever leaving a half-deleted step-K
+// directory behind: remove_all deletes file by file, so a process killed
+// during it would leave a step directory without its manifest, which no later
+// save would count or remove. Renamed to a .tmp- name first (atomic), the
+// remains of an interrupted deletion are dropped by the next save or resume.
+void remove_checkpoint(const fs::path& dir) {
+  const auto doomed = dir.parent_path() / (".tmp-delete-" + dir.filename().string());
+  fs::remove_all(doomed);
+  fs::rename(dir, doomed);
+  fs::remove_all(doomed);
+}
+
 // Complete checkpoints (a manifest present) under `root`, oldest first.
 std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& root) {
   std::vector<std::pair<int64_t, fs::path>> found;
@@ -206,14 +218,14 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
     const nlohmann::json manifest = {{"format_version", kCheckpointFormatVersion}, {"files", files}};
     write_file_atomically_fsync((tmp / kManifest).string(), manifest.dump(2) + "\n");
     fsync_directory(tmp.string());
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a rerun saving the same step
+    if (fs::exists(final_dir)) remove_checkpoint(final_dir);  // a rerun saving the same step
     fs::rename(tmp, final_dir);
     fsync_directory(root.string());
 
     if (options_.save_total_limit > 0) {
       auto all = complete_checkpoints(root);
       const auto excess = static_cast<int64_t>(all.size()) - options_.save_total_limit;
-      for (int64_t i = 0; i < excess; ++i) fs::remove_all(all[static_cast<size_t>(i)].second);
+      for (int64_t i = 0; i < excess; ++i) remove_checkpoint(all[static_cast<size_t>(i)].second);
     }
   }
   barrier();  // published before any rank moves on
