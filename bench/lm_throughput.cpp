@@ -6,7 +6,7 @@
 // window normalization (the engine's real accumulation path).
 //
 //   lm_throughput [--threads 2] [--warmup-steps 2] [--steps 10]
-//                 [--mixed-precision no|bf16] [--profile]
+//                 [--mixed-precision no|bf16] [--loss-chunk-tokens K] [--profile]
 //
 // --mixed-precision bf16 sets TrainerOptions::mixed_precision: the forward
 // and the loss run under bfloat16 autocast, the backward outside it; weights,
@@ -22,7 +22,14 @@
 // all but the position table, the tied embedding counted once as the LM head;
 // the second term is attention's scores and weighted sum, forward + backward).
 //
-// --profile replaces the Trainer by the same loop written out (causal_lm_loss,
+// --loss-chunk-tokens K (default 0) is the config key loss_chunk_tokens of the
+// fused LM-head loss (chunked_cross_entropy.h, which computes the head's
+// gradients in its forward): 0 = one chunk per micro-batch, K > 0 = K tokens.
+// bench/lm_loss_ab.cpp compares it with the unfused loss.
+//
+// Like `gradaccum`, the program keeps freed heap memory (io::retain_freed_heap).
+//
+// --profile replaces the Trainer by the same loop written out (CausalLm::loss,
 // LossNormalizer, StepSequence) with timers around forward, backward and the
 // optimizer step, to see where the time goes; it is not the measured path.
 // Under bf16 it wraps forward + loss in core::AutocastScope as the Trainer does.
@@ -47,6 +54,7 @@
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/trainer.h"
+#include "gradaccum/io/heap_retention.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
@@ -101,6 +109,7 @@ struct Options {
   int64_t warmup = 2;
   int64_t steps = 10;
   core::MixedPrecision precision = core::MixedPrecision::none;
+  int64_t loss_chunk_tokens = 0;
   bool profile = false;
 };
 
@@ -135,6 +144,8 @@ Options parse_options(int argc, char** argv) {
       o.warmup = parse_count(key, value);
     } else if (key == "--steps") {
       o.steps = parse_count(key, value);
+    } else if (key == "--loss-chunk-tokens") {
+      o.loss_chunk_tokens = parse_count(key, value);
     } else if (key == "--mixed-precision") {
       o.precision = core::parse_mixed_precision(value);
       GA_CHECK(
@@ -144,8 +155,9 @@ Options parse_options(int argc, char** argv) {
       GA_CHECK(false, "lm_throughput: unknown option {}", key);
     }
   }
-  GA_CHECK(o.threads >= 1 && o.warmup >= 0 && o.steps >= 1,
-           "lm_throughput: needs --threads >= 1, --warmup-steps >= 0, --steps >= 1");
+  GA_CHECK(o.threads >= 1 && o.warmup >= 0 && o.steps >= 1 && o.loss_chunk_tokens >= 0,
+           "lm_throughput: needs --threads >= 1, --warmup-steps >= 0, --steps >= 1, "
+           "--loss-chunk-tokens >= 0");
   return o;
 }
 
@@ -184,6 +196,7 @@ struct GemmShape {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gradaccum::io::retain_freed_heap();  // as gradaccum's main does
   Options opts;
   try {
     opts = parse_options(argc, argv);
@@ -226,7 +239,7 @@ int main(int argc, char** argv) {
   config.n_layer = kLayers;
   config.n_head = kHeads;
   models::Gpt2LmHeadModel net(config);
-  models::CausalLm model(net);
+  models::CausalLm model(net, opts.loss_chunk_tokens);
   int64_t parameters = 0;
   for (const auto& p : net->parameters()) parameters += p.numel();
   const int64_t matmul_parameters = parameters - kContext * kEmbd;  // without wpe
@@ -311,7 +324,7 @@ int main(int argc, char** argv) {
   }
   fmt::print(
       "{{\"program\": \"{}\", \"mixed_precision\": \"{}\", \"gemm_dtype\": \"{}\", "
-      "\"threads\": {}, \"vocab\": {}, \"context\": {}, \"n_embd\": {}, "
+      "\"threads\": {}, \"loss_chunk_tokens\": {}, \"vocab\": {}, \"context\": {}, \"n_embd\": {}, "
       "\"n_layer\": {}, \"n_head\": {}, \"micro_batch\": {}, \"accum\": {}, \"parameters\": {}, "
       "\"matmul_parameters\": {}, \"flops_per_token\": {:.0f}, \"warmup_steps\": {}, \"steps\": {}, "
       "\"tokens_per_s\": {:.1f}, \"s_per_step\": {:.4f}, \"s_per_step_min\": {:.4f}, "
@@ -320,7 +333,8 @@ int main(int argc, char** argv) {
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
       "\"peak_rss_mb\": {:.1f}{}}}\n",
       profile ? "gradaccum-profile" : "gradaccum", core::to_string(precision),
-      gemm_dtype == torch::kBFloat16 ? "bfloat16" : "float32", threads, kVocab, kContext, kEmbd,
+      gemm_dtype == torch::kBFloat16 ? "bfloat16" : "float32", threads,
+      opts.loss_chunk_tokens, kVocab, kContext, kEmbd,
       kLayers, kHeads, kMicroBatch, kAccumulation, parameters, matmul_parameters, flops_per_token,
       warmup, steps, tokens_per_s, median(step_s), *std::min_element(step_s.begin(), step_s.end()),
       model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9, per_shape, model_flops / gemm_model,

@@ -1,5 +1,7 @@
 #include "gradaccum/models/causal_lm.h"
 
+#include <algorithm>
+
 #include "gradaccum/core/check.h"
 #include "gradaccum/models/chunked_cross_entropy.h"
 
@@ -42,13 +44,13 @@ void CausalLm::set_loss_chunk_tokens(int64_t tokens) {
 }
 
 core::LossSum CausalLm::loss(const core::Batch& batch) {
-  if (loss_chunk_tokens_ == 0) {
-    return causal_lm_loss(model_->forward(batch.input, batch.attention_mask), batch.target);
-  }
-  // The tied head's projection happens inside the chunked loss, chunk by chunk.
+  // The tied head's projection happens inside the fused loss, chunk by chunk;
+  // 0 = all target positions of the micro-batch in one chunk (at most B·T).
+  const int64_t chunk =
+      loss_chunk_tokens_ > 0 ? loss_chunk_tokens_ : std::max<int64_t>(1, batch.target.numel());
   auto& transformer = model_->transformer;
   return chunked_causal_lm_loss(transformer->hidden_states(batch.input, batch.attention_mask),
-                                transformer->token_embedding(), batch.target, loss_chunk_tokens_);
+                                transformer->token_embedding(), batch.target, chunk);
 }
 
 core::EvalSums CausalLm::evaluate(const core::Batch& batch) {

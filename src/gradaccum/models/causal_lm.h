@@ -47,11 +47,14 @@ core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
 // ignored), batch.attention_mask = [B, T] or undefined. Takes any LM head model
 // (CausalLmHead, Gpt2LmHeadModel, BloomForCausalLm).
 //
-// loss_chunk_tokens (the config key of the same name): 0 computes the loss from
-// the full logits (CausalLmHeadImpl::forward + causal_lm_loss); K > 0 from the
-// hidden states with chunked_causal_lm_loss (chunked_cross_entropy.h), which
-// never holds more than K × vocab logits. Both give the same loss, count and
-// gradients up to rounding; evaluation follows the same setting.
+// The loss is chunked_causal_lm_loss (chunked_cross_entropy.h): the tied
+// head's projection and the cross-entropy fused, the head's gradients computed
+// in the forward. loss_chunk_tokens (the config key of the same name): 0 takes
+// all of a micro-batch's target positions in one chunk, the fastest here (the
+// logits of one micro-batch are held once, not three times as by a separate
+// log_softmax and its gradient); K > 0 never holds more than K × vocab logits.
+// Every setting gives the loss, count and gradients of causal_lm_loss on the
+// full logits up to rounding; evaluation follows the same setting.
 class CausalLm final : public core::Trainable {
  public:
   explicit CausalLm(CausalLmHead model, int64_t loss_chunk_tokens = 0) : model_(std::move(model)) {

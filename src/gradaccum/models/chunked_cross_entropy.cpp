@@ -46,90 +46,51 @@ Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight)
   return p;
 }
 
-// Logits of the target positions `rows` of hidden_flat [B·T, H]: [rows, V] in
-// the softmax dtype, the matmul done in the matmul dtype.
-torch::Tensor chunk_logits(const torch::Tensor& hidden_flat, const torch::Tensor& weight_mm,
-                           const torch::Tensor& rows, const Precision& p,
-                           torch::Tensor* hidden_chunk_out = nullptr) {
-  auto h = hidden_flat.index_select(0, rows).to(p.matmul);
-  auto logits = h.matmul(weight_mm.t()).to(p.softmax);
-  if (hidden_chunk_out != nullptr) *hidden_chunk_out = std::move(h);
-  return logits;
-}
-
-// Sum of cross-entropies of the target positions. Inputs: hidden [B, T, H],
-// weight [V, H], positions [N] (flat row indices into hidden viewed as
-// [B·T, H]), targets [N] (class ids in [0, V)). Saves hidden, weight, the
-// positions, targets and the per-position log-sum-exp [N]: nothing of size V
-// beyond weight itself.
+// Sum of cross-entropies of the target positions, with its gradients
+// computed in the forward. Inputs: hidden [B, T, H], weight [V, H], positions
+// [N] (flat row indices into hidden viewed as [B·T, H]), targets [N] (class ids
+// in [0, V)).
+//
+// Why the gradients are computed in the forward: d sum / d logits =
+// softmax(logits) - onehot(target) is known as soon as a chunk's logits are,
+// so each chunk's logits are turned into their gradient in place and consumed
+// by the two gradient matmuls while they are still in cache, and nothing of
+// size V is kept or recomputed. The backward only scales the saved gradients
+// of the sum by the incoming gradient (a scalar: the engine's 1 / window count,
+// times the loss scale under fp16). What is saved: d sum / d hidden [B, T, H] in
+// hidden's dtype and d sum / d weight [V, H] in the softmax dtype — one
+// weight-sized buffer instead of hidden and weight themselves. Under no_grad,
+// or when neither input requires a gradient, only the sum is computed.
 class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& positions,
-                               const torch::Tensor& targets, int64_t chunk_tokens) {
+                               const torch::Tensor& targets, int64_t chunk_tokens,
+                               bool need_hidden, bool need_weight) {
     const Precision p = precision_of(hidden, weight);
     // The dtypes are explicit below; autocast must not re-cast them.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    const auto hidden_flat = hidden.reshape({-1, hidden.size(-1)});
-    const auto weight_mm = weight.to(p.matmul);
-    const int64_t n = positions.size(0);
-    auto lse = torch::empty({n}, hidden.options().dtype(p.softmax));
-    auto total = torch::zeros({}, hidden.options().dtype(p.softmax));
-    for (int64_t begin = 0; begin < n; begin += chunk_tokens) {
-      const int64_t end = std::min(n, begin + chunk_tokens);
-      auto logits = chunk_logits(hidden_flat, weight_mm, positions.slice(0, begin, end), p);
-      // -log softmax(logits)[target] = logsumexp(logits) - logits[target].
-      auto chunk_lse = logits.logsumexp(1);
-      auto target_logits = logits.gather(1, targets.slice(0, begin, end).unsqueeze(1)).squeeze(1);
-      total.add_((chunk_lse - target_logits).sum());
-      lse.slice(0, begin, end).copy_(chunk_lse);
-    }
-    ctx->save_for_backward({hidden, weight});
-    ctx->saved_data["positions"] = positions;
-    ctx->saved_data["targets"] = targets;
-    ctx->saved_data["lse"] = lse;
-    ctx->saved_data["chunk_tokens"] = chunk_tokens;
-    ctx->saved_data["matmul_dtype"] = static_cast<int64_t>(p.matmul);
-    ctx->saved_data["softmax_dtype"] = static_cast<int64_t>(p.softmax);
-    return total;
-  }
-
-  // d sum / d logits[i] = softmax(logits[i]) - onehot(target[i]), times the
-  // incoming gradient; logits = h · weightᵀ gives d h = g · weight and
-  // d weight = Σ chunks gᵀ · h, accumulated in the softmax dtype.
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& hidden = saved[0];
-    const auto& weight = saved[1];
-    const auto positions = ctx->saved_data["positions"].toTensor();
-    const auto targets = ctx->saved_data["targets"].toTensor();
-    const auto lse = ctx->saved_data["lse"].toTensor();
-    const int64_t chunk_tokens = ctx->saved_data["chunk_tokens"].toInt();
-    const Precision p{static_cast<torch::ScalarType>(ctx->saved_data["matmul_dtype"].toInt()),
-                      static_cast<torch::ScalarType>(ctx->saved_data["softmax_dtype"].toInt())};
-    const bool need_hidden = ctx->needs_input_grad(0);
-    const bool need_weight = ctx->needs_input_grad(1);
-
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    const auto grad_sum = grad_outputs[0].to(p.softmax);
     const auto hidden_flat = hidden.reshape({-1, hidden.size(-1)});
     const auto weight_mm = weight.to(p.matmul);
     torch::Tensor grad_hidden_flat, grad_weight;
     if (need_hidden) grad_hidden_flat = torch::zeros_like(hidden_flat);
     if (need_weight) grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(p.softmax));
 
+    auto total = torch::zeros({}, hidden.options().dtype(p.softmax));
     const int64_t n = positions.size(0);
-    for (int64_t begin = 0; begin < n && (need_hidden || need_weight); begin += chunk_tokens) {
+    for (int64_t begin = 0; begin < n; begin += chunk_tokens) {
       const int64_t end = std::min(n, begin + chunk_tokens);
       const auto rows = positions.slice(0, begin, end);
-      torch::Tensor h;
-      auto grad_logits = chunk_logits(hidden_flat, weight_mm, rows, p, &h);
-      grad_logits.sub_(lse.slice(0, begin, end).unsqueeze(1)).exp_();  // softmax
       const auto target = targets.slice(0, begin, end).unsqueeze(1);
+      const auto h = hidden_flat.index_select(0, rows).to(p.matmul);
+      // -log softmax(logits)[target], from one log_softmax pass over the chunk.
+      auto log_probs = torch::log_softmax(h.matmul(weight_mm.t()).to(p.softmax), 1);
+      total.sub_(log_probs.gather(1, target).sum());
+      if (!need_hidden && !need_weight) continue;
+      // d sum / d logits = softmax - onehot(target), in place of the log-probabilities.
+      auto grad_logits = log_probs.exp_();
       grad_logits.scatter_(1, target, grad_logits.gather(1, target) - 1);
-      grad_logits.mul_(grad_sum);
       const auto grad_mm = grad_logits.to(p.matmul);
-      grad_logits = torch::Tensor();  // free the softmax-dtype chunk before the next allocations
       if (need_hidden) {
         grad_hidden_flat.index_copy_(0, rows, grad_mm.matmul(weight_mm).to(hidden.scalar_type()));
       }
@@ -141,10 +102,25 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
         }
       }
     }
-    torch::Tensor grad_hidden;
-    if (need_hidden) grad_hidden = grad_hidden_flat.view(hidden.sizes());
-    if (need_weight) grad_weight = grad_weight.to(weight.scalar_type());
-    return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    // Saved (not stored in saved_data) so that autograd frees them after the backward.
+    ctx->saved_data["weight_dtype"] = weight.scalar_type();
+    ctx->save_for_backward({need_hidden ? grad_hidden_flat.view(hidden.sizes()) : torch::Tensor(),
+                            grad_weight});
+    return total;
+  }
+
+  // The chain rule with a scalar incoming gradient: scale the saved gradients.
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& grad_sum = grad_outputs[0];
+    torch::Tensor grad_hidden, grad_weight;
+    if (saved[0].defined()) grad_hidden = saved[0] * grad_sum.to(saved[0].scalar_type());
+    if (saved[1].defined()) grad_weight = saved[1] * grad_sum.to(saved[1].scalar_type());
+    // The weight's gradient was accumulated in the softmax dtype; hand it back in weight's.
+    const auto weight_dtype = ctx->saved_data["weight_dtype"].toScalarType();
+    if (grad_weight.defined()) grad_weight = grad_weight.to(weight_dtype);
+    return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -187,8 +163,13 @@ core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::T
                               targets.masked_select(bad)[0].item<int64_t>(), vocab));
     }
   }
+  // Which gradients the forward must compute: decided here, where grad mode is
+  // still the caller's (the Function's forward runs with it off).
+  const bool grad_mode = torch::GradMode::is_enabled();
   auto sum = ChunkedCrossEntropy::apply(hidden, weight, positions.to(hidden.device()),
-                                        targets.to(hidden.device()), chunk_tokens);
+                                        targets.to(hidden.device()), chunk_tokens,
+                                        grad_mode && hidden.requires_grad(),
+                                        grad_mode && weight.requires_grad());
   auto count = torch::scalar_tensor(positions.size(0), labels.options().dtype(torch::kLong));
   return {sum, count};
 }

@@ -1,10 +1,11 @@
 // The causal-LM loss of a tied LM head without the full logits: the projection
 // hidden · weightᵀ and the cross-entropy are computed chunk by chunk of at most
-// `chunk_tokens` target positions, in the forward and again (recomputed) in the
-// backward, so training never holds a [tokens × vocab] tensor — only one
-// [chunk_tokens × vocab] chunk at a time. With vocab 50257, 4096 tokens of
-// plain logits are 0.8 GB in float32 before log_softmax and its gradient add
-// as much again each; see bench/chunked_ce_memory.cpp for a measurement.
+// `chunk_tokens` target positions, and each chunk's gradients with them, in the
+// forward, so training never holds a [tokens × vocab] tensor — only one
+// [chunk_tokens × vocab] chunk at a time — and never recomputes one. With vocab
+// 50257, 4096 tokens of plain logits are 0.8 GB in float32 before log_softmax
+// and its gradient add as much again each; see bench/chunked_ce_memory.cpp for
+// a measurement.
 //
 // Why hand-written: libtorch (1.13) has no fused linear + cross-entropy, and
 // checkpointing the two ops would still materialize the full logits once in the
@@ -28,10 +29,18 @@ namespace gradaccum::models {
 //   weight [V, H]     the output projection (the tied token embedding)
 //   labels [B, T]     int64 or int32 token ids, kIgnoreIndex = ignored
 //
+// Gradients: when grad mode is on and hidden or weight requires a gradient, the
+// forward also computes d sum / d hidden and d sum / d weight (the matmuls of
+// the backward) and keeps them until the backward, which only scales them by
+// the incoming gradient: the forward costs what forward + backward of the head
+// cost, the backward almost nothing. The kept gradient of weight is one more
+// [V, H] buffer (float32) while the graph lives. Under no_grad only the sum is
+// computed. Differentiating twice is not supported.
+//
 // Precision: the log-sum-exp and softmax run in float32 (float64 when the
 // inputs are float64). Under autocast (CPU or CUDA, as active when this is
-// called) the chunk matmuls run in the autocast dtype, in the backward too
-// even when backward() is called outside autocast; without it they run in the
+// called) the chunk matmuls run in the autocast dtype, the gradient matmuls
+// too (they run in the forward); without it they run in the
 // inputs' dtype. The sum is float32 (float64 for float64 inputs); the
 // gradients come back in hidden's and weight's dtypes, zero at positions whose
 // shifted label is ignored. A batch without targets gives sum 0, count 0.
