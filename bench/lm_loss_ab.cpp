@@ -6,23 +6,28 @@
 // alike (the machines here vary up to 1.7x between identical processes).
 //
 //   lm_loss_ab [--threads 2] [--rounds 20] [--mixed-precision no|bf16]
-//              [--chunks plain,0,256]
+//              [--chunks plain,0,256] [--trace FILE]
 //
 // `plain` is the unfused loss (the full logits from the LM head, then
 // causal_lm_loss: log_softmax + nll and their backward, as the Python loop
 // does); 0 and K > 0 are the engine's loss_chunk_tokens settings of the fused
 // loss, which computes the LM head's gradients in its forward
-// (models/chunked_cross_entropy.h): 0 = one chunk for the micro-batch. The first round is a warm-up and not counted. Prints one JSON
+// (models/chunked_cross_entropy.h): 0 = automatic, here one chunk per
+// micro-batch. The first round is a warm-up and not counted. Prints one JSON
 // line: per setting the median, minimum and maximum milliseconds per
 // micro-step, and the median ratio to the first setting taken round by round.
+// --trace FILE also writes libtorch's profiler trace of the last round
+// (chrome://tracing format; every op with its duration) to FILE.
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -46,6 +51,7 @@ struct Options {
   int64_t rounds = 20;
   core::MixedPrecision precision = core::MixedPrecision::none;
   std::vector<int64_t> chunks = {kPlain, 0, 256};
+  std::string trace;
 };
 
 int64_t parse_count(const std::string& key, const std::string& value) {
@@ -73,6 +79,8 @@ Options parse_options(int argc, char** argv) {
       o.rounds = parse_count(key, value);
     } else if (key == "--mixed-precision") {
       o.precision = core::parse_mixed_precision(value);
+    } else if (key == "--trace") {
+      o.trace = value;
     } else if (key == "--chunks") {
       o.chunks.clear();
       std::stringstream list(value);
@@ -125,6 +133,10 @@ int main(int argc, char** argv) {
   std::vector<std::vector<double>> ms(opts.chunks.size());
   std::vector<double> losses(opts.chunks.size());
   for (int64_t round = 0; round < opts.rounds; ++round) {
+    std::unique_ptr<torch::autograd::profiler::RecordProfile> trace;
+    if (!opts.trace.empty() && round == opts.rounds - 1) {
+      trace = std::make_unique<torch::autograd::profiler::RecordProfile>(opts.trace);
+    }
     for (size_t i = 0; i < opts.chunks.size(); ++i) {
       const bool plain = opts.chunks[i] == kPlain;
       if (!plain) model.set_loss_chunk_tokens(opts.chunks[i]);

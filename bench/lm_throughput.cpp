@@ -24,7 +24,8 @@
 //
 // --loss-chunk-tokens K (default 0) is the config key loss_chunk_tokens of the
 // fused LM-head loss (chunked_cross_entropy.h, which computes the head's
-// gradients in its forward): 0 = one chunk per micro-batch, K > 0 = K tokens.
+// gradients in its forward): 0 = automatic (~64 MiB of float32 logits, here
+// one chunk per micro-batch), K > 0 = K tokens.
 // bench/lm_loss_ab.cpp compares it with the unfused loss.
 //
 // Like `gradaccum`, the program keeps freed heap memory (io::retain_freed_heap).

@@ -358,3 +358,16 @@ TEST(ChunkedCrossEntropyModel, BloomGradientsEqualPlainLossFloat32) {
 }
 
 }  // namespace
+
+// loss_chunk_tokens 0 picks the chunk whose float32 logits take ~64 MiB.
+TEST(ChunkedCrossEntropyModel, AutomaticChunkKeepsFloat32LogitsNear64MiB) {
+  auto config = tiny_gpt2_config();
+  config.vocab_size = 50257;
+  CausalLm gpt2_vocab{Gpt2LmHeadModel(config)};
+  EXPECT_EQ(gpt2_vocab.chunk_tokens(), 333);  // 64 MiB / (50257 × 4 B)
+  config.vocab_size = 8192;
+  CausalLm small_vocab(Gpt2LmHeadModel(config), 0);
+  EXPECT_EQ(small_vocab.chunk_tokens(), 2048);
+  small_vocab.set_loss_chunk_tokens(7);
+  EXPECT_EQ(small_vocab.chunk_tokens(), 7);
+}

@@ -1,6 +1,7 @@
 #include "gradaccum/models/causal_lm.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "gradaccum/core/check.h"
 #include "gradaccum/models/chunked_cross_entropy.h"
@@ -43,14 +44,21 @@ void CausalLm::set_loss_chunk_tokens(int64_t tokens) {
   loss_chunk_tokens_ = tokens;
 }
 
+int64_t CausalLm::chunk_tokens() {
+  if (loss_chunk_tokens_ > 0) return loss_chunk_tokens_;
+  // Automatic: a chunk's float32 logits near kAutoChunkBytes — large enough for
+  // efficient matmuls, small enough that memory does not grow with micro-batch
+  // × vocabulary (333 tokens at GPT-2's 50257, 2048 at a vocabulary of 8192).
+  constexpr int64_t kAutoChunkBytes = int64_t{64} << 20;
+  const int64_t vocab = model_->transformer->token_embedding().size(0);
+  return std::max<int64_t>(1, kAutoChunkBytes / (vocab * static_cast<int64_t>(sizeof(float))));
+}
+
 core::LossSum CausalLm::loss(const core::Batch& batch) {
-  // The tied head's projection happens inside the fused loss, chunk by chunk;
-  // 0 = all target positions of the micro-batch in one chunk (at most B·T).
-  const int64_t chunk =
-      loss_chunk_tokens_ > 0 ? loss_chunk_tokens_ : std::max<int64_t>(1, batch.target.numel());
+  // The tied head's projection happens inside the fused loss, chunk by chunk.
   auto& transformer = model_->transformer;
   return chunked_causal_lm_loss(transformer->hidden_states(batch.input, batch.attention_mask),
-                                transformer->token_embedding(), batch.target, chunk);
+                                transformer->token_embedding(), batch.target, chunk_tokens());
 }
 
 core::EvalSums CausalLm::evaluate(const core::Batch& batch) {

@@ -49,12 +49,11 @@ core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
 //
 // The loss is chunked_causal_lm_loss (chunked_cross_entropy.h): the tied
 // head's projection and the cross-entropy fused, the head's gradients computed
-// in the forward. loss_chunk_tokens (the config key of the same name): 0 takes
-// all of a micro-batch's target positions in one chunk, the fastest here (the
-// logits of one micro-batch are held once, not three times as by a separate
-// log_softmax and its gradient); K > 0 never holds more than K × vocab logits.
-// Every setting gives the loss, count and gradients of causal_lm_loss on the
-// full logits up to rounding; evaluation follows the same setting.
+// in the forward. loss_chunk_tokens (the config key of the same name): K > 0
+// never holds more than K × vocab logits; 0 (the default) chooses K so that a
+// chunk's float32 logits take about 64 MiB (chunk_tokens()). Every setting
+// gives the loss, count and gradients of causal_lm_loss on the full logits up
+// to rounding; evaluation follows the same setting.
 class CausalLm final : public core::Trainable {
  public:
   explicit CausalLm(CausalLmHead model, int64_t loss_chunk_tokens = 0) : model_(std::move(model)) {
@@ -73,6 +72,8 @@ class CausalLm final : public core::Trainable {
   // Throws gradaccum::Error naming loss_chunk_tokens when `tokens` < 0.
   void set_loss_chunk_tokens(int64_t tokens);
   int64_t loss_chunk_tokens() const { return loss_chunk_tokens_; }
+  // The chunk the loss uses: loss_chunk_tokens, or the automatic size for 0.
+  int64_t chunk_tokens();
 
  private:
   CausalLmHead model_;
