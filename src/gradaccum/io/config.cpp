@@ -78,7 +78,7 @@ loss_scaler:                      # fp16's dynamic loss scaler (torch.cuda.amp.G
   backoff_factor: 0.5
   growth_interval: 2000           # good optimizer steps before the scale grows
 gradient_checkpointing: false     # GPT-2/BLOOM: recompute block activations in backward
-loss_chunk_tokens: 0              # causal LMs: > 0 computes the LM head + loss in chunks of this many tokens
+loss_chunk_tokens: 0              # causal LMs: the fused LM head + loss works on chunks of this many tokens (0 = automatic, ~64 MiB of logits)
 loss_normalization: window        # window (exact mean) | sum | micro_batch (naive)
 last_window: partial              # partial | drop
 logging_steps: 1
@@ -361,7 +361,7 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
           c.mixed_precision);
   c.model.gradient_checkpointing = get_bool(root, "gradient_checkpointing");
   c.model.loss_chunk_tokens = get_int(root, "loss_chunk_tokens");
-  require(c.model.loss_chunk_tokens >= 0, "loss_chunk_tokens", ">= 0 (0 = no chunking)",
+  require(c.model.loss_chunk_tokens >= 0, "loss_chunk_tokens", ">= 0 (0 = automatic)",
           std::to_string(c.model.loss_chunk_tokens));
   auto& scaler = t.loss_scaler;
   scaler.init_scale = get_double(root, "loss_scaler.init_scale");

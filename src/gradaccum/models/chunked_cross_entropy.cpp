@@ -109,13 +109,21 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     return total;
   }
 
-  // The chain rule with a scalar incoming gradient: scale the saved gradients.
+  // The chain rule with a scalar incoming gradient: scale the saved gradients,
+  // in place — a copy would add one more weight-sized buffer at the start of
+  // every backward (154 MB for GPT-2 small's head) — so a graph can be
+  // differentiated once only; a second backward through a retained graph is an
+  // error instead of a wrong gradient.
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
+    GA_CHECK(!ctx->saved_data.count("differentiated"),
+             "chunked cross-entropy: a second backward through the same graph (retain_graph) is "
+             "not supported: the gradients were computed in the forward and consumed by the first");
+    ctx->saved_data["differentiated"] = true;
+    auto saved = ctx->get_saved_variables();
     const auto& grad_sum = grad_outputs[0];
-    torch::Tensor grad_hidden, grad_weight;
-    if (saved[0].defined()) grad_hidden = saved[0] * grad_sum.to(saved[0].scalar_type());
-    if (saved[1].defined()) grad_weight = saved[1] * grad_sum.to(saved[1].scalar_type());
+    torch::Tensor grad_hidden = saved[0], grad_weight = saved[1];
+    if (grad_hidden.defined()) grad_hidden.mul_(grad_sum.to(grad_hidden.scalar_type()));
+    if (grad_weight.defined()) grad_weight.mul_(grad_sum.to(grad_weight.scalar_type()));
     // The weight's gradient was accumulated in the softmax dtype; hand it back in weight's.
     const auto weight_dtype = ctx->saved_data["weight_dtype"].toScalarType();
     if (grad_weight.defined()) grad_weight = grad_weight.to(weight_dtype);

@@ -35,7 +35,9 @@ namespace gradaccum::models {
 // the incoming gradient: the forward costs what forward + backward of the head
 // cost, the backward almost nothing. The kept gradient of weight is one more
 // [V, H] buffer (float32) while the graph lives. Under no_grad only the sum is
-// computed. Differentiating twice is not supported.
+// computed. The backward scales the kept gradients in place, so a graph can
+// be differentiated once: a second backward through a retained graph throws
+// gradaccum::Error. Differentiating twice (higher order) is not supported.
 //
 // Precision: the log-sum-exp and softmax run in float32 (float64 when the
 // inputs are float64). Under autocast (CPU or CUDA, as active when this is

@@ -25,7 +25,7 @@ struct ModelConfig {
   std::string hf_checkpoint;  // a directory with config.json + model.safetensors
   // Memory savings (top-level keys, as in HF TrainingArguments).
   bool gradient_checkpointing = false;  // recompute block activations in backward
-  int64_t loss_chunk_tokens = 0;        // > 0: chunked LM-head cross-entropy
+  int64_t loss_chunk_tokens = 0;        // fused LM-head loss chunk; 0 = automatic
 };
 
 // An image classifier for 28×28 grey images and `classes` classes.
