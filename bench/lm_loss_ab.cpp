@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
 #include "gradaccum/core/check.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/io/heap_retention.h"
@@ -39,6 +40,9 @@
 #include "gradaccum/models/gpt2.h"
 
 namespace {
+
+using gradaccum::bench::median;
+using gradaccum::bench::parse_count;
 
 namespace core = gradaccum::core;
 namespace models = gradaccum::models;
@@ -54,19 +58,6 @@ struct Options {
   std::string trace;
 };
 
-int64_t parse_count(const std::string& key, const std::string& value) {
-  size_t used = 0;
-  int64_t n = -1;
-  try {
-    n = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  GA_CHECK(used == value.size() && used > 0 && n >= 0, "lm_loss_ab: {} '{}' is not a count", key,
-           value);
-  return n;
-}
-
 Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
@@ -74,9 +65,9 @@ Options parse_options(int argc, char** argv) {
     GA_CHECK(i + 1 < argc, "lm_loss_ab: option {} needs a value", key);
     const std::string value = argv[i + 1];
     if (key == "--threads") {
-      o.threads = parse_count(key, value);
+      o.threads = parse_count("lm_loss_ab", key, value);
     } else if (key == "--rounds") {
-      o.rounds = parse_count(key, value);
+      o.rounds = parse_count("lm_loss_ab", key, value);
     } else if (key == "--mixed-precision") {
       o.precision = core::parse_mixed_precision(value);
     } else if (key == "--trace") {
@@ -85,7 +76,7 @@ Options parse_options(int argc, char** argv) {
       o.chunks.clear();
       std::stringstream list(value);
       for (std::string item; std::getline(list, item, ',');) {
-        o.chunks.push_back(item == "plain" ? kPlain : parse_count(key, item));
+        o.chunks.push_back(item == "plain" ? kPlain : parse_count("lm_loss_ab", key, item));
       }
     } else {
       GA_CHECK(false, "lm_loss_ab: unknown option {}", key);
@@ -94,12 +85,6 @@ Options parse_options(int argc, char** argv) {
   GA_CHECK(o.threads >= 1 && o.rounds >= 2 && !o.chunks.empty(),
            "lm_loss_ab: needs --threads >= 1, --rounds >= 2 and at least one chunk setting");
   return o;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 }  // namespace
@@ -158,16 +143,17 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < opts.chunks.size(); ++i) {
     std::vector<double> ratio;
     for (size_t r = 0; r < ms[i].size(); ++r) ratio.push_back(ms[i][r] / ms[0][r]);
-    rows.push_back(fmt::format(
-        "{{\"path\": \"{}\", \"ms_median\": {:.2f}, \"ms_min\": {:.2f}, \"ms_max\": "
-        "{:.2f}, \"ratio_to_first\": {:.3f}, \"loss\": {:.6f}}}",
-        opts.chunks[i] == kPlain ? std::string("plain")
-                                 : fmt::format("loss_chunk_tokens {}", opts.chunks[i]), median(ms[i]), *std::min_element(ms[i].begin(), ms[i].end()),
-        *std::max_element(ms[i].begin(), ms[i].end()), median(ratio), losses[i]));
+    rows.push_back(
+        fmt::format("{{\"path\": \"{}\", \"ms_median\": {:.2f}, \"ms_min\": {:.2f}, \"ms_max\": "
+                    "{:.2f}, \"ratio_to_first\": {:.3f}, \"loss\": {:.6f}}}",
+                    opts.chunks[i] == kPlain ? std::string("plain")
+                                             : fmt::format("loss_chunk_tokens {}", opts.chunks[i]),
+                    median(ms[i]), *std::min_element(ms[i].begin(), ms[i].end()),
+                    *std::max_element(ms[i].begin(), ms[i].end()), median(ratio), losses[i]));
   }
-  fmt::print("{{\"program\": \"lm_loss_ab\", \"mixed_precision\": \"{}\", \"threads\": {}, "
-             "\"rounds\": {}, \"settings\": [{}]}}\n",
-             core::to_string(opts.precision), opts.threads, opts.rounds - 1,
-             fmt::join(rows, ", "));
+  fmt::print(
+      "{{\"program\": \"lm_loss_ab\", \"mixed_precision\": \"{}\", \"threads\": {}, "
+      "\"rounds\": {}, \"settings\": [{}]}}\n",
+      core::to_string(opts.precision), opts.threads, opts.rounds - 1, fmt::join(rows, ", "));
   return 0;
 }

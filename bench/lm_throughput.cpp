@@ -50,6 +50,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_support.h"
 #include "gradaccum/core/check.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/mixed_precision.h"
@@ -62,6 +63,9 @@
 #include "gradaccum/optim/optimizer_factory.h"
 
 namespace {
+
+using gradaccum::bench::median;
+using gradaccum::bench::parse_count;
 
 namespace core = gradaccum::core;
 namespace models = gradaccum::models;
@@ -114,19 +118,6 @@ struct Options {
   bool profile = false;
 };
 
-int64_t parse_count(const std::string& key, const std::string& value) {
-  size_t used = 0;
-  int64_t n = -1;
-  try {
-    n = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  GA_CHECK(used == value.size() && used > 0, "lm_throughput: {} '{}' is not an integer", key,
-           value);
-  return n;
-}
-
 // Throws gradaccum::Error on an unknown option, a missing value or fp16 (on
 // CPU an emulation in float32, not a speed mode: docs/mixed_precision.md).
 Options parse_options(int argc, char** argv) {
@@ -140,13 +131,13 @@ Options parse_options(int argc, char** argv) {
     GA_CHECK(i + 1 < argc, "lm_throughput: option {} needs a value", key);
     const std::string value = argv[++i];
     if (key == "--threads") {
-      o.threads = parse_count(key, value);
+      o.threads = parse_count("lm_throughput", key, value);
     } else if (key == "--warmup-steps") {
-      o.warmup = parse_count(key, value);
+      o.warmup = parse_count("lm_throughput", key, value);
     } else if (key == "--steps") {
-      o.steps = parse_count(key, value);
+      o.steps = parse_count("lm_throughput", key, value);
     } else if (key == "--loss-chunk-tokens") {
-      o.loss_chunk_tokens = parse_count(key, value);
+      o.loss_chunk_tokens = parse_count("lm_throughput", key, value);
     } else if (key == "--mixed-precision") {
       o.precision = core::parse_mixed_precision(value);
       GA_CHECK(
@@ -164,12 +155,6 @@ Options parse_options(int argc, char** argv) {
 
 double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 // FLOP/s of torch::mm([m, k] × [k, n]) in `dtype`: median of timed

@@ -29,12 +29,15 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "bench_support.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
 
 namespace {
+
+using gradaccum::bench::median;
 
 namespace core = gradaccum::core;
 
@@ -111,12 +114,6 @@ std::vector<std::chrono::steady_clock::time_point> raw_loop(const RandomRegressi
     ends.push_back(std::chrono::steady_clock::now());
   }
   return ends;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 }  // namespace
