@@ -12,7 +12,8 @@
 // and the loss run under bfloat16 autocast, the backward outside it; weights,
 // gradients and AdamW stay float32 (docs/mixed_precision.md).
 //
-// Before training, the same process measures the GEMM rate it can reach:
+// Before and after training, the same process measures the GEMM rate it can
+// reach (the peak is the faster of the two probes):
 // torch::mm of the model's own shapes (the four per-layer projections and the
 // tied LM head, rows = 8 × 128 tokens), weighted by how often a forward uses
 // each, and a 2048³ square for reference. The GEMMs run in the dtype the
@@ -179,6 +180,33 @@ struct GemmShape {
   int64_t k, n, uses;  // [tokens, k] × [k, n], `uses` times per forward
 };
 
+struct GemmPeak {
+  double model = 0.0;   // FLOP/s of the forward shapes' mix, weighted by uses
+  double square = 0.0;  // FLOP/s of 2048³
+  std::string per_shape;
+};
+
+GemmPeak gemm_peak(torch::ScalarType dtype) {
+  const int64_t tokens = kMicroBatch * kContext;
+  const std::vector<GemmShape> shapes = {
+      {"c_attn", kEmbd, 3 * kEmbd, kLayers}, {"attn.c_proj", kEmbd, kEmbd, kLayers},
+      {"c_fc", kEmbd, 4 * kEmbd, kLayers},   {"mlp.c_proj", 4 * kEmbd, kEmbd, kLayers},
+      {"lm_head", kEmbd, kVocab, 1}};
+  GemmPeak peak;
+  double mix_flops = 0.0, mix_time = 0.0;
+  for (const auto& s : shapes) {
+    const double rate = gemm_rate(tokens, s.k, s.n, dtype, 0.5);
+    const double flops = 2.0 * static_cast<double>(tokens * s.k * s.n * s.uses);
+    mix_flops += flops;
+    mix_time += flops / rate;
+    peak.per_shape +=
+        fmt::format("{}\"{}\": {:.2f}", peak.per_shape.empty() ? "" : ", ", s.name, rate / 1e9);
+  }
+  peak.model = mix_flops / mix_time;
+  peak.square = gemm_rate(2048, 2048, 2048, dtype, 1.0);
+  return peak;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,23 +228,9 @@ int main(int argc, char** argv) {
   at::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(42);
 
-  // The GEMM rate this process reaches, just before training.
-  const int64_t tokens_per_micro = kMicroBatch * kContext;
-  const std::vector<GemmShape> shapes = {
-      {"c_attn", kEmbd, 3 * kEmbd, kLayers}, {"attn.c_proj", kEmbd, kEmbd, kLayers},
-      {"c_fc", kEmbd, 4 * kEmbd, kLayers},   {"mlp.c_proj", 4 * kEmbd, kEmbd, kLayers},
-      {"lm_head", kEmbd, kVocab, 1}};
-  double mix_flops = 0.0, mix_time = 0.0;
-  std::string per_shape;
-  for (const auto& s : shapes) {
-    const double rate = gemm_rate(tokens_per_micro, s.k, s.n, gemm_dtype, 0.5);
-    const double flops = 2.0 * static_cast<double>(tokens_per_micro * s.k * s.n * s.uses);
-    mix_flops += flops;
-    mix_time += flops / rate;
-    per_shape += fmt::format("{}\"{}\": {:.2f}", per_shape.empty() ? "" : ", ", s.name, rate / 1e9);
-  }
-  const double gemm_model = mix_flops / mix_time;
-  const double gemm_square = gemm_rate(2048, 2048, 2048, gemm_dtype, 1.0);
+  // The GEMM rate this process reaches, probed before and after training; the
+  // peak is the faster probe (the rate is bimodal on this machine).
+  const GemmPeak before = gemm_peak(gemm_dtype);
 
   models::Gpt2Config config;
   config.vocab_size = kVocab;
@@ -293,6 +307,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  const GemmPeak after = gemm_peak(gemm_dtype);
+  const double gemm_model = std::max(before.model, after.model);
+  const double gemm_square = std::max(before.square, after.square);
+
   std::vector<double> step_s;
   for (int64_t s = warmup; s < total_steps; ++s) {
     step_s.push_back(seconds(s == 0 ? start : clock.ends[s - 1], clock.ends[s]));
@@ -315,7 +333,8 @@ int main(int argc, char** argv) {
       "\"matmul_parameters\": {}, \"flops_per_token\": {:.0f}, \"warmup_steps\": {}, \"steps\": {}, "
       "\"tokens_per_s\": {:.1f}, \"s_per_step\": {:.4f}, \"s_per_step_min\": {:.4f}, "
       "\"model_gflops\": {:.2f}, \"gemm_model_gflops\": {:.2f}, \"gemm_square_gflops\": {:.2f}, "
-      "\"gemm_shapes_gflops\": {{{}}}, \"fraction_of_gemm_model\": {:.3f}, "
+      "\"gemm_shapes_gflops\": {{{}}}, \"gemm_model_gflops_before_after\": [{:.2f}, {:.2f}], "
+      "\"gemm_square_gflops_before_after\": [{:.2f}, {:.2f}], \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
       "\"peak_rss_mb\": {:.1f}{}}}\n",
       profile ? "gradaccum-profile" : "gradaccum", core::to_string(precision),
@@ -323,7 +342,8 @@ int main(int argc, char** argv) {
       opts.loss_chunk_tokens, kVocab, kContext, kEmbd,
       kLayers, kHeads, kMicroBatch, kAccumulation, parameters, matmul_parameters, flops_per_token,
       warmup, steps, tokens_per_s, median(step_s), *std::min_element(step_s.begin(), step_s.end()),
-      model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9, per_shape, model_flops / gemm_model,
+      model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9, before.per_shape, before.model / 1e9,
+      after.model / 1e9, before.square / 1e9, after.square / 1e9, model_flops / gemm_model,
       model_flops / gemm_square, clock.losses.front(), clock.losses.back(),
       gradaccum::io::peak_rss_mb(), profile_json);
   return 0;

@@ -18,9 +18,9 @@ dtype=torch.bfloat16), the backward outside it (PyTorch's AMP recipe); parameter
 and AdamW stay float32. As in the engine, the attention softmax of the bfloat16 scores is
 computed in float32.
 
-Before training it measures the GEMM rate of this process (torch.mm of the model's own
-shapes weighted by their uses per forward, and 2048^3 for reference), as the engine's
-program does, in the dtype of the model's matmuls (bfloat16 under bf16). Model FLOPs per token = 6 x P + 12 x n_layer x T x n_embd (P = parameters
+Before and after training it measures the GEMM rate of this process (torch.mm of the model's
+own shapes weighted by their uses per forward, and 2048^3 for reference; the peak is the faster
+of the two probes), as the engine's program does, in the dtype of the model's matmuls (bfloat16 under bf16). Model FLOPs per token = 6 x P + 12 x n_layer x T x n_embd (P = parameters
 without the position table). Forward, backward and the optimizer step are timed
 separately (host clock; on CPU every op has finished when it returns). Prints one JSON line.
 """
@@ -135,20 +135,23 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(42)
 
-    tokens = MICRO_BATCH * CONTEXT
-    shapes = [("c_attn", EMBD, 3 * EMBD, LAYERS), ("attn.c_proj", EMBD, EMBD, LAYERS),
-              ("c_fc", EMBD, 4 * EMBD, LAYERS), ("mlp.c_proj", 4 * EMBD, EMBD, LAYERS),
-              ("lm_head", EMBD, VOCAB, 1)]
-    mix_flops = mix_time = 0.0
-    per_shape = {}
-    for name, k, n, uses in shapes:
-        rate = gemm_rate(tokens, k, n, gemm_dtype, 0.5)
-        flops = 2.0 * tokens * k * n * uses
-        mix_flops += flops
-        mix_time += flops / rate
-        per_shape[name] = round(rate / 1e9, 2)
-    gemm_model = mix_flops / mix_time
-    gemm_square = gemm_rate(2048, 2048, 2048, gemm_dtype, 1.0)
+    def gemm_peak():
+        """GEMM FLOP/s of the model's forward shapes (weighted by uses) and of 2048^3."""
+        tokens = MICRO_BATCH * CONTEXT
+        shapes = [("c_attn", EMBD, 3 * EMBD, LAYERS), ("attn.c_proj", EMBD, EMBD, LAYERS),
+                  ("c_fc", EMBD, 4 * EMBD, LAYERS), ("mlp.c_proj", 4 * EMBD, EMBD, LAYERS),
+                  ("lm_head", EMBD, VOCAB, 1)]
+        mix_flops = mix_time = 0.0
+        per_shape = {}
+        for name, k, n, uses in shapes:
+            rate = gemm_rate(tokens, k, n, gemm_dtype, 0.5)
+            flops = 2.0 * tokens * k * n * uses
+            mix_flops += flops
+            mix_time += flops / rate
+            per_shape[name] = round(rate / 1e9, 2)
+        return mix_flops / mix_time, gemm_rate(2048, 2048, 2048, gemm_dtype, 1.0), per_shape
+
+    model_before, square_before, per_shape = gemm_peak()
 
     model = Gpt2()
     params = list(model.parameters())
@@ -194,6 +197,12 @@ def main():
             t_step += ends[-1] - t0
         losses.append(window_loss)
 
+    # Probed again after training; the peak is the faster probe of the two (the
+    # probe's rate is bimodal on this machine, see BENCHMARKS.md).
+    model_after, square_after, _ = gemm_peak()
+    gemm_model = max(model_before, model_after)
+    gemm_square = max(square_before, square_after)
+
     w = args.warmup_steps
     step_s = [ends[s] - (start if s == 0 else ends[s - 1]) for s in range(w, total_steps)]
     timed_s = ends[-1] - (start if w == 0 else ends[w - 1])
@@ -209,6 +218,8 @@ def main():
         "s_per_step_min": round(min(step_s), 4), "model_gflops": round(model_flops / 1e9, 2),
         "gemm_model_gflops": round(gemm_model / 1e9, 2),
         "gemm_square_gflops": round(gemm_square / 1e9, 2), "gemm_shapes_gflops": per_shape,
+        "gemm_model_gflops_before_after": [round(model_before / 1e9, 2), round(model_after / 1e9, 2)],
+        "gemm_square_gflops_before_after": [round(square_before / 1e9, 2), round(square_after / 1e9, 2)],
         "fraction_of_gemm_model": round(model_flops / gemm_model, 3),
         "fraction_of_gemm_square": round(model_flops / gemm_square, 3),
         "first_loss": round(losses[0], 4), "final_loss": round(losses[-1], 4),
