@@ -13,11 +13,12 @@
 // their difference — what the loss costs, the weight's gradient included.
 // The full float32 logits of 4096 tokens × 50257 are 786 MiB.
 //
-// Measured here (2026-11, 1 thread, hidden 768, float32; loss_peak_mib):
-//   plain 2364 MiB (logits, log_softmax and their gradient: 3 × 786, plus
-//   the weight's gradient 147), chunk 1024: 406 MiB (one 196 MiB chunk of
-//   logits + the weight's gradient), chunk 256: 219 MiB; time 49 s plain vs
-//   59 s chunk 1024 (the backward recomputes the projection).
+// CHUNK_TOKENS > 0 (the fused loss computes the head's gradients in its
+// forward, chunked_cross_entropy.h). Measured here (2026-11-22, 1 thread,
+// hidden 768, float32; loss_peak_mib, BENCHMARKS.md): plain 2364 MiB in 40.5 s
+// (logits, log_softmax and their gradient: 3 × 786, plus the weight's gradient
+// 147), chunk 333 (the automatic size at this vocabulary) 296 MiB in 32.0 s,
+// chunk 1024 568 MiB, chunk 256 267 MiB.
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -28,6 +29,7 @@
 #include <iostream>
 #include <string>
 
+#include "bench_support.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/chunked_cross_entropy.h"
 
@@ -60,11 +62,26 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[1];
-  const int64_t chunk = mode == "plain" ? 0 : std::stoll(mode);
+  int64_t chunk = 0;  // 0 = plain
   int64_t tokens = 4096, vocab = 50257, hidden_size = 768;
+  try {
+    if (mode != "plain") {
+      chunk = gradaccum::bench::parse_count("chunked_ce_memory", "CHUNK_TOKENS", mode);
+      GA_CHECK(chunk > 0, "chunked_ce_memory: CHUNK_TOKENS must be > 0 (or plain), got 0");
+    }
+  } catch (const gradaccum::Error& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
-    const int64_t value = std::stoll(argv[i + 1]);
+    int64_t value = 0;
+    try {
+      value = gradaccum::bench::parse_count("chunked_ce_memory", key, argv[i + 1]);
+    } catch (const gradaccum::Error& e) {
+      std::cerr << e.what() << "\n";
+      return 2;
+    }
     if (key == "--tokens") {
       tokens = value;
     } else if (key == "--vocab") {

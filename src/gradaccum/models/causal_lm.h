@@ -40,7 +40,9 @@ inline constexpr int64_t kIgnoreIndex = -100;
 // gives n - 1 targets under right padding; under left padding with only the
 // padding labelled -100, its first real token is a target too (predicted from
 // the pad before it), exactly as in HF — a collator that does not want that
-// labels it -100 as well.
+// labels it -100 as well. This is the loss's definition on full logits, the
+// reference the fused loss of CausalLm (chunked_cross_entropy.h) reproduces;
+// training uses the fused one.
 core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels);
 
 // batch.input = token ids [B, T], batch.target = labels [B, T] (kIgnoreIndex =
