@@ -33,6 +33,7 @@ using gradaccum::models::chunked_causal_lm_loss;
 using gradaccum::models::Gpt2Config;
 using gradaccum::models::Gpt2LmHeadModel;
 using gradaccum::models::kIgnoreIndex;
+using gradaccum::models::TargetSelection;
 using gradaccum::testing::flat_grads;
 using gradaccum::testing::max_relative_difference;
 using gradaccum::testing::pad;
@@ -68,13 +69,22 @@ struct Result {
   torch::Tensor sum, count, grad_hidden, grad_weight;
 };
 
+// Both ways of choosing the projected positions (compact is automatic's choice on the CPU,
+// masked on accelerators).
+const TargetSelection kSelections[] = {TargetSelection::compact, TargetSelection::masked};
+
+const char* name_of(TargetSelection selection) {
+  return selection == TargetSelection::masked ? "masked" : "compact";
+}
+
 // chunk_tokens 0 = the plain path.
-Result run(const Inputs& in, int64_t chunk_tokens) {
+Result run(const Inputs& in, int64_t chunk_tokens,
+           TargetSelection selection = TargetSelection::automatic) {
   auto hidden = in.hidden.clone().requires_grad_(true);
   auto weight = in.weight.clone().requires_grad_(true);
   auto loss = chunk_tokens == 0
                   ? causal_lm_loss(torch::nn::functional::linear(hidden, weight), in.labels)
-                  : chunked_causal_lm_loss(hidden, weight, in.labels, chunk_tokens);
+                  : chunked_causal_lm_loss(hidden, weight, in.labels, chunk_tokens, selection);
   (loss.sum * kGradScale).backward();
   return {loss.sum.detach(), loss.count, hidden.grad(), weight.grad()};
 }
@@ -87,29 +97,32 @@ void expect_matches_plain(torch::ScalarType dtype, double tolerance) {
   const auto in = make_inputs(dtype);
   const auto plain = run(in, 0);
   ASSERT_EQ(plain.count.item<int64_t>(), 17);
-  // 1 splits the 17 targets evenly, 3 and 7 leave a short last chunk, 1000 is one chunk.
-  for (int64_t chunk : {1, 3, 7, 1000}) {
-    SCOPED_TRACE("chunk_tokens " + std::to_string(chunk));
-    const auto chunked = run(in, chunk);
-    EXPECT_EQ(chunked.sum.scalar_type(), dtype);
-    EXPECT_EQ(chunked.count.scalar_type(), torch::kLong);
-    EXPECT_EQ(chunked.count.item<int64_t>(), 17);
-    const double loss_diff = relative(chunked.sum, plain.sum);
-    const double hidden_diff = relative(chunked.grad_hidden, plain.grad_hidden);
-    const double weight_diff = relative(chunked.grad_weight, plain.grad_weight);
-    std::printf("[ measured ] %s chunk %lld: loss %.3e, grad hidden %.3e, grad weight %.3e\n",
-                c10::toString(dtype), static_cast<long long>(chunk), loss_diff, hidden_diff,
-                weight_diff);
-    EXPECT_LE(loss_diff, tolerance);
-    EXPECT_EQ(chunked.grad_hidden.scalar_type(), dtype);
-    EXPECT_EQ(chunked.grad_weight.scalar_type(), dtype);
-    EXPECT_LE(hidden_diff, tolerance);
-    EXPECT_LE(weight_diff, tolerance);
-    // Positions whose shifted label is ignored (and every row's last) get no gradient.
-    EXPECT_EQ(chunked.grad_hidden[0].slice(0, 5, 9).abs().max().item<double>(), 0.0);
-    EXPECT_EQ(chunked.grad_hidden[1].slice(0, 0, 3).abs().max().item<double>(), 0.0);
-    EXPECT_EQ(chunked.grad_hidden[2][3].abs().max().item<double>(), 0.0);
-    EXPECT_GT(chunked.grad_hidden[2][4].abs().max().item<double>(), 0.0);
+  // 1 splits the 17 targets (27 positions when masked) evenly, 3 and 7 leave a short
+  // last chunk, 1000 is one chunk.
+  for (const auto selection : kSelections) {
+    for (int64_t chunk : {1, 3, 7, 1000}) {
+      SCOPED_TRACE(std::string(name_of(selection)) + ", chunk_tokens " + std::to_string(chunk));
+      const auto chunked = run(in, chunk, selection);
+      EXPECT_EQ(chunked.sum.scalar_type(), dtype);
+      EXPECT_EQ(chunked.count.scalar_type(), torch::kLong);
+      EXPECT_EQ(chunked.count.item<int64_t>(), 17);
+      const double loss_diff = relative(chunked.sum, plain.sum);
+      const double hidden_diff = relative(chunked.grad_hidden, plain.grad_hidden);
+      const double weight_diff = relative(chunked.grad_weight, plain.grad_weight);
+      std::printf("[ measured ] %s %s chunk %lld: loss %.3e, grad hidden %.3e, grad weight %.3e\n",
+                  c10::toString(dtype), name_of(selection), static_cast<long long>(chunk),
+                  loss_diff, hidden_diff, weight_diff);
+      EXPECT_LE(loss_diff, tolerance);
+      EXPECT_EQ(chunked.grad_hidden.scalar_type(), dtype);
+      EXPECT_EQ(chunked.grad_weight.scalar_type(), dtype);
+      EXPECT_LE(hidden_diff, tolerance);
+      EXPECT_LE(weight_diff, tolerance);
+      // Positions whose shifted label is ignored (and every row's last) get no gradient.
+      EXPECT_EQ(chunked.grad_hidden[0].slice(0, 5, 9).abs().max().item<double>(), 0.0);
+      EXPECT_EQ(chunked.grad_hidden[1].slice(0, 0, 3).abs().max().item<double>(), 0.0);
+      EXPECT_EQ(chunked.grad_hidden[2][3].abs().max().item<double>(), 0.0);
+      EXPECT_GT(chunked.grad_hidden[2][4].abs().max().item<double>(), 0.0);
+    }
   }
 }
 
@@ -120,48 +133,55 @@ TEST(ChunkedCrossEntropy, MatchesPlainLossFloat32) { expect_matches_plain(torch:
 // The custom backward against central finite differences of the forward
 // alone (float64, chunk 3), at every element of hidden and weight.
 TEST(ChunkedCrossEntropy, GradientsMatchFiniteDifferences) {
-  const auto in = make_inputs(torch::kDouble);
-  const auto analytic = run(in, 3);
-  const double eps = 1e-6;
-  auto loss_at = [&](const torch::Tensor& hidden, const torch::Tensor& weight) {
-    torch::NoGradGuard no_grad;
-    return chunked_causal_lm_loss(hidden, weight, in.labels, 3).sum.item<double>() * kGradScale;
-  };
-  auto numeric = [&](bool of_hidden) {
-    const auto& base = of_hidden ? in.hidden : in.weight;
-    auto grad = torch::zeros_like(base);
-    auto flat = grad.view({-1});
-    for (int64_t i = 0; i < base.numel(); ++i) {
-      auto plus = base.clone(), minus = base.clone();
-      plus.view({-1})[i] += eps;
-      minus.view({-1})[i] -= eps;
-      const double up = of_hidden ? loss_at(plus, in.weight) : loss_at(in.hidden, plus);
-      const double down = of_hidden ? loss_at(minus, in.weight) : loss_at(in.hidden, minus);
-      flat[i] = (up - down) / (2 * eps);
-    }
-    return grad;
-  };
-  EXPECT_LE(relative(analytic.grad_hidden, numeric(true)), 1e-7);
-  EXPECT_LE(relative(analytic.grad_weight, numeric(false)), 1e-7);
+  for (const auto selection : kSelections) {
+    SCOPED_TRACE(name_of(selection));
+    const auto in = make_inputs(torch::kDouble);
+    const auto analytic = run(in, 3, selection);
+    const double eps = 1e-6;
+    auto loss_at = [&](const torch::Tensor& hidden, const torch::Tensor& weight) {
+      torch::NoGradGuard no_grad;
+      return chunked_causal_lm_loss(hidden, weight, in.labels, 3, selection).sum.item<double>() *
+             kGradScale;
+    };
+    auto numeric = [&](bool of_hidden) {
+      const auto& base = of_hidden ? in.hidden : in.weight;
+      auto grad = torch::zeros_like(base);
+      auto flat = grad.view({-1});
+      for (int64_t i = 0; i < base.numel(); ++i) {
+        auto plus = base.clone(), minus = base.clone();
+        plus.view({-1})[i] += eps;
+        minus.view({-1})[i] -= eps;
+        const double up = of_hidden ? loss_at(plus, in.weight) : loss_at(in.hidden, plus);
+        const double down = of_hidden ? loss_at(minus, in.weight) : loss_at(in.hidden, minus);
+        flat[i] = (up - down) / (2 * eps);
+      }
+      return grad;
+    };
+    EXPECT_LE(relative(analytic.grad_hidden, numeric(true)), 1e-7);
+    EXPECT_LE(relative(analytic.grad_weight, numeric(false)), 1e-7);
+  }
 }
 
 TEST(ChunkedCrossEntropy, AllLabelsIgnoredGivesZeroLossCountAndGradients) {
-  auto in = make_inputs(torch::kFloat);
-  in.labels.fill_(kIgnoreIndex);
-  const auto chunked = run(in, 4);
-  EXPECT_EQ(chunked.sum.item<double>(), 0.0);
-  EXPECT_EQ(chunked.count.item<int64_t>(), 0);
-  ASSERT_TRUE(chunked.grad_hidden.defined());
-  ASSERT_TRUE(chunked.grad_weight.defined());
-  EXPECT_EQ(chunked.grad_hidden.abs().max().item<double>(), 0.0);
-  EXPECT_EQ(chunked.grad_weight.abs().max().item<double>(), 0.0);
-  EXPECT_FALSE(chunked.grad_hidden.isnan().any().item<bool>());
-  EXPECT_FALSE(chunked.grad_weight.isnan().any().item<bool>());
-  // One position per row: the shift leaves no target at all.
-  Inputs single{in.hidden.slice(1, 0, 1), in.weight, in.labels.slice(1, 0, 1).fill_(3)};
-  const auto one = run(single, 4);
-  EXPECT_EQ(one.sum.item<double>(), 0.0);
-  EXPECT_EQ(one.count.item<int64_t>(), 0);
+  for (const auto selection : kSelections) {
+    SCOPED_TRACE(name_of(selection));
+    auto in = make_inputs(torch::kFloat);
+    in.labels.fill_(kIgnoreIndex);
+    const auto chunked = run(in, 4, selection);
+    EXPECT_EQ(chunked.sum.item<double>(), 0.0);
+    EXPECT_EQ(chunked.count.item<int64_t>(), 0);
+    ASSERT_TRUE(chunked.grad_hidden.defined());
+    ASSERT_TRUE(chunked.grad_weight.defined());
+    EXPECT_EQ(chunked.grad_hidden.abs().max().item<double>(), 0.0);
+    EXPECT_EQ(chunked.grad_weight.abs().max().item<double>(), 0.0);
+    EXPECT_FALSE(chunked.grad_hidden.isnan().any().item<bool>());
+    EXPECT_FALSE(chunked.grad_weight.isnan().any().item<bool>());
+    // One position per row: the shift leaves no target at all.
+    Inputs single{in.hidden.slice(1, 0, 1), in.weight, in.labels.slice(1, 0, 1).fill_(3)};
+    const auto one = run(single, 4, selection);
+    EXPECT_EQ(one.sum.item<double>(), 0.0);
+    EXPECT_EQ(one.count.item<int64_t>(), 0);
+  }
 }
 
 TEST(ChunkedCrossEntropy, OnlyTheRequestedGradientIsComputed) {
@@ -273,6 +293,21 @@ TEST(ChunkedCrossEntropy, Bf16AutocastRunsMatmulsInBf16AndSoftmaxInFloat32) {
   EXPECT_TRUE(torch::equal(hidden2.grad(), hidden.grad()));
   EXPECT_TRUE(torch::equal(weight2.grad(), weight.grad()));
   EXPECT_FALSE(at::autocast::is_cpu_enabled());
+
+  // The masked selection (what automatic picks on a GPU) under the same autocast:
+  // its chunks hold other rows, so it rounds differently, within bf16 tolerance.
+  auto hidden3 = in.hidden.clone().requires_grad_(true);
+  auto weight3 = in.weight.clone().requires_grad_(true);
+  gradaccum::core::LossSum masked;
+  {
+    CpuAutocastBf16 autocast;
+    masked = chunked_causal_lm_loss(hidden3, weight3, in.labels, 4, TargetSelection::masked);
+  }
+  (masked.sum * kGradScale).backward();
+  EXPECT_EQ(masked.count.item<int64_t>(), 17);
+  EXPECT_LE(relative(masked.sum.detach(), fp32.sum), kBf16LossTolerance);
+  EXPECT_LE(relative(hidden3.grad(), fp32.grad_hidden), kBf16GradTolerance);
+  EXPECT_LE(relative(weight3.grad(), fp32.grad_weight), kBf16GradTolerance);
 }
 
 TEST(ChunkedCrossEntropy, BadInputIsAOneLineError) {
@@ -342,11 +377,13 @@ void expect_model_chunking_exact(CausalLm model, torch::ScalarType dtype, bool l
 }
 
 TEST(ChunkedCrossEntropyModel, Gpt2GradientsEqualPlainLossFloat64) {
-  expect_model_chunking_exact(CausalLm(Gpt2LmHeadModel(tiny_gpt2_config())), torch::kDouble, false, 1e-10);
+  expect_model_chunking_exact(CausalLm(Gpt2LmHeadModel(tiny_gpt2_config())), torch::kDouble, false,
+                              1e-10);
 }
 
 TEST(ChunkedCrossEntropyModel, Gpt2GradientsEqualPlainLossFloat32LeftPadded) {
-  expect_model_chunking_exact(CausalLm(Gpt2LmHeadModel(tiny_gpt2_config())), torch::kFloat, true, 1e-5);
+  expect_model_chunking_exact(CausalLm(Gpt2LmHeadModel(tiny_gpt2_config())), torch::kFloat, true,
+                              1e-5);
 }
 
 TEST(ChunkedCrossEntropyModel, BloomGradientsEqualPlainLossFloat64LeftPadded) {
@@ -355,8 +392,8 @@ TEST(ChunkedCrossEntropyModel, BloomGradientsEqualPlainLossFloat64LeftPadded) {
 }
 
 TEST(ChunkedCrossEntropyModel, BloomGradientsEqualPlainLossFloat32) {
-  expect_model_chunking_exact(CausalLm(BloomForCausalLm(tiny_bloom_config()), 0), torch::kFloat, false,
-                              1e-5);
+  expect_model_chunking_exact(CausalLm(BloomForCausalLm(tiny_bloom_config()), 0), torch::kFloat,
+                              false, 1e-5);
 }
 
 }  // namespace

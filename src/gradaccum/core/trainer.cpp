@@ -90,11 +90,16 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
 
 core::Batch Trainer::fetch(const torch::Tensor& indices) const {
   auto batch = train_data_.get(indices, options_.dtype);
+  // To a GPU from page-locked memory, the copy is queued like a kernel; from
+  // pageable memory the host would wait for the device before copying, on every
+  // micro-step (the batches are small: pinning them costs a host copy).
   const bool non_blocking = options_.device.is_cuda();
   // Skips the dispatcher round trip of a no-op .to() when the batch is already
   // there (CPU training), on every micro-step.
   auto to_device = [&](torch::Tensor& t) {
-    if (t.defined() && t.device() != options_.device) t = t.to(options_.device, non_blocking);
+    if (!t.defined() || t.device() == options_.device) return;
+    if (non_blocking && t.is_cpu() && !t.is_pinned()) t = t.pin_memory();
+    t = t.to(options_.device, non_blocking);
   };
   to_device(batch.input);
   to_device(batch.target);

@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/host_reads.h"
 #include "gradaccum/models/causal_lm.h"
 
 namespace gradaccum::models {
@@ -47,9 +50,13 @@ Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight)
 }
 
 // Sum of cross-entropies of the target positions, with its gradients
-// computed in the forward. Inputs: hidden [B, T, H], weight [V, H], positions
-// [N] (flat row indices into hidden viewed as [B·T, H]), targets [N] (class ids
-// in [0, V)).
+// computed in the forward. Inputs: hidden [B, T, H], weight [V, H], and either
+//  - compact: positions [N] (flat row indices into hidden viewed as [B·T, H]),
+//    targets [N] (class ids in [0, V)), valid unused; or
+//  - masked: positions unused (every row of hidden), targets [B·T] (ignored
+//    rows hold any id in [0, V)), valid [B·T] in the softmax dtype, 1 where
+//    the row is scored and 0 where not.
+// (Unused tensors are empty: autograd::Function rejects undefined inputs.)
 //
 // Why the gradients are computed in the forward: d sum / d logits =
 // softmax(logits) - onehot(target) is known as soon as a chunk's logits are,
@@ -65,8 +72,9 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& positions,
-                               const torch::Tensor& targets, int64_t chunk_tokens,
-                               bool need_hidden, bool need_weight) {
+                               const torch::Tensor& targets, const torch::Tensor& valid,
+                               bool compact, int64_t chunk_tokens, bool need_hidden,
+                               bool need_weight) {
     const Precision p = precision_of(hidden, weight);
     // The dtypes are explicit below; autocast must not re-cast them.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -77,22 +85,31 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     if (need_weight) grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(p.softmax));
 
     auto total = torch::zeros({}, hidden.options().dtype(p.softmax));
-    const int64_t n = positions.size(0);
+    const int64_t n = targets.size(0);
     for (int64_t begin = 0; begin < n; begin += chunk_tokens) {
       const int64_t end = std::min(n, begin + chunk_tokens);
-      const auto rows = positions.slice(0, begin, end);
       const auto target = targets.slice(0, begin, end).unsqueeze(1);
-      const auto h = hidden_flat.index_select(0, rows).to(p.matmul);
+      const auto h = (compact ? hidden_flat.index_select(0, positions.slice(0, begin, end))
+                              : hidden_flat.slice(0, begin, end))
+                         .to(p.matmul);
       // -log softmax(logits)[target], from one log_softmax pass over the chunk.
       auto log_probs = torch::log_softmax(h.matmul(weight_mm.t()).to(p.softmax), 1);
-      total.sub_(log_probs.gather(1, target).sum());
+      const auto scored = compact ? torch::Tensor() : valid.slice(0, begin, end).unsqueeze(1);
+      const auto picked = log_probs.gather(1, target);
+      total.sub_(compact ? picked.sum() : picked.mul(scored).sum());
       if (!need_hidden && !need_weight) continue;
       // d sum / d logits = softmax - onehot(target), in place of the log-probabilities.
       auto grad_logits = log_probs.exp_();
       grad_logits.scatter_(1, target, grad_logits.gather(1, target) - 1);
+      if (!compact) grad_logits.mul_(scored);  // unscored rows contribute nothing
       const auto grad_mm = grad_logits.to(p.matmul);
       if (need_hidden) {
-        grad_hidden_flat.index_copy_(0, rows, grad_mm.matmul(weight_mm).to(hidden.scalar_type()));
+        auto grad_h = grad_mm.matmul(weight_mm).to(hidden.scalar_type());
+        if (compact) {
+          grad_hidden_flat.index_copy_(0, positions.slice(0, begin, end), grad_h);
+        } else {
+          grad_hidden_flat.slice(0, begin, end).copy_(grad_h);
+        }
       }
       if (need_weight) {
         if (p.matmul == p.softmax) {
@@ -104,8 +121,8 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     }
     // Saved (not stored in saved_data) so that autograd frees them after the backward.
     ctx->saved_data["weight_dtype"] = weight.scalar_type();
-    ctx->save_for_backward({need_hidden ? grad_hidden_flat.view(hidden.sizes()) : torch::Tensor(),
-                            grad_weight});
+    ctx->save_for_backward(
+        {need_hidden ? grad_hidden_flat.view(hidden.sizes()) : torch::Tensor(), grad_weight});
     return total;
   }
 
@@ -127,15 +144,36 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     // The weight's gradient was accumulated in the softmax dtype; hand it back in weight's.
     const auto weight_dtype = ctx->saved_data["weight_dtype"].toScalarType();
     if (grad_weight.defined()) grad_weight = grad_weight.to(weight_dtype);
-    return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+    variable_list grads(9);  // one per argument of forward(); only hidden and weight get one
+    grads[0] = grad_hidden;
+    grads[1] = grad_weight;
+    return grads;
   }
 };
+
+// The scored positions of the flat shifted labels `next` and their targets:
+// padding and ignored labels then cost no projection. nonzero() reads the
+// labels on the host. With `check`, a target outside [0, vocab) is an error.
+std::pair<torch::Tensor, torch::Tensor> compact_targets(const torch::Tensor& next,
+                                                        const torch::Tensor& scored, int64_t vocab,
+                                                        bool check) {
+  auto positions = scored.nonzero().reshape({-1});
+  auto targets = next.index_select(0, positions);
+  if (check && targets.numel() > 0) {
+    const auto bad = targets.lt(0).logical_or(targets.ge(vocab));
+    if (bad.any().item<bool>()) {
+      throw Error(fmt::format("chunked cross-entropy: label {} is outside the vocabulary [0, {})",
+                              targets.masked_select(bad)[0].item<int64_t>(), vocab));
+    }
+  }
+  return {positions, targets};
+}
 
 }  // namespace
 
 core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                     const torch::Tensor& labels, int64_t chunk_tokens) {
+                                     const torch::Tensor& labels, int64_t chunk_tokens,
+                                     TargetSelection selection) {
   GA_CHECK(chunk_tokens > 0, "chunked cross-entropy: chunk_tokens must be positive, got {}",
            chunk_tokens);
   GA_CHECK(hidden.defined() && weight.defined() && labels.defined(),
@@ -160,25 +198,38 @@ core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::T
   auto next = torch::full({batch, time}, kIgnoreIndex, labels.options().dtype(torch::kLong));
   if (time > 1) next.slice(1, 0, time - 1).copy_(labels.slice(1, 1, time));
   next = next.reshape({-1});
-  // Keep only the scored positions: padding and ignored labels cost nothing.
-  const auto positions = next.ne(kIgnoreIndex).nonzero().reshape({-1});
-  const auto targets = next.index_select(0, positions);
+  const auto scored = next.ne(kIgnoreIndex);
   const int64_t vocab = weight.size(0);
-  if (targets.is_cpu() && targets.numel() > 0) {
-    const auto bad = targets.lt(0).logical_or(targets.ge(vocab));
-    if (bad.any().item<bool>()) {
-      throw Error(fmt::format("chunked cross-entropy: label {} is outside the vocabulary [0, {})",
-                              targets.masked_select(bad)[0].item<int64_t>(), vocab));
+  if (selection == TargetSelection::automatic) {
+    selection = hidden.is_cpu() ? TargetSelection::compact : TargetSelection::masked;
+  }
+
+  const bool compact = selection == TargetSelection::compact;
+  torch::Tensor positions, targets, valid;
+  if (compact) {
+    if (labels.is_cpu()) {
+      GRADACCUM_CPU_HOST_READ_SCOPE();  // reading CPU labels is free, and so is checking them
+      std::tie(positions, targets) = compact_targets(next, scored, vocab, /*check=*/true);
+    } else {
+      std::tie(positions, targets) = compact_targets(next, scored, vocab, /*check=*/false);
     }
+    positions = positions.to(hidden.device());
+    valid = torch::empty({0}, hidden.options());
+  } else {
+    // Every position, the ignored ones scored against id 0 and then zeroed.
+    targets = next.clamp_min(0);
+    valid = scored.to(hidden.options().dtype(precision_of(hidden, weight).softmax));
+    positions = torch::empty({0}, next.options().device(hidden.device()));
   }
   // Which gradients the forward must compute: decided here, where grad mode is
   // still the caller's (the Function's forward runs with it off).
   const bool grad_mode = torch::GradMode::is_enabled();
-  auto sum = ChunkedCrossEntropy::apply(hidden, weight, positions.to(hidden.device()),
-                                        targets.to(hidden.device()), chunk_tokens,
-                                        grad_mode && hidden.requires_grad(),
-                                        grad_mode && weight.requires_grad());
-  auto count = torch::scalar_tensor(positions.size(0), labels.options().dtype(torch::kLong));
+  auto sum = ChunkedCrossEntropy::apply(
+      hidden, weight, positions, targets.to(hidden.device()), valid, compact, chunk_tokens,
+      grad_mode && hidden.requires_grad(), grad_mode && weight.requires_grad());
+  auto count = compact
+                   ? torch::scalar_tensor(positions.size(0), labels.options().dtype(torch::kLong))
+                   : scored.sum();
   return {sum, count};
 }
 

@@ -20,10 +20,24 @@
 
 namespace gradaccum::models {
 
+// Which positions the vocabulary projection covers.
+enum class TargetSelection {
+  // compact on the CPU, masked on every other device.
+  automatic,
+  // Gathers the scored positions first: padding and ignored labels cost no
+  // projection. Their number depends on the labels' values (nonzero()), so on
+  // an accelerator this is a host synchronization on every call.
+  compact,
+  // Projects every position and zeroes the ignored ones' loss and gradient:
+  // shapes never depend on values, so nothing waits for the device; padding
+  // costs its share of the projection.
+  masked,
+};
+
 // Exactly causal_lm_loss(linear(hidden, weight), labels) (causal_lm.h): labels
 // are shifted (position t predicts labels[:, t + 1]); sum = Σ cross-entropy over
-// the shifted labels != kIgnoreIndex, count = the number of those labels.
-// Only the target positions are projected (padding costs no vocab projection).
+// the shifted labels != kIgnoreIndex, count = the number of those labels (a
+// 0-dim int64 tensor on the labels' device, never read on the host).
 //
 //   hidden [B, T, H]  the decoder's final hidden states
 //   weight [V, H]     the output projection (the tied token embedding)
@@ -47,10 +61,11 @@ namespace gradaccum::models {
 // gradients come back in hidden's and weight's dtypes, zero at positions whose
 // shifted label is ignored. A batch without targets gives sum 0, count 0.
 //
-// Throws gradaccum::Error for chunk_tokens ≤ 0, mismatched shapes, or (for
-// CPU labels, where the check costs no device synchronization) a label
-// outside [0, V) that is not kIgnoreIndex.
+// Throws gradaccum::Error for chunk_tokens ≤ 0, mismatched shapes, or (when
+// compacting CPU labels, where the check costs no device synchronization) a
+// label outside [0, V) that is not kIgnoreIndex.
 core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                     const torch::Tensor& labels, int64_t chunk_tokens);
+                                     const torch::Tensor& labels, int64_t chunk_tokens,
+                                     TargetSelection selection = TargetSelection::automatic);
 
 }  // namespace gradaccum::models

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/host_reads.h"
 
 namespace gradaccum::models {
 
@@ -27,6 +28,7 @@ void check_decoder_inputs(const std::string& model, const torch::Tensor& input_i
            "{}: sequence length {} exceeds n_positions {}", model, input_ids.size(1),
            max_positions);
   if (input_ids.device().is_cpu() && input_ids.numel() > 0) {
+    GRADACCUM_CPU_HOST_READ_SCOPE();  // free on the CPU; elsewhere the data layer checked the ids
     const int64_t low = input_ids.min().item<int64_t>(), high = input_ids.max().item<int64_t>();
     GA_CHECK(low >= 0 && high < vocab_size,
              "{}: input_ids must lie in [0, vocab_size = {}), got values in [{}, {}]", model,

@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/host_reads.h"
 
 namespace gradaccum::models {
 
@@ -55,6 +56,7 @@ torch::Tensor SequenceClassifier::loss_sum(const torch::Tensor& logits,
   GA_CHECK(labels.scalar_type() == torch::kLong, "sequence classifier: labels must be int64, got {}",
            c10::toString(labels.scalar_type()));
   if (labels.device().is_cpu() && labels.numel() > 0) {
+    GRADACCUM_CPU_HOST_READ_SCOPE();  // free on the CPU; elsewhere the data layer checked them
     const int64_t low = labels.min().item<int64_t>(), high = labels.max().item<int64_t>();
     GA_CHECK(low >= 0 && high < model_->num_labels(),
              "sequence classifier: labels must lie in [0, num_labels = {}), got values in [{}, {}]",
