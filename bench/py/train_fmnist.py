@@ -147,6 +147,7 @@ def main():
         "samples_per_s_all": sum(step_samples) / step_end_times[-1],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "first_loss": losses[0], "final_loss": losses[-1], "first_grad_norm": grad_norms[0],
+        "losses": losses, "grad_norms": grad_norms,
     }))
 
 
