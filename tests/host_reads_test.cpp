@@ -234,6 +234,23 @@ TEST(HostReads, Gpt2TrainingReadsNothingOnTheHostOnAnyMicroStep) {
   EXPECT_EQ(r.inside, 3 * 3 * 4);
 }
 
+// The same with the memory savers and bf16 autocast on: activation checkpointing recomputes
+// each block in the backward (autocast and RNG state restored), all without a host read.
+TEST(HostReads, CheckpointedBf16Gpt2TrainingReadsNothingOnTheHostOnAnyMicroStep) {
+  const auto data = lm_data();
+  models::CausalLm model{models::Gpt2LmHeadModel(gradaccum::testing::tiny_gpt2_config())};
+  auto* lm = dynamic_cast<models::CausalLmHeadImpl*>(&model.module());
+  ASSERT_NE(lm, nullptr);
+  lm->transformer->set_gradient_checkpointing(true);
+  auto o = options(4, 3, 2);
+  o.mixed_precision = core::MixedPrecision::bf16;
+  const auto r = training_reads(model, data, o);
+  EXPECT_EQ(r.per_step, (std::vector<int64_t>{0, 0})) << r.ops;
+  // Inside the scope, per micro-step: the id check and the loss compaction (2 reads each); the
+  // blocks' recompute repeats neither.
+  EXPECT_EQ(r.inside, 2 * 3 * 4);
+}
+
 // nan_policy: skip decides before stepping whether the window's loss is finite:
 // exactly one read per optimizer step, whatever N.
 TEST(HostReads, NanPolicySkipReadsOncePerOptimizerStep) {
