@@ -1,12 +1,12 @@
 // The causal-LM loss paths compared inside one process (issue 3, item 7; issue
 // 5, item 4): one micro-step — forward, loss, backward — of the ~3.4M-parameter
 // GPT-2 of bench/lm_throughput.cpp (vocab 8192, context 128, n_embd 192,
-// 4 layers, 3 heads, micro-batch 8) with each `loss_chunk_tokens` setting in
+// 4 layers, 3 heads, micro-batch 8 unless --micro-batch) with each `loss_chunk_tokens` setting in
 // turn, round after round, so that load on a shared machine hits every setting
 // alike (the machines here vary up to 1.7x between identical processes).
 //
 //   lm_loss_ab [--threads 2] [--rounds 20] [--mixed-precision no|bf16]
-//              [--chunks plain,0,256] [--trace FILE]
+//              [--chunks plain,0,256] [--micro-batch 8] [--trace FILE]
 //
 // `plain` is the unfused loss (the full logits from the LM head, then
 // causal_lm_loss: log_softmax + nll and their backward, as the Python loop
@@ -53,6 +53,7 @@ constexpr int64_t kPlain = -1;  // --chunks "plain"
 struct Options {
   int64_t threads = 2;
   int64_t rounds = 20;
+  int64_t micro_batch = 8;
   core::MixedPrecision precision = core::MixedPrecision::none;
   std::vector<int64_t> chunks = {kPlain, 0, 256};
   std::string trace;
@@ -68,6 +69,8 @@ Options parse_options(int argc, char** argv) {
       o.threads = parse_count("lm_loss_ab", key, value);
     } else if (key == "--rounds") {
       o.rounds = parse_count("lm_loss_ab", key, value);
+    } else if (key == "--micro-batch") {
+      o.micro_batch = parse_count("lm_loss_ab", key, value);
     } else if (key == "--mixed-precision") {
       o.precision = core::parse_mixed_precision(value);
     } else if (key == "--trace") {
@@ -82,8 +85,9 @@ Options parse_options(int argc, char** argv) {
       GA_CHECK(false, "lm_loss_ab: unknown option {}", key);
     }
   }
-  GA_CHECK(o.threads >= 1 && o.rounds >= 2 && !o.chunks.empty(),
-           "lm_loss_ab: needs --threads >= 1, --rounds >= 2 and at least one chunk setting");
+  GA_CHECK(o.threads >= 1 && o.rounds >= 2 && o.micro_batch >= 1 && !o.chunks.empty(),
+           "lm_loss_ab: needs --threads >= 1, --rounds >= 2, --micro-batch >= 1 and at least one "
+           "chunk setting");
   return o;
 }
 
@@ -110,9 +114,10 @@ int main(int argc, char** argv) {
   models::CausalLm model(net);
   auto generator = at::detail::createCPUGenerator(1234);
   core::Batch batch;
-  batch.input = torch::randint(config.vocab_size, {8, config.n_positions}, generator, torch::kLong);
+  batch.input = torch::randint(config.vocab_size, {opts.micro_batch, config.n_positions}, generator,
+                               torch::kLong);
   batch.target = batch.input;
-  batch.samples = 8;
+  batch.samples = opts.micro_batch;
 
   const torch::Device device(torch::kCPU);
   std::vector<std::vector<double>> ms(opts.chunks.size());
@@ -153,7 +158,8 @@ int main(int argc, char** argv) {
   }
   fmt::print(
       "{{\"program\": \"lm_loss_ab\", \"mixed_precision\": \"{}\", \"threads\": {}, "
-      "\"rounds\": {}, \"settings\": [{}]}}\n",
-      core::to_string(opts.precision), opts.threads, opts.rounds - 1, fmt::join(rows, ", "));
+      "\"micro_batch\": {}, \"rounds\": {}, \"settings\": [{}]}}\n",
+      core::to_string(opts.precision), opts.threads, opts.micro_batch, opts.rounds - 1,
+      fmt::join(rows, ", "));
   return 0;
 }
