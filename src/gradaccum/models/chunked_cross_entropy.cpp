@@ -80,9 +80,12 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto hidden_flat = hidden.reshape({-1, hidden.size(-1)});
     const auto weight_mm = weight.to(p.matmul);
+    // The masked layout writes every row of d/d hidden; the compact one leaves the unscored
+    // rows at zero. d/d weight starts as the first chunk's product (no zero fill of [V, H]).
     torch::Tensor grad_hidden_flat, grad_weight;
-    if (need_hidden) grad_hidden_flat = torch::zeros_like(hidden_flat);
-    if (need_weight) grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(p.softmax));
+    if (need_hidden) {
+      grad_hidden_flat = compact ? torch::zeros_like(hidden_flat) : torch::empty_like(hidden_flat);
+    }
 
     auto total = torch::zeros({}, hidden.options().dtype(p.softmax));
     const int64_t n = targets.size(0);
@@ -112,12 +115,17 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
         }
       }
       if (need_weight) {
-        if (p.matmul == p.softmax) {
+        if (!grad_weight.defined()) {
+          grad_weight = grad_mm.t().mm(h).to(p.softmax);
+        } else if (p.matmul == p.softmax) {
           grad_weight.addmm_(grad_mm.t(), h);
         } else {
-          grad_weight.add_(grad_mm.t().matmul(h));
+          grad_weight.add_(grad_mm.t().mm(h));
         }
       }
+    }
+    if (need_weight && !grad_weight.defined()) {  // no scored position at all
+      grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(p.softmax));
     }
     // Saved (not stored in saved_data) so that autograd frees them after the backward.
     ctx->saved_data["weight_dtype"] = weight.scalar_type();
