@@ -161,13 +161,14 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
 
 // The scored positions of the flat shifted labels `next` and their targets:
 // padding and ignored labels then cost no projection. nonzero() reads the
-// labels on the host. With `check`, a target outside [0, vocab) is an error.
+// labels on the host; on the CPU, where that is free, so does the check that
+// every target lies in [0, vocab).
 std::pair<torch::Tensor, torch::Tensor> compact_targets(const torch::Tensor& next,
-                                                        const torch::Tensor& scored, int64_t vocab,
-                                                        bool check) {
+                                                        const torch::Tensor& scored,
+                                                        int64_t vocab) {
   auto positions = scored.nonzero().reshape({-1});
   auto targets = next.index_select(0, positions);
-  if (check && targets.numel() > 0) {
+  if (targets.is_cpu() && targets.numel() > 0) {
     const auto bad = targets.lt(0).logical_or(targets.ge(vocab));
     if (bad.any().item<bool>()) {
       throw Error(fmt::format("chunked cross-entropy: label {} is outside the vocabulary [0, {})",
@@ -215,11 +216,13 @@ core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::T
   const bool compact = selection == TargetSelection::compact;
   torch::Tensor positions, targets, valid;
   if (compact) {
+    // The same call either way; on the CPU, where reading the labels is free, it runs inside
+    // the range of expected host reads (core/host_reads.h).
     if (labels.is_cpu()) {
-      GRADACCUM_CPU_HOST_READ_SCOPE();  // reading CPU labels is free, and so is checking them
-      std::tie(positions, targets) = compact_targets(next, scored, vocab, /*check=*/true);
+      GRADACCUM_CPU_HOST_READ_SCOPE();
+      std::tie(positions, targets) = compact_targets(next, scored, vocab);
     } else {
-      std::tie(positions, targets) = compact_targets(next, scored, vocab, /*check=*/false);
+      std::tie(positions, targets) = compact_targets(next, scored, vocab);
     }
     positions = positions.to(hidden.device());
     valid = torch::empty({0}, hidden.options());
