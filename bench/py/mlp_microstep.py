@@ -15,11 +15,16 @@ Prints one JSON line; us_per_micro_step is the median over `repeats` timed block
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from blas_kernels import loaded_kernels  # noqa: E402  (bench/blas_kernels.py)
 
 MICRO_BATCH, ACCUM = 1, 16
 
@@ -67,7 +72,8 @@ def main():
         t0 = start if first == 0 else ends[first - 1]
         per_repeat.append((ends[first + args.steps - 1] - t0) / (args.steps * ACCUM) * 1e6)
     print(json.dumps({
-        "program": "python", "threads": args.threads, "micro_batch": MICRO_BATCH, "accum": ACCUM,
+        "program": "python", "blas_kernels": loaded_kernels(), "threads": args.threads,
+        "micro_batch": MICRO_BATCH, "accum": ACCUM,
         "warmup_steps": args.warmup_steps, "repeats": args.repeats, "steps_per_repeat": args.steps,
         "us_per_micro_step": round(statistics.median(per_repeat), 2),
         "us_per_micro_step_min": round(min(per_repeat), 2),

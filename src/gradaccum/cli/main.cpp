@@ -5,10 +5,12 @@
 #include <torch/torch.h>
 
 #include "gradaccum/cli/lm_commands.h"
+#include "gradaccum/cli/runtime.h"
 #include "gradaccum/cli/tokenize_command.h"
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/cli/verify_command.h"
 #include "gradaccum/core/check.h"
+#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/io/heap_retention.h"
 
 namespace {
@@ -19,9 +21,12 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 int main(int argc, char** argv) {
   // Keep the memory a step frees for the next step instead of re-faulting it (heap_retention.h).
   gradaccum::io::retain_freed_heap();
+  // Before any GEMM and any thread: OpenBLAS may have picked kernels far below this CPU.
+  gradaccum::io::select_blas_kernels();
   CLI::App app{"gradaccum: exact, fast gradient accumulation on libtorch"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("gradaccum ") + GRADACCUM_VERSION);
+  app.set_version_flag("--version", fmt::format("gradaccum {}\nBLAS: {}", GRADACCUM_VERSION,
+                                                gradaccum::cli::blas_description()));
 
   gradaccum::cli::TrainArgs train;
   auto* train_cmd = app.add_subcommand("train", "Train a model (no CONFIG: the built-in default run)");

@@ -4,9 +4,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <string>
 #include <thread>
 
-#include "gradaccum/cli/blas_probe.h"
+#include "gradaccum/io/blas_backend.h"
 
 namespace gradaccum::cli {
 
@@ -20,9 +21,16 @@ int configure_threads(int64_t requested, int64_t local_ranks) {
 }
 
 void warn_if_slow_blas() {
-  if (const auto warning = blas_warning(probe_blas()); !warning.empty()) {
+  if (const auto warning = io::blas_warning(io::probe_blas()); !warning.empty()) {
     fmt::print(stderr, "{}\n", warning);
   }
+}
+
+std::string blas_description() {
+  const auto info = io::probe_blas();
+  const auto& kernels = io::select_blas_kernels();
+  if (info.kernels.empty()) return fmt::format("{} ({})", info.kind, info.library);
+  return fmt::format("{}, {} kernels ({})", info.kind, info.kernels, kernels.reason);
 }
 
 }  // namespace gradaccum::cli

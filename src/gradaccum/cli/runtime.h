@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace gradaccum::cli {
 
@@ -9,7 +10,10 @@ namespace gradaccum::cli {
 // this host's cores shared among its `local_ranks`. Returns the count set.
 int configure_threads(int64_t requested, int64_t local_ranks);
 
-// Prints the slow-BLAS warning (blas_probe.h) on stderr when there is one.
+// Prints the slow-BLAS warning (io/blas_backend.h) on stderr when there is one.
 void warn_if_slow_blas();
+
+// One line: the BLAS library, its kernel set and why that set (io/blas_backend.h).
+std::string blas_description();
 
 }  // namespace gradaccum::cli
