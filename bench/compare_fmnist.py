@@ -26,7 +26,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from blas_kernels import match_blas_kernels  # noqa: E402  (bench/blas_kernels.py)
+from cpu_kernels import match_cpu_kernels  # noqa: E402  (bench/cpu_kernels.py)
 sys.path.insert(0, os.path.join(HERE, "py"))
 import train_fmnist  # noqa: E402  (the Python peer: its permutation())
 
@@ -111,9 +111,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="also write every run's figures to this file")
     args = ap.parse_args()
-    # Both programs on the OpenBLAS kernels gradaccum would pick (bench/blas_kernels.py).
-    kernels = match_blas_kernels(os.path.join(args.build, "gradaccum"))
-    print(f"# BLAS kernels (OPENBLAS_CORETYPE) for every process: {kernels}", file=sys.stderr, flush=True)
+    # Both programs on the CPU kernels gradaccum would pick (bench/cpu_kernels.py).
+    kernels = match_cpu_kernels(os.path.join(args.build, "gradaccum"))
+    print(f"# CPU kernels for every process: {kernels}", file=sys.stderr, flush=True)
     args.build = os.path.abspath(args.build)
 
     check_data_order(args.build)

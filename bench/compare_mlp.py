@@ -18,7 +18,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from blas_kernels import match_blas_kernels  # noqa: E402  (bench/blas_kernels.py)
+from cpu_kernels import match_cpu_kernels  # noqa: E402  (bench/cpu_kernels.py)
 
 LOCK = "/tmp/gradaccum-bench.lock"
 
@@ -29,9 +29,9 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    # Both programs on the OpenBLAS kernels gradaccum would pick (bench/blas_kernels.py).
-    kernels = match_blas_kernels(os.path.join(args.build, "gradaccum"))
-    print(f"# BLAS kernels (OPENBLAS_CORETYPE) for every process: {kernels}", file=sys.stderr, flush=True)
+    # Both programs on the CPU kernels gradaccum would pick (bench/cpu_kernels.py).
+    kernels = match_cpu_kernels(os.path.join(args.build, "gradaccum"))
+    print(f"# CPU kernels for every process: {kernels}", file=sys.stderr, flush=True)
     common = ["--threads", str(args.threads)]
     programs = {
         "gradaccum": [os.path.join(args.build, "bench", "mlp_microstep")] + common,

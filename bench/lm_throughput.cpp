@@ -57,6 +57,7 @@
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/trainer.h"
+#include "gradaccum/io/aten_kernels.h"
 #include "gradaccum/io/blas_backend.h"
 #include "gradaccum/io/heap_retention.h"
 #include "gradaccum/io/process_stats.h"
@@ -213,6 +214,7 @@ GemmPeak gemm_peak(torch::ScalarType dtype) {
 int main(int argc, char** argv) {
   gradaccum::io::retain_freed_heap();       // as gradaccum's main does
   gradaccum::io::select_blas_kernels();     // likewise (io/blas_backend.h)
+  gradaccum::io::select_aten_kernels();
   Options opts;
   try {
     opts = parse_options(argc, argv);
@@ -329,7 +331,7 @@ int main(int argc, char** argv) {
         t_forward / n, t_backward / n, t_step / n);
   }
   fmt::print(
-      "{{\"program\": \"{}\", \"blas_kernels\": \"{}\", \"mixed_precision\": \"{}\", \"gemm_dtype\": \"{}\", "
+      "{{\"program\": \"{}\", \"cpu_kernels\": \"{}\", \"mixed_precision\": \"{}\", \"gemm_dtype\": \"{}\", "
       "\"threads\": {}, \"loss_chunk_tokens\": {}, \"vocab\": {}, \"context\": {}, \"n_embd\": {}, "
       "\"n_layer\": {}, \"n_head\": {}, \"micro_batch\": {}, \"accum\": {}, \"parameters\": {}, "
       "\"matmul_parameters\": {}, \"flops_per_token\": {:.0f}, \"warmup_steps\": {}, \"steps\": {}, "
@@ -339,7 +341,7 @@ int main(int argc, char** argv) {
       "\"gemm_square_gflops_before_after\": [{:.2f}, {:.2f}], \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
       "\"peak_rss_mb\": {:.1f}{}}}\n",
-      profile ? "gradaccum-profile" : "gradaccum", gradaccum::io::probe_blas().kernels,
+      profile ? "gradaccum-profile" : "gradaccum", gradaccum::io::probe_blas().kernels + "/" + gradaccum::io::aten_capability(),
       core::to_string(precision),
       gemm_dtype == torch::kBFloat16 ? "bfloat16" : "float32", threads,
       opts.loss_chunk_tokens, kVocab, kContext, kEmbd,

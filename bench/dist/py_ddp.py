@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from blas_kernels import loaded_kernels  # noqa: E402  (bench/blas_kernels.py)
+from cpu_kernels import loaded_kernels  # noqa: E402  (bench/cpu_kernels.py)
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530
@@ -130,7 +130,7 @@ def main():
         opt, lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total)))
 
     out = open(args.output, "w") if (rank == 0 and args.output) else None
-    blas_kernels = loaded_kernels()
+    cpu_kernels = loaded_kernels()
     perm = None
     for step in range(args.max_steps):
         if gpt:
@@ -181,7 +181,7 @@ def main():
                 "step_time_s": step_time, "world_size": world,
                 "allreduce_bytes": grad_bytes * syncs,
                 "mode": args.mode, "model": args.model, "micro_batch": b, "accum": N,
-                "blas_kernels": blas_kernels,
+                "cpu_kernels": cpu_kernels,
             }) + "\n")
             out.flush()
     if out:

@@ -34,7 +34,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from blas_kernels import match_blas_kernels  # noqa: E402  (bench/blas_kernels.py)
+from cpu_kernels import match_cpu_kernels  # noqa: E402  (bench/cpu_kernels.py)
 
 NETNS = os.path.join(HERE, "netns.sh")
 PY_DDP = os.path.join(HERE, "py_ddp.py")
@@ -173,8 +173,8 @@ def main():
     ap.add_argument("--results", default="", help="write all per-run results here (JSON)")
     a = ap.parse_args()
     a.bin = os.path.abspath(a.bin)
-    # Both implementations on the OpenBLAS kernels gradaccum would pick (bench/blas_kernels.py).
-    print(f"BLAS kernels (OPENBLAS_CORETYPE) for every rank: {match_blas_kernels(a.bin)}", flush=True)
+    # Both implementations on the CPU kernels gradaccum would pick (bench/cpu_kernels.py).
+    print(f"CPU kernels for every rank: {match_cpu_kernels(a.bin)}", flush=True)
     if a.micro_batch is None:
         a.micro_batch = 2 if a.model == "gpt" else 16
     # A SIGTERM or SIGHUP still runs the `finally` below, which removes the namespaces.

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from blas_kernels import loaded_kernels  # noqa: E402  (bench/blas_kernels.py)
+from cpu_kernels import loaded_kernels  # noqa: E402  (bench/cpu_kernels.py)
 
 VOCAB, CONTEXT, EMBD, LAYERS, HEADS = 8192, 128, 192, 4, 3
 MICRO_BATCH, ACCUM = 8, 4
@@ -214,7 +214,7 @@ def main():
     tokens_per_s = MICRO_BATCH * ACCUM * CONTEXT * args.steps / timed_s
     model_flops = tokens_per_s * flops_per_token
     print(json.dumps({
-        "program": "python", "blas_kernels": loaded_kernels(), "mixed_precision": args.mixed_precision,
+        "program": "python", "cpu_kernels": loaded_kernels(), "mixed_precision": args.mixed_precision,
         "gemm_dtype": "bfloat16" if bf16 else "float32", "threads": args.threads, "vocab": VOCAB, "context": CONTEXT,
         "n_embd": EMBD, "n_layer": LAYERS, "n_head": HEADS, "micro_batch": MICRO_BATCH,
         "accum": ACCUM, "parameters": parameters, "matmul_parameters": matmul_parameters,

@@ -24,7 +24,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from blas_kernels import loaded_kernels  # noqa: E402  (bench/blas_kernels.py)
+from cpu_kernels import loaded_kernels  # noqa: E402  (bench/cpu_kernels.py)
 
 MICRO_BATCH, ACCUM = 1, 16
 
@@ -72,7 +72,7 @@ def main():
         t0 = start if first == 0 else ends[first - 1]
         per_repeat.append((ends[first + args.steps - 1] - t0) / (args.steps * ACCUM) * 1e6)
     print(json.dumps({
-        "program": "python", "blas_kernels": loaded_kernels(), "threads": args.threads,
+        "program": "python", "cpu_kernels": loaded_kernels(), "threads": args.threads,
         "micro_batch": MICRO_BATCH, "accum": ACCUM,
         "warmup_steps": args.warmup_steps, "repeats": args.repeats, "steps_per_repeat": args.steps,
         "us_per_micro_step": round(statistics.median(per_repeat), 2),

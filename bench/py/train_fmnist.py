@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from blas_kernels import loaded_kernels  # noqa: E402  (bench/blas_kernels.py)
+from cpu_kernels import loaded_kernels  # noqa: E402  (bench/cpu_kernels.py)
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530  # statistics of the training images (pixel / 255)
@@ -144,7 +144,7 @@ def main():
     timed_samples = sum(step_samples[w:])
     timed_s = step_end_times[-1] - (step_end_times[w - 1] if w > 0 else 0.0)
     print(json.dumps({
-        "program": "python", "blas_kernels": loaded_kernels(),
+        "program": "python", "cpu_kernels": loaded_kernels(),
         "micro_batch": b, "accum": accum, "steps": step, "threads": args.threads,
         "warmup_steps": w,
         "samples_per_s": timed_samples / timed_s,

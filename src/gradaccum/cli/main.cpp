@@ -10,6 +10,7 @@
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/cli/verify_command.h"
 #include "gradaccum/core/check.h"
+#include "gradaccum/io/aten_kernels.h"
 #include "gradaccum/io/blas_backend.h"
 #include "gradaccum/io/heap_retention.h"
 
@@ -21,12 +22,15 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 int main(int argc, char** argv) {
   // Keep the memory a step frees for the next step instead of re-faulting it (heap_retention.h).
   gradaccum::io::retain_freed_heap();
-  // Before any GEMM and any thread: OpenBLAS may have picked kernels far below this CPU.
+  // Before any tensor operation and any thread: OpenBLAS may have picked kernels far below
+  // this CPU, and ATen leaves its AVX-512 kernels opt-in (io/blas_backend.h, io/aten_kernels.h).
   gradaccum::io::select_blas_kernels();
+  gradaccum::io::select_aten_kernels();
   CLI::App app{"gradaccum: exact, fast gradient accumulation on libtorch"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", fmt::format("gradaccum {}\nBLAS: {}", GRADACCUM_VERSION,
-                                                gradaccum::cli::blas_description()));
+  app.set_version_flag("--version", fmt::format("gradaccum {}\nBLAS: {}\nATen: {}", GRADACCUM_VERSION,
+                                                gradaccum::cli::blas_description(),
+                                                gradaccum::cli::aten_description()));
 
   gradaccum::cli::TrainArgs train;
   auto* train_cmd = app.add_subcommand("train", "Train a model (no CONFIG: the built-in default run)");

@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "gradaccum/io/aten_kernels.h"
 #include "gradaccum/io/blas_backend.h"
 
 namespace gradaccum::cli {
@@ -31,6 +32,11 @@ std::string blas_description() {
   const auto& kernels = io::select_blas_kernels();
   if (info.kernels.empty()) return fmt::format("{} ({})", info.kind, info.library);
   return fmt::format("{}, {} kernels ({})", info.kind, info.kernels, kernels.reason);
+}
+
+std::string aten_description() {
+  const auto& aten = io::select_aten_kernels();
+  return fmt::format("{} kernels ({})", aten.capability, aten.reason);
 }
 
 }  // namespace gradaccum::cli

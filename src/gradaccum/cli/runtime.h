@@ -15,5 +15,7 @@ void warn_if_slow_blas();
 
 // One line: the BLAS library, its kernel set and why that set (io/blas_backend.h).
 std::string blas_description();
+// One line: ATen's CPU kernel set and why that set (io/aten_kernels.h).
+std::string aten_description();
 
 }  // namespace gradaccum::cli

@@ -253,7 +253,7 @@ int run_train(const TrainArgs& args) {
     observers.add(*progress);
     fmt::print("threads: {}, dtype: {}, device: {}, world size: {}, output: {}\n", threads,
                config.dtype, config.device, world, config.output_dir);
-    fmt::print("blas: {}\n", blas_description());
+    fmt::print("blas: {}\naten: {}\n", blas_description(), aten_description());
     if (!workload.description.empty()) fmt::print("data: {}\n", workload.description);
   }
   const bool optimizer_per_rank = sharded != nullptr;

@@ -68,6 +68,15 @@ Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight)
 // hidden's dtype and d sum / d weight [V, H] in the softmax dtype — one
 // weight-sized buffer instead of hidden and weight themselves. Under no_grad,
 // or when neither input requires a gradient, only the sum is computed.
+// Moves a tensor out of ctx->saved_data (undefined when absent), leaving no reference behind.
+torch::Tensor take_saved(AutogradContext* ctx, const std::string& key) {
+  const auto it = ctx->saved_data.find(key);
+  if (it == ctx->saved_data.end()) return {};
+  auto tensor = std::move(it->second).toTensor();
+  ctx->saved_data.erase(it);
+  return tensor;
+}
+
 class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden,
@@ -127,10 +136,13 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     if (need_weight && !grad_weight.defined()) {  // no scored position at all
       grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(p.softmax));
     }
-    // Saved (not stored in saved_data) so that autograd frees them after the backward.
+    // Kept in saved_data, not save_for_backward: the backward moves them out, so the
+    // gradients it returns are their only references. Autograd then adds the tied
+    // embedding's gradient into d/d weight in place instead of allocating a [V, H] sum
+    // (its input buffer adds in place only into a gradient nothing else holds).
     ctx->saved_data["weight_dtype"] = weight.scalar_type();
-    ctx->save_for_backward(
-        {need_hidden ? grad_hidden_flat.view(hidden.sizes()) : torch::Tensor(), grad_weight});
+    if (need_hidden) ctx->saved_data["grad_hidden"] = grad_hidden_flat.view(hidden.sizes());
+    if (need_weight) ctx->saved_data["grad_weight"] = std::move(grad_weight);
     return total;
   }
 
@@ -144,9 +156,9 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
              "chunked cross-entropy: a second backward through the same graph (retain_graph) is "
              "not supported: the gradients were computed in the forward and consumed by the first");
     ctx->saved_data["differentiated"] = true;
-    auto saved = ctx->get_saved_variables();
     const auto& grad_sum = grad_outputs[0];
-    torch::Tensor grad_hidden = saved[0], grad_weight = saved[1];
+    torch::Tensor grad_hidden = take_saved(ctx, "grad_hidden");
+    torch::Tensor grad_weight = take_saved(ctx, "grad_weight");
     if (grad_hidden.defined()) grad_hidden.mul_(grad_sum.to(grad_hidden.scalar_type()));
     if (grad_weight.defined()) grad_weight.mul_(grad_sum.to(grad_weight.scalar_type()));
     // The weight's gradient was accumulated in the softmax dtype; hand it back in weight's.

@@ -1,11 +1,12 @@
-// The BLAS kernel selection (io/blas_backend.h): the table, the decision, and
-// the switch itself in this process and in the gradaccum program.
+// The CPU kernel selection (io/blas_backend.h, io/aten_kernels.h): the table, the
+// decision, and the switch itself in this process and in the gradaccum program.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <string>
 
+#include "gradaccum/io/aten_kernels.h"
 #include "gradaccum/io/blas_backend.h"
 #include "test_support.h"
 
@@ -106,3 +107,41 @@ TEST(BlasBackend, ProgramReportsAndUsesTheBestKernels) {
 }
 
 }  // namespace
+
+// ATen's AVX512 kernels on CPUs with AVX-512 and BF16 (io/aten_kernels.h), and the user's choice wins.
+TEST(AtenKernels, ProgramUsesAvx512KernelsWhereTheCpuRunsThemAtFullClock) {
+  ASSERT_EQ(std::getenv("ATEN_CPU_CAPABILITY"), nullptr) << "run the tests without ATEN_CPU_CAPABILITY";
+  const auto version = gradaccum::testing::run_cli("--version");
+  ASSERT_EQ(version.exit_code, 0) << version.err;
+  bool avx512_bf16 = false;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  avx512_bf16 = gradaccum::io::cpu_isa_level() == IsaLevel::avx512 && __builtin_cpu_supports("avx512bf16");
+#endif
+  const std::string expected = avx512_bf16 ? "ATen: AVX512 kernels (AVX-512 with BF16" : "ATen's default for this CPU";
+  EXPECT_NE(version.out.find(expected), std::string::npos) << version.out;
+
+  ASSERT_EQ(setenv("ATEN_CPU_CAPABILITY", "default", 1), 0);
+  const auto forced = gradaccum::testing::run_cli("--version");
+  unsetenv("ATEN_CPU_CAPABILITY");
+  ASSERT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_NE(forced.out.find("ATen: DEFAULT kernels (ATEN_CPU_CAPABILITY=default (set by the user))"),
+            std::string::npos)
+      << forced.out;
+}
+
+// In a test process the environment set-up (test_support.cpp) made the same choice.
+TEST(AtenKernels, SelectionIsMadeOnceAndReportsWhatAtenUses) {
+  const auto& selection = gradaccum::io::select_aten_kernels();
+  EXPECT_EQ(&gradaccum::io::select_aten_kernels(), &selection);
+  EXPECT_EQ(selection.capability, gradaccum::io::aten_capability());
+  EXPECT_FALSE(selection.capability.empty());
+  EXPECT_EQ(std::getenv("ATEN_CPU_CAPABILITY"), nullptr);
+  // Whatever the set, the kernels compute what float64 does.
+  const auto x = torch::linspace(-6, 6, 1001);
+  const auto gelu = torch::gelu(x, "tanh").to(torch::kDouble);
+  EXPECT_LT(gradaccum::testing::max_relative_difference(gelu, torch::gelu(x.to(torch::kDouble), "tanh")), 1e-6);
+  const auto softmax = torch::softmax(x.view({7, 143}), 1).to(torch::kDouble);
+  EXPECT_LT(gradaccum::testing::max_relative_difference(softmax, torch::softmax(x.view({7, 143}).to(torch::kDouble), 1)),
+            1e-6);
+}
