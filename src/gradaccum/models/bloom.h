@@ -126,10 +126,8 @@ class BloomModelImpl : public DecoderImpl {
   // input_ids [B, T] int64; attention_mask [B, T] (1 = real token) or undefined.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
 
-  torch::Tensor hidden_states(const torch::Tensor& input_ids,
-                              const torch::Tensor& attention_mask) override {
-    return forward(input_ids, attention_mask);
-  }
+  torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                              TokenEmbeddingGrad embedding_grad = TokenEmbeddingGrad::dense) override;
   torch::Tensor token_embedding() override { return word_embeddings->weight; }
   int64_t hidden_size() const override { return config_.hidden_size; }
   int64_t vocab_size() const override { return config_.vocab_size; }

@@ -55,10 +55,17 @@ int64_t CausalLm::chunk_tokens() {
 }
 
 core::LossSum CausalLm::loss(const core::Batch& batch) {
-  // The tied head's projection happens inside the fused loss, chunk by chunk.
+  // The tied head's projection happens inside the fused loss, chunk by chunk. That loss
+  // returns a dense gradient of the embedding table whenever the table gets one at all,
+  // so the lookup may return its rows sparsely (decoder.h, TokenEmbeddingGrad). Only on
+  // the CPU: adding a sparse gradient coalesces it, and on a GPU coalescing reads its
+  // size on the host, a synchronization per micro-step (core/host_reads.h).
   auto& transformer = model_->transformer;
-  return chunked_causal_lm_loss(transformer->hidden_states(batch.input, batch.attention_mask),
-                                transformer->token_embedding(), batch.target, chunk_tokens());
+  const auto table = transformer->token_embedding();
+  const auto lookup_grad = table.is_cpu() ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense;
+  return chunked_causal_lm_loss(
+      transformer->hidden_states(batch.input, batch.attention_mask, lookup_grad), table,
+      batch.target, chunk_tokens());
 }
 
 core::EvalSums CausalLm::evaluate(const core::Batch& batch) {

@@ -137,9 +137,9 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(p.softmax));
     }
     // Kept in saved_data, not save_for_backward: the backward moves them out, so the
-    // gradients it returns are their only references. Autograd then adds the tied
-    // embedding's gradient into d/d weight in place instead of allocating a [V, H] sum
-    // (its input buffer adds in place only into a gradient nothing else holds).
+    // gradients it returns are their only references. Autograd adds a sparse gradient of
+    // the same tensor (a tied embedding's lookup, decoder.h) in place only into a dense
+    // gradient nothing else holds; otherwise it allocates a [V, H] sum.
     ctx->saved_data["weight_dtype"] = weight.scalar_type();
     if (need_hidden) ctx->saved_data["grad_hidden"] = grad_hidden_flat.view(hidden.sizes());
     if (need_weight) ctx->saved_data["grad_weight"] = std::move(grad_weight);
