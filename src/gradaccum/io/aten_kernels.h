@@ -7,9 +7,9 @@
 // AVX-512 Xeons, Skylake-SP, the clock drop made it slower than AVX2). CPUs
 // with AVX512-BF16 (Cooper Lake, Sapphire Rapids and later Xeons, Zen 4) run
 // AVX-512 without that penalty: on this project's Xeons one micro-step of the
-// 3.4M-parameter GPT of bench/lm_loss_ab takes 64 ms with the AVX512 kernels
-// and 70 ms with the AVX2 ones (1 thread, micro-batch 2, medians of 3 processes
-// each; BENCHMARKS.md). GELU(tanh) alone runs 1.6x faster.
+// 3.4M-parameter GPT of bench/lm_loss_ab takes 60.7 ms with the AVX512 kernels
+// and 64.8 ms with the AVX2 ones (1 thread, micro-batch 2, medians of 3
+// alternating processes each; BENCHMARKS.md). GELU(tanh) alone runs 1.6x faster.
 #pragma once
 
 #include <string>
