@@ -162,6 +162,35 @@ TEST(ChunkedCrossEntropy, GradientsMatchFiniteDifferences) {
   }
 }
 
+// A target ~200 nats below the row's best logit: its probability underflows float32
+// (e^-200), yet its log-probability, the loss and the gradients stay those of the plain
+// log_softmax loss, in both target layouts.
+TEST(ChunkedCrossEntropy, TargetFarBelowTheBestKeepsItsLossInFloat32) {
+  // vocab 4, width 2: logits of any position with hidden (1, 0) are (100, -100, 0, 0).
+  const auto weight = torch::tensor({{100.0F, 0.0F}, {-100.0F, 0.0F}, {0.0F, 1.0F}, {0.0F, -1.0F}});
+  const auto hidden = torch::tensor({{{1.0F, 0.0F}, {1.0F, 0.0F}, {1.0F, 0.0F}}});
+  // Shifted targets: id 1 (logit -100), id 0 (logit 100).
+  const auto labels = torch::tensor({{3, 1, 0}}, torch::kLong);
+  const auto plain_weight = weight.clone().requires_grad_();
+  const auto plain_hidden = hidden.clone().requires_grad_();
+  auto plain = causal_lm_loss(torch::nn::functional::linear(plain_hidden, plain_weight), labels);
+  plain.sum.backward();
+  const double expected = 200.0 + std::log1p(std::exp(-200.0) + 2 * std::exp(-100.0)) +
+                          std::log1p(std::exp(-200.0) + 2 * std::exp(-100.0));
+  EXPECT_NEAR(plain.sum.item<double>(), expected, 1e-4);
+  for (auto selection : {TargetSelection::compact, TargetSelection::masked}) {
+    const auto w = weight.clone().requires_grad_();
+    const auto h = hidden.clone().requires_grad_();
+    auto fused = chunked_causal_lm_loss(h, w, labels, 1, selection);
+    fused.sum.backward();
+    EXPECT_TRUE(std::isfinite(fused.sum.item<double>()));
+    EXPECT_NEAR(fused.sum.item<double>(), expected, 1e-4);
+    EXPECT_EQ(fused.count.item<int64_t>(), 2);
+    EXPECT_LE(max_relative_difference(w.grad(), plain_weight.grad()), 1e-6);
+    EXPECT_LE(max_relative_difference(h.grad(), plain_hidden.grad()), 1e-6);
+  }
+}
+
 TEST(ChunkedCrossEntropy, AllLabelsIgnoredGivesZeroLossCountAndGradients) {
   for (const auto selection : kSelections) {
     SCOPED_TRACE(name_of(selection));
