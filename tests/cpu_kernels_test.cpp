@@ -16,6 +16,14 @@ using gradaccum::io::better_openblas_kernels;
 using gradaccum::io::IsaLevel;
 using gradaccum::io::openblas_kernels_isa;
 
+// `gradaccum --version` run with `variable` = `value` in its environment.
+gradaccum::testing::CliResult version_with(const char* variable, const char* value) {
+  EXPECT_EQ(setenv(variable, value, 1), 0);
+  auto result = gradaccum::testing::run_cli("--version");
+  unsetenv(variable);
+  return result;
+}
+
 TEST(BlasBackend, KernelSetsAreRankedByTheirVectorInstructions) {
   EXPECT_EQ(openblas_kernels_isa("Prescott"), IsaLevel::sse);
   EXPECT_EQ(openblas_kernels_isa("Nehalem"), IsaLevel::sse);
@@ -97,16 +105,12 @@ TEST(BlasBackend, ProgramReportsAndUsesTheBestKernels) {
   EXPECT_EQ(better_openblas_kernels(kernels, gradaccum::io::cpu_isa_level()), std::nullopt) << version.out;
 
   // A user's OPENBLAS_CORETYPE wins, and is named as the reason.
-  ASSERT_EQ(setenv("OPENBLAS_CORETYPE", "Haswell", 1), 0);
-  const auto forced = gradaccum::testing::run_cli("--version");
-  unsetenv("OPENBLAS_CORETYPE");
+  const auto forced = version_with("OPENBLAS_CORETYPE", "Haswell");
   ASSERT_EQ(forced.exit_code, 0) << forced.err;
   EXPECT_NE(forced.out.find("BLAS: openblas-openmp, Haswell kernels (OPENBLAS_CORETYPE=Haswell (set by the user))"),
             std::string::npos)
       << forced.out;
 }
-
-}  // namespace
 
 // ATen's AVX512 kernels on CPUs with AVX-512 and BF16 (io/aten_kernels.h), and the user's choice wins.
 TEST(AtenKernels, ProgramUsesAvx512KernelsWhereTheCpuRunsThemAtFullClock) {
@@ -121,9 +125,7 @@ TEST(AtenKernels, ProgramUsesAvx512KernelsWhereTheCpuRunsThemAtFullClock) {
   const std::string expected = avx512_bf16 ? "ATen: AVX512 kernels (AVX-512 with BF16" : "ATen's default for this CPU";
   EXPECT_NE(version.out.find(expected), std::string::npos) << version.out;
 
-  ASSERT_EQ(setenv("ATEN_CPU_CAPABILITY", "default", 1), 0);
-  const auto forced = gradaccum::testing::run_cli("--version");
-  unsetenv("ATEN_CPU_CAPABILITY");
+  const auto forced = version_with("ATEN_CPU_CAPABILITY", "default");
   ASSERT_EQ(forced.exit_code, 0) << forced.err;
   EXPECT_NE(forced.out.find("ATen: DEFAULT kernels (ATEN_CPU_CAPABILITY=default (set by the user))"),
             std::string::npos)
@@ -145,3 +147,5 @@ TEST(AtenKernels, SelectionIsMadeOnceAndReportsWhatAtenUses) {
   EXPECT_LT(gradaccum::testing::max_relative_difference(softmax, torch::softmax(x.view({7, 143}).to(torch::kDouble), 1)),
             1e-6);
 }
+
+}  // namespace
