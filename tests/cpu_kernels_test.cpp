@@ -117,12 +117,7 @@ TEST(AtenKernels, ProgramUsesAvx512KernelsWhereTheCpuRunsThemAtFullClock) {
   ASSERT_EQ(std::getenv("ATEN_CPU_CAPABILITY"), nullptr) << "run the tests without ATEN_CPU_CAPABILITY";
   const auto version = gradaccum::testing::run_cli("--version");
   ASSERT_EQ(version.exit_code, 0) << version.err;
-  bool avx512_bf16 = false;
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  avx512_bf16 = gradaccum::io::cpu_isa_level() == IsaLevel::avx512 && __builtin_cpu_supports("avx512bf16");
-#endif
-  const std::string expected = avx512_bf16 ? "ATen: AVX512 kernels (AVX-512 with BF16" : "ATen's default for this CPU";
+  const std::string expected = gradaccum::io::cpu_has_avx512_bf16() ? "ATen: AVX512 kernels (AVX-512 with BF16" : "ATen's default for this CPU";
   EXPECT_NE(version.out.find(expected), std::string::npos) << version.out;
 
   const auto forced = version_with("ATEN_CPU_CAPABILITY", "default");

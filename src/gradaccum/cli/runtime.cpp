@@ -29,9 +29,9 @@ void warn_if_slow_blas() {
 
 std::string blas_description() {
   const auto info = io::probe_blas();
-  const auto& kernels = io::select_blas_kernels();
+  const auto& selection = io::select_blas_kernels();
   if (info.kernels.empty()) return fmt::format("{} ({})", info.kind, info.library);
-  return fmt::format("{}, {} kernels ({})", info.kind, info.kernels, kernels.reason);
+  return fmt::format("{}, {} kernels ({})", info.kind, info.kernels, selection.reason);
 }
 
 std::string aten_description() {

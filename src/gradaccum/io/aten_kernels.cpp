@@ -9,18 +9,15 @@
 #include "gradaccum/io/blas_backend.h"
 
 namespace gradaccum::io {
-namespace {
 
 bool cpu_has_avx512_bf16() {
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
+  // cpu_isa_level() initializes libgcc's CPU model first.
   return cpu_isa_level() == IsaLevel::avx512 && __builtin_cpu_supports("avx512bf16");
 #else
   return false;
 #endif
 }
-
-}  // namespace
 
 std::string aten_capability() {
   const std::string config = at::show_config();

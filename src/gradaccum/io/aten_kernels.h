@@ -21,6 +21,9 @@ struct AtenKernelSelection {
   std::string reason;      // one line: why
 };
 
+// Whether the CPU (and the OS) offer AVX-512 with BF16: the condition for the AVX512 kernels.
+bool cpu_has_avx512_bf16();
+
 // Process-wide, once, at program start, before any tensor operation: when
 // ATEN_CPU_CAPABILITY is unset and the CPU has AVX-512 with BF16, makes ATen
 // choose its AVX512 kernels. Like select_blas_kernels(), it leaves the
