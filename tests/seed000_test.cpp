@@ -30,7 +30,9 @@ torch::Tensor from_json(const nlohmann::json& values, std::vector<int64_t> shape
 
 // The seed's network with PyTorch's initial weights, in `dtype`.
 Regressor make_model(const std::string& variant, torch::ScalarType dtype) {
-  Regressor model(gradaccum::models::seed000_mlp(variant == "batchnorm"));
+  Regressor model = variant == "batchnorm"
+                        ? Regressor(gradaccum::models::seed000_sequential_mlp(true))
+                        : Regressor(gradaccum::models::seed000_mlp());
   model.module().to(dtype);  // first: copying into float32 would round the golden weights
   torch::NoGradGuard no_grad;
   for (auto& item : model.module().named_parameters()) {

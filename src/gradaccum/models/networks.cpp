@@ -4,7 +4,9 @@ namespace gradaccum::models {
 
 namespace nn = torch::nn;
 
-nn::Sequential seed000_mlp(bool batch_norm) {
+GeluMlp seed000_mlp() { return GeluMlp(16, 32, 1); }
+
+nn::Sequential seed000_sequential_mlp(bool batch_norm) {
   nn::Sequential net;
   net->push_back("0", nn::Linear(16, 32));
   if (batch_norm) {

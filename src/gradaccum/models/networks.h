@@ -5,13 +5,19 @@
 
 #include <vector>
 
+#include "gradaccum/models/gelu_mlp.h"
 #include "gradaccum/models/norm.h"
 
 namespace gradaccum::models {
 
-// Seed 000's MLP: Linear(16, 32) → GELU → Linear(32, 1); with `batch_norm`,
-// seed 000's variant Linear(16, 32) → BatchNorm1d(32) → Linear(32, 1).
-torch::nn::Sequential seed000_mlp(bool batch_norm = false);
+// Seed 000's MLP, Linear(16, 32) → GELU → Linear(32, 1), as a GeluMlp: one
+// fused autograd node on small CPU inputs (models/gelu_mlp.h).
+GeluMlp seed000_mlp();
+
+// Seed 000's networks as plain Sequentials of libtorch layers: the MLP above,
+// or with `batch_norm` its variant Linear(16, 32) → BatchNorm1d(32) → Linear(32, 1).
+// Parameter names ("0.weight", ...) are those of seed000_mlp().
+torch::nn::Sequential seed000_sequential_mlp(bool batch_norm = false);
 
 // Image MLP: flatten → [Linear → norm → ReLU] per hidden width → Linear(classes).
 torch::nn::Sequential image_mlp(int64_t in_features, const std::vector<int64_t>& hidden,

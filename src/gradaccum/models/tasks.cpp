@@ -25,7 +25,7 @@ core::EvalSums Classifier::evaluate(const core::Batch& batch) {
 }
 
 core::LossSum Regressor::loss(const core::Batch& batch) {
-  auto prediction = net_->forward(batch.input);
+  auto prediction = forward_(batch.input);
   // Σ (prediction - target)². mse_loss(sum) is the same arithmetic (forward
   // d·d then sum; backward 2·d·grad, bit-identical to the chain sub → square →
   // sum) in one op and one autograd node instead of three: the per-node cost of

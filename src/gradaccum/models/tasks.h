@@ -1,8 +1,11 @@
 // Task heads: turn a network's output into the (loss sum, count) the engine
-// normalizes. They hold any torch::nn::Sequential and know nothing of windows.
+// normalizes. They hold a network and know nothing of windows.
 #pragma once
 
 #include <torch/torch.h>
+
+#include <functional>
+#include <memory>
 
 #include "gradaccum/core/trainable.h"
 
@@ -22,16 +25,20 @@ class Classifier final : public core::Trainable {
 };
 
 // Squared error; one item per target element (the mean of MSELoss).
+// Holds a network whose forward maps one tensor to one tensor: a Sequential,
+// a GeluMlp, or any other module holder.
 class Regressor final : public core::Trainable {
  public:
-  explicit Regressor(torch::nn::Sequential net) : net_(std::move(net)) {}
+  template <typename Impl>
+  explicit Regressor(torch::nn::ModuleHolder<Impl> net)
+      : module_(net.ptr()), forward_([net](const torch::Tensor& x) mutable { return net->forward(x); }) {}
   core::LossSum loss(const core::Batch& batch) override;
   core::EvalSums evaluate(const core::Batch& batch) override;
-  torch::nn::Module& module() override { return *net_; }
-  torch::nn::Sequential& net() { return net_; }
+  torch::nn::Module& module() override { return *module_; }
 
  private:
-  torch::nn::Sequential net_;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::function<torch::Tensor(const torch::Tensor&)> forward_;
 };
 
 }  // namespace gradaccum::models

@@ -1,0 +1,198 @@
+#include "gradaccum/models/gelu_mlp.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace gradaccum::models {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Exact GELU and its derivative: x Φ(x) and Φ(x) + x φ(x), Φ and φ the normal
+// distribution's CDF and density (the formulas of ATen's GeluType::None).
+struct Gelu {
+  double value;
+  double slope;
+};
+inline double gelu_value(double x) { return x * 0.5 * (1.0 + std::erf(x * M_SQRT1_2)); }
+inline Gelu gelu(double x) {
+  const double cdf = 0.5 * (1.0 + std::erf(x * M_SQRT1_2));
+  const double pdf = std::exp(-0.5 * x * x) * (M_2_SQRTPI * M_SQRT1_2 * 0.5);  // 1/√(2π)
+  return {x * cdf, cdf + x * pdf};
+}
+
+// Sizes of the product: x [rows, in], W1 [hidden, in], W2 [out, hidden].
+struct Shapes {
+  int64_t rows, in, hidden, out;
+};
+
+// Forward in plain loops, accumulating in double: h = x W1ᵀ + b1, y = gelu(h) W2ᵀ + b2.
+// Hand-written because no library here does a whole tiny MLP without a
+// per-operator cost that is larger than its arithmetic (see the header).
+template <typename T>
+void forward_loops(const T* x, const T* w1, const T* b1, const T* w2, const T* b2, T* h, T* y,
+                   const Shapes& s) {
+  c10::SmallVector<double, 16> acc(static_cast<size_t>(s.out));
+  for (int64_t i = 0; i < s.rows; ++i) {
+    const T* xi = x + i * s.in;
+    for (int64_t o = 0; o < s.out; ++o) acc[o] = b2[o];
+    for (int64_t j = 0; j < s.hidden; ++j) {
+      const T* w1j = w1 + j * s.in;
+      double pre = b1[j];
+      for (int64_t k = 0; k < s.in; ++k) pre += static_cast<double>(xi[k]) * w1j[k];
+      h[i * s.hidden + j] = static_cast<T>(pre);
+      // The activation of the rounded pre-activation, as the unfused path computes it.
+      const double a = gelu_value(static_cast<T>(pre));
+      for (int64_t o = 0; o < s.out; ++o) acc[o] += a * w2[o * s.hidden + j];
+    }
+    for (int64_t o = 0; o < s.out; ++o) y[i * s.out + o] = static_cast<T>(acc[o]);
+  }
+}
+
+// Backward in plain loops, accumulating in double; gx only when wanted. First
+// the activation and the gradient at the pre-activation of every row, then
+// every gradient row as a weighted sum of contiguous rows, so the innermost
+// loops run along memory.
+template <typename T>
+void backward_loops(const T* x, const T* w1, const T* w2, const T* h, const T* gy, T* gx, T* gw1,
+                    T* gb1, T* gw2, T* gb2, const Shapes& s) {
+  const int64_t n = s.rows * s.hidden;
+  c10::SmallVector<double, 256> act(static_cast<size_t>(n));
+  c10::SmallVector<double, 256> grad_h(static_cast<size_t>(n));
+  for (int64_t i = 0; i < s.rows; ++i) {
+    for (int64_t j = 0; j < s.hidden; ++j) {
+      const Gelu g = gelu(h[i * s.hidden + j]);
+      double grad_a = 0.0;
+      for (int64_t o = 0; o < s.out; ++o) grad_a += static_cast<double>(gy[i * s.out + o]) * w2[o * s.hidden + j];
+      act[i * s.hidden + j] = g.value;
+      grad_h[i * s.hidden + j] = grad_a * g.slope;
+    }
+  }
+  c10::SmallVector<double, 64> row(static_cast<size_t>(std::max(s.in, s.hidden)));
+  for (int64_t o = 0; o < s.out; ++o) {
+    double bias = 0.0;
+    for (int64_t i = 0; i < s.rows; ++i) bias += gy[i * s.out + o];
+    gb2[o] = static_cast<T>(bias);
+    // gw2[o, :] = Σ_i gy[i, o] · act[i, :] (act is double: its own loop).
+    std::fill(row.begin(), row.begin() + s.hidden, 0.0);
+    for (int64_t i = 0; i < s.rows; ++i) {
+      const double c = gy[i * s.out + o];
+      const double* a = act.data() + i * s.hidden;
+      for (int64_t j = 0; j < s.hidden; ++j) row[j] += c * a[j];
+    }
+    for (int64_t j = 0; j < s.hidden; ++j) gw2[o * s.hidden + j] = static_cast<T>(row[j]);
+  }
+  for (int64_t j = 0; j < s.hidden; ++j) {
+    double bias = 0.0;
+    for (int64_t i = 0; i < s.rows; ++i) bias += grad_h[i * s.hidden + j];
+    gb1[j] = static_cast<T>(bias);
+    // gw1[j, :] = Σ_i grad_h[i, j] · x[i, :]
+    std::fill(row.begin(), row.begin() + s.in, 0.0);
+    for (int64_t i = 0; i < s.rows; ++i) {
+      const double c = grad_h[i * s.hidden + j];
+      const T* xi = x + i * s.in;
+      for (int64_t k = 0; k < s.in; ++k) row[k] += c * xi[k];
+    }
+    for (int64_t k = 0; k < s.in; ++k) gw1[j * s.in + k] = static_cast<T>(row[k]);
+  }
+  if (gx == nullptr) return;
+  for (int64_t i = 0; i < s.rows; ++i) {
+    // gx[i, :] = Σ_j grad_h[i, j] · W1[j, :]: the same combination over W1's rows.
+    std::fill(row.begin(), row.begin() + s.in, 0.0);
+    for (int64_t j = 0; j < s.hidden; ++j) {
+      const double c = grad_h[i * s.hidden + j];
+      const T* w = w1 + j * s.in;
+      for (int64_t k = 0; k < s.in; ++k) row[k] += c * w[k];
+    }
+    for (int64_t k = 0; k < s.in; ++k) gx[i * s.in + k] = static_cast<T>(row[k]);
+  }
+}
+
+// The whole network as one autograd node. Saves x, the weights and the
+// pre-activation; the activation and its slope are recomputed in backward.
+class FusedGeluMlp : public torch::autograd::Function<FusedGeluMlp> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w1,
+                               const torch::Tensor& b1, const torch::Tensor& w2,
+                               const torch::Tensor& b2) {
+    const auto rows = x.size(0);
+    // at:: factories: outputs of an autograd::Function need no variable wrapping.
+    auto h = at::empty({rows, w1.size(0)}, x.options());
+    auto y = at::empty({rows, w2.size(0)}, x.options());
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "fused_gelu_mlp_forward", [&] {
+      const Shapes s{rows, w1.size(1), w1.size(0), w2.size(0)};
+      forward_loops(x.data_ptr<scalar_t>(), w1.data_ptr<scalar_t>(), b1.data_ptr<scalar_t>(),
+                    w2.data_ptr<scalar_t>(), b2.data_ptr<scalar_t>(), h.data_ptr<scalar_t>(),
+                    y.data_ptr<scalar_t>(), s);
+    });
+    ctx->save_for_backward({x, w1, w2, h});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    // The loops build no graph: a second derivative would silently be zero.
+    TORCH_CHECK(!torch::GradMode::is_enabled(),
+                "GeluMlp's fused CPU path is not twice differentiable (backward with create_graph)");
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& w1 = saved[1];
+    const auto& w2 = saved[2];
+    const auto& h = saved[3];
+    const auto gy = grad_outputs[0].contiguous();
+    const bool want_x = ctx->needs_input_grad(0);
+    const auto options = w1.options();
+    auto gx = want_x ? at::empty(x.sizes(), options) : torch::Tensor();
+    auto gw1 = at::empty(w1.sizes(), options);
+    auto gb1 = at::empty({w1.size(0)}, options);
+    auto gw2 = at::empty(w2.sizes(), options);
+    auto gb2 = at::empty({w2.size(0)}, options);
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "fused_gelu_mlp_backward", [&] {
+      const Shapes s{x.size(0), w1.size(1), w1.size(0), w2.size(0)};
+      backward_loops(x.data_ptr<scalar_t>(), w1.data_ptr<scalar_t>(), w2.data_ptr<scalar_t>(),
+                     h.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
+                     want_x ? gx.data_ptr<scalar_t>() : nullptr, gw1.data_ptr<scalar_t>(),
+                     gb1.data_ptr<scalar_t>(), gw2.data_ptr<scalar_t>(), gb2.data_ptr<scalar_t>(), s);
+    });
+    return {gx, gw1, gb1, gw2, gb2};
+  }
+};
+
+bool small_cpu_float_matrix(const torch::Tensor& t, torch::ScalarType dtype) {
+  return t.device().is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == dtype &&
+         t.is_contiguous();
+}
+
+}  // namespace
+
+GeluMlpImpl::GeluMlpImpl(int64_t in_features, int64_t hidden_features, int64_t out_features) {
+  // Names "0" and "2" as in the Sequential (with the GELU at "1"), so state
+  // dicts and golden files keyed by parameter name fit either form.
+  fc1 = register_module("0", torch::nn::Linear(in_features, hidden_features));
+  fc2 = register_module("2", torch::nn::Linear(hidden_features, out_features));
+}
+
+bool GeluMlpImpl::fuses(const torch::Tensor& x) const {
+  const auto dtype = x.scalar_type();
+  if (dtype != torch::kFloat && dtype != torch::kDouble) return false;
+  if (at::autocast::is_cpu_enabled()) return false;  // autocast runs the Linear layers in bf16
+  if (x.dim() != 2 || x.size(1) != fc1->weight.size(1)) return false;
+  for (const auto* t : {&x, &fc1->weight, &fc1->bias, &fc2->weight, &fc2->bias}) {
+    if (!small_cpu_float_matrix(*t, dtype)) return false;
+  }
+  const int64_t per_row =
+      fc1->weight.size(0) * fc1->weight.size(1) + fc2->weight.size(0) * fc2->weight.size(1);
+  return x.size(0) * per_row <= kMaxFusedMultiplyAdds;
+}
+
+torch::Tensor GeluMlpImpl::forward(const torch::Tensor& x) {
+  if (fuses(x)) return FusedGeluMlp::apply(x, fc1->weight, fc1->bias, fc2->weight, fc2->bias);
+  return fc2(torch::gelu(fc1(x)));
+}
+
+}  // namespace gradaccum::models
