@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/data/gather_rows.h"
 #include "gradaccum/data/idx_file.h"
 
 namespace gradaccum::data {
@@ -42,8 +43,8 @@ FashionMnist::FashionMnist(const std::string& directory, const std::string& spli
 
 core::Batch FashionMnist::get(const torch::Tensor& indices, torch::ScalarType dtype) const {
   core::Batch batch;
-  batch.input = images_.index_select(0, indices).to(dtype).sub_(kMean * 255.0).div_(kStd * 255.0);
-  batch.target = labels_.index_select(0, indices);
+  batch.input = gather_rows(images_, indices).to(dtype).sub_(kMean * 255.0).div_(kStd * 255.0);
+  batch.target = gather_rows(labels_, indices);
   batch.samples = indices.size(0);
   return batch;
 }
