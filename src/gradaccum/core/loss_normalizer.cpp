@@ -12,17 +12,20 @@ void LossNormalizer::begin_window() {
 }
 
 namespace {
-// Running float64 sum of 0-dim tensors; the first term allocates on its device.
-// add_ converts the term to float64 inside the kernel (type promotion), and
-// NoGradGuard keeps the total out of the graph: no detached view and no
-// converted temporary per micro-step (this runs on every micro-step).
+// total += term, outside the graph, in the term's dtype widened to float32
+// when narrower (bf16, fp16). The first term starts the total. A total put
+// back by restore() (float64, holding a value of that dtype) returns to it
+// first, so a resumed window adds exactly as the uninterrupted one did.
 void accumulate(torch::Tensor& total, const torch::Tensor& term) {
   torch::NoGradGuard no_grad;
-  if (total.defined()) {
-    total.add_(term);
-  } else {
-    total = term.to(torch::kDouble, /*non_blocking=*/false, /*copy=*/true);
+  const bool narrow_float = term.is_floating_point() && term.element_size() < 4;
+  const auto dtype = narrow_float ? torch::kFloat : term.scalar_type();
+  if (!total.defined()) {
+    total = term.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+    return;
   }
+  if (total.scalar_type() != dtype) total = total.to(dtype);
+  total.add_(term);
 }
 }  // namespace
 
@@ -42,11 +45,13 @@ torch::Tensor LossNormalizer::objective(const LossSum& micro) {
 }
 
 torch::Tensor LossNormalizer::local_totals() const {
-  auto zero = [&](const torch::Tensor& t) {
-    return t.defined() ? t : torch::zeros({}, torch::kDouble);
+  torch::NoGradGuard no_grad;
+  const auto device = sum_.defined() ? sum_.device() : torch::Device(torch::kCPU);
+  auto float64 = [&](const torch::Tensor& t) {
+    return t.defined() ? t.to(device, torch::kDouble)
+                       : torch::zeros({}, torch::TensorOptions(torch::kDouble).device(device));
   };
-  auto device = sum_.defined() ? sum_.device() : torch::Device(torch::kCPU);
-  return torch::stack({zero(sum_).to(device), zero(count_).to(device), zero(naive_terms_).to(device)});
+  return torch::stack({float64(sum_), float64(count_), float64(naive_terms_)});
 }
 
 void LossNormalizer::restore(const torch::Tensor& totals) {

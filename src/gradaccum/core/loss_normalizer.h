@@ -56,9 +56,14 @@ class LossNormalizer {
  private:
   LossNormalization mode_;
   int64_t accumulation_steps_;
-  torch::Tensor sum_;          // float64 Σ loss sums
-  torch::Tensor count_;        // float64 Σ counts
-  torch::Tensor naive_terms_;  // float64 Σ mean / N (micro_batch mode's reported loss)
+  // Running totals of the window, each in its terms' dtype widened to at
+  // least float32 (as Accelerate and llm.c accumulate the logged loss):
+  // adding a term of the same dtype is one cheap operator per micro-step,
+  // where a float64 total made every addition convert its term first.
+  // local_totals() reports them in float64.
+  torch::Tensor sum_;          // Σ loss sums
+  torch::Tensor count_;        // Σ counts
+  torch::Tensor naive_terms_;  // Σ mean / N (micro_batch mode's reported loss)
 };
 
 }  // namespace gradaccum::core
