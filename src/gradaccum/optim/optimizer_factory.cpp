@@ -1,6 +1,7 @@
 #include "gradaccum/optim/optimizer_factory.h"
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/optim/fused_adamw.h"
 
 namespace gradaccum::optim {
 
@@ -11,7 +12,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spe
                        .betas({spec.adam_beta1, spec.adam_beta2})
                        .eps(spec.adam_epsilon)
                        .weight_decay(spec.weight_decay);
-    return std::make_unique<torch::optim::AdamW>(std::move(params), options);
+    return std::make_unique<FusedAdamW>(std::move(params), options);
   }
   if (spec.type == "sgd") {
     GA_CHECK(!spec.nesterov || spec.momentum > 0.0, "nesterov: true needs momentum > 0");

@@ -1,4 +1,5 @@
-// Builds libtorch's own optimizers (SGD with momentum/Nesterov, AdamW) from the
+// Builds the optimizers (libtorch's SGD with momentum/Nesterov; AdamW as
+// libtorch's with a fused CPU update, optim/fused_adamw.h) from the
 // configuration and sets their learning rate.
 #pragma once
 
