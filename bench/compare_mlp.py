@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Seed 000's MLP micro-step benchmark: gradaccum vs the same loop on raw libtorch vs Python.
 
-Alternates `--runs` processes of bench/mlp_microstep (the engine), bench/mlp_microstep --raw
-(the loop written directly against libtorch, no engine) and bench/py/mlp_microstep.py (the
-Python loop), each under `flock` on the shared benchmark lock, and prints the medians over
+Alternates `--runs` processes of bench/mlp_microstep (the engine on models::GeluMlp, the fused
+network), bench/mlp_microstep --unfused (the engine on the Sequential of libtorch layers),
+bench/mlp_microstep --raw (the loop written directly against libtorch's layers, no engine) and
+bench/py/mlp_microstep.py (the Python loop), each under `flock` on the shared benchmark lock, and prints the medians over
 processes of each process's median microseconds per micro-step.
 
   /usr/bin/python3 bench/compare_mlp.py [--build build-bench] [--runs 5] [--threads 1]
@@ -35,6 +36,7 @@ def main():
     common = ["--threads", str(args.threads)]
     programs = {
         "gradaccum": [os.path.join(args.build, "bench", "mlp_microstep")] + common,
+        "gradaccum-unfused": [os.path.join(args.build, "bench", "mlp_microstep"), "--unfused"] + common,
         "libtorch-raw": [os.path.join(args.build, "bench", "mlp_microstep"), "--raw"] + common,
         "python": [sys.executable, os.path.join(HERE, "py", "mlp_microstep.py")] + common,
     }

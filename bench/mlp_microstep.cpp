@@ -6,11 +6,14 @@
 // libtorch's fixed cost per micro-step: fetch, forward, loss, backward, plus
 // the optimizer step amortized over 16 micro-steps.
 //
-//   mlp_microstep [--threads 1] [--warmup-steps 20] [--repeats 7] [--steps 50] [--raw]
+//   mlp_microstep [--threads 1] [--warmup-steps 20] [--repeats 7] [--steps 50] [--raw | --unfused]
 //
-// --raw runs the same loop written directly against libtorch, without the
+// The engine trains seed000_mlp(), a models::GeluMlp, which on these sizes is
+// one fused autograd node. --unfused trains the plain Sequential of libtorch
+// layers instead (seed000_sequential_mlp()): what the fusion buys. --raw runs
+// the loop written directly against libtorch on that Sequential, without the
 // engine (no Trainer, window plan, normalizer or observers): the floor that
-// libtorch itself sets, so ours - raw is the engine's own overhead.
+// libtorch's own layers set.
 //
 // Prints one JSON line: us_per_micro_step is the median over `repeats` timed
 // blocks of `steps` optimizer steps each, after `warmup-steps` untimed steps.
@@ -31,6 +34,7 @@
 
 #include "bench_support.h"
 #include "gradaccum/core/trainer.h"
+#include "gradaccum/data/gather_rows.h"
 #include "gradaccum/io/aten_kernels.h"
 #include "gradaccum/io/blas_backend.h"
 #include "gradaccum/io/process_stats.h"
@@ -50,8 +54,9 @@ class RandomRegression final : public core::Dataset {
   int64_t size() const override { return x_.size(0); }
   core::Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const override {
     core::Batch batch;
-    batch.input = x_.index_select(0, indices).to(dtype);
-    batch.target = y_.index_select(0, indices).to(dtype);
+    // As the library's datasets gather (data/gather_rows.h); float32 already.
+    batch.input = gradaccum::data::gather_rows(x_, indices).to(dtype);
+    batch.target = gradaccum::data::gather_rows(y_, indices).to(dtype);
     batch.samples = indices.size(0);
     return batch;
   }
@@ -135,26 +140,29 @@ int main(int argc, char** argv) {
   // More samples than the run consumes: every window is full and no epoch ends.
   const int64_t total_steps = warmup + repeats * steps;
   RandomRegression data(total_steps * kMicroBatch * kAccumulation);
-  gradaccum::models::Regressor model(gradaccum::models::seed000_mlp());
-
   const bool raw = has_flag(argc, argv, "--raw");
+  const bool unfused = has_flag(argc, argv, "--unfused");
   StepClock clock;
   double final_loss = 0.0;  // the engine's last window loss (the raw loop reports none)
   auto start = std::chrono::steady_clock::now();
   if (raw) {
-    clock.ends = raw_loop(data, model.net(), total_steps, kMicroBatch, kAccumulation);
+    auto net = gradaccum::models::seed000_sequential_mlp();
+    clock.ends = raw_loop(data, net, total_steps, kMicroBatch, kAccumulation);
     clock.micro_steps.assign(clock.ends.size(), kAccumulation);
   } else {
-  core::TrainerOptions options;
-  options.per_device_train_batch_size = kMicroBatch;
-  options.gradient_accumulation_steps = kAccumulation;
-  options.max_steps = total_steps;
-  options.optimizer.type = "adamw";
-  options.optimizer.learning_rate = 1e-3;
-  options.max_grad_norm = 1.0;
-  core::Trainer trainer(options, model, data, nullptr, clock);
-  start = std::chrono::steady_clock::now();
-  final_loss = trainer.run().final_loss;
+    // The same weights either way: both draw their initialization in the same order.
+    auto model = unfused ? gradaccum::models::Regressor(gradaccum::models::seed000_sequential_mlp())
+                         : gradaccum::models::Regressor(gradaccum::models::seed000_mlp());
+    core::TrainerOptions options;
+    options.per_device_train_batch_size = kMicroBatch;
+    options.gradient_accumulation_steps = kAccumulation;
+    options.max_steps = total_steps;
+    options.optimizer.type = "adamw";
+    options.optimizer.learning_rate = 1e-3;
+    options.max_grad_norm = 1.0;
+    core::Trainer trainer(options, model, data, nullptr, clock);
+    start = std::chrono::steady_clock::now();
+    final_loss = trainer.run().final_loss;
   }
 
   std::vector<double> us_per_micro_step;
@@ -173,7 +181,7 @@ int main(int argc, char** argv) {
       "\"warmup_steps\": {}, \"repeats\": {}, \"steps_per_repeat\": {}, "
       "\"us_per_micro_step\": {:.2f}, \"us_per_micro_step_min\": {:.2f}, \"repeats_us\": [{:.2f}], "
       "\"final_loss\": {}, \"peak_rss_mb\": {:.1f}}}\n",
-      raw ? "libtorch-raw" : "gradaccum", threads, kMicroBatch, kAccumulation, warmup, repeats, steps, median(us_per_micro_step),
+      raw ? "libtorch-raw" : unfused ? "gradaccum-unfused" : "gradaccum", threads, kMicroBatch, kAccumulation, warmup, repeats, steps, median(us_per_micro_step),
       *std::min_element(us_per_micro_step.begin(), us_per_micro_step.end()),
       fmt::join(us_per_micro_step, ", "),
       raw ? std::string("null") : fmt::format("{:.6f}", final_loss), gradaccum::io::peak_rss_mb());
