@@ -2,6 +2,8 @@
 // on the fused path, bit for bit where it takes libtorch's operators.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "gradaccum/optim/fused_adamw.h"
 #include "test_support.h"
 
@@ -88,6 +90,37 @@ TEST(FusedAdamW, NonContiguousParametersAndSparseGradients) {
   EXPECT_TRUE(torch::equal(p, q)) << (p - q).abs().max().item<double>();
   p.mutable_grad() = torch::eye(6).narrow(1, 0, 4).to_sparse();
   EXPECT_THROW(fused.step(), c10::Error);
+}
+
+}  // namespace
+
+namespace {
+
+// A parameter whose gradient turned zero: its first moment decays by β₁ per
+// step into the subnormal range, where the fused pass flushes it to zero
+// (float32); the parameter itself moves exactly as under libtorch's AdamW.
+TEST(FusedAdamW, SubnormalMomentsFlushToZeroWithoutMovingTheParameterDifferently) {
+  const float tiny = std::numeric_limits<float>::min();  // smallest normal float
+  auto run = [&](auto& optimizer, torch::Tensor& p) {
+    p.mutable_grad() = torch::full({4}, 1.0f);
+    optimizer.step();  // state created; then the moments are set by hand
+    const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(key));
+    state.exp_avg().fill_(tiny);
+    p.mutable_grad() = torch::zeros({4});
+    optimizer.step();  // m = 0.9 · FLT_MIN: subnormal
+    return state.exp_avg().clone();
+  };
+  auto p = torch::ones({4}).requires_grad_(true);
+  auto q = torch::ones({4}).requires_grad_(true);
+  FusedAdamW fused({p}, torch::optim::AdamWOptions(1e-2).weight_decay(0.0));
+  torch::optim::AdamW reference({q}, torch::optim::AdamWOptions(1e-2).weight_decay(0.0));
+  const auto m_fused = run(fused, p);
+  const auto m_reference = run(reference, q);
+  EXPECT_EQ(m_fused.abs().max().item<float>(), 0.0f);
+  EXPECT_GT(m_reference.abs().min().item<float>(), 0.0f);  // libtorch keeps the subnormal
+  EXPECT_LT(m_reference.abs().max().item<float>(), tiny);
+  EXPECT_TRUE(torch::equal(p, q));
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "gradaccum/optim/adamw_update.h"
+
 namespace gradaccum::optim {
 
 namespace {
@@ -12,43 +14,9 @@ namespace {
 using torch::optim::AdamWOptions;
 using torch::optim::AdamWParamState;
 
-// The scalars of one parameter's update at its step t.
-struct Coefficients {
-  double decay;        // 1 − lr·λ
-  double beta1, beta2;
-  double step_size;    // lr / (1 − β₁ᵗ)
-  double root_bias2;   // √(1 − β₂ᵗ)
-  double eps;
-};
-
-// One pass over the parameter, in T throughout (as libtorch's float kernels
-// compute): hand-written because libtorch 1.13 has no fused CPU AdamW.
-template <typename T>
-void update_in_one_pass(T* p, const T* g, T* m, T* v, int64_t n, const Coefficients& c) {
-  const T decay = static_cast<T>(c.decay), beta1 = static_cast<T>(c.beta1),
-          beta2 = static_cast<T>(c.beta2), one_minus_beta1 = static_cast<T>(1.0 - c.beta1),
-          one_minus_beta2 = static_cast<T>(1.0 - c.beta2), step_size = static_cast<T>(c.step_size),
-          root_bias2 = static_cast<T>(c.root_bias2), eps = static_cast<T>(c.eps);
-  const bool decays = c.decay != 1.0;
-  // Chunks of 32K elements: small parameters stay on the calling thread.
-  at::parallel_for(0, n, 1 << 15, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const T grad = g[i];
-      T param = decays ? p[i] * decay : p[i];
-      const T first = m[i] * beta1 + one_minus_beta1 * grad;
-      const T second = v[i] * beta2 + one_minus_beta2 * grad * grad;
-      const T denom = std::sqrt(second) / root_bias2 + eps;
-      param = param - step_size * first / denom;
-      m[i] = first;
-      v[i] = second;
-      p[i] = param;
-    }
-  });
-}
-
 // libtorch's own operator sequence, for every parameter the loop does not take.
 void update_with_operators(torch::Tensor& p, const torch::Tensor& grad, AdamWParamState& state,
-                           const AdamWOptions& options, const Coefficients& c) {
+                           const AdamWOptions& options, const AdamWCoefficients& c) {
   if (options.weight_decay() != 0) p.mul_(c.decay);
   state.exp_avg().mul_(c.beta1).add_(grad, 1.0 - c.beta1);
   state.exp_avg_sq().mul_(c.beta2).addcmul_(grad, grad, 1.0 - c.beta2);
@@ -105,7 +73,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       state.step(state.step() + 1);
       const auto [beta1, beta2] = options.betas();
       const auto t = static_cast<double>(state.step());
-      const Coefficients c{1.0 - options.lr() * options.weight_decay(),
+      const AdamWCoefficients c{1.0 - options.lr() * options.weight_decay(),
                            beta1,
                            beta2,
                            options.lr() / (1.0 - std::pow(beta1, t)),
@@ -116,9 +84,14 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         continue;
       }
       AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "fused_adamw", [&] {
-        update_in_one_pass(p.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(),
-                           state.exp_avg().data_ptr<scalar_t>(), state.exp_avg_sq().data_ptr<scalar_t>(),
-                           p.numel(), c);
+        auto* param = p.data_ptr<scalar_t>();
+        const auto* g = grad.data_ptr<scalar_t>();
+        auto* m = state.exp_avg().data_ptr<scalar_t>();
+        auto* v = state.exp_avg_sq().data_ptr<scalar_t>();
+        // Chunks of 32K elements: small parameters stay on the calling thread.
+        at::parallel_for(0, p.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+          adamw_update(param, g, m, v, begin, end, c);
+        });
       });
     }
   }
