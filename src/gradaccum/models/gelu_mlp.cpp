@@ -20,9 +20,10 @@ struct Gelu {
   double value;
   double slope;
 };
-inline double gelu_value(double x) { return x * 0.5 * (1.0 + std::erf(x * M_SQRT1_2)); }
+inline double normal_cdf(double x) { return 0.5 * (1.0 + std::erf(x * M_SQRT1_2)); }
+inline double gelu_value(double x) { return x * normal_cdf(x); }
 inline Gelu gelu(double x) {
-  const double cdf = 0.5 * (1.0 + std::erf(x * M_SQRT1_2));
+  const double cdf = normal_cdf(x);
   const double pdf = std::exp(-0.5 * x * x) * (M_2_SQRTPI * M_SQRT1_2 * 0.5);  // 1/√(2π)
   return {x * cdf, cdf + x * pdf};
 }
@@ -55,10 +56,25 @@ void forward_loops(const T* x, const T* w1, const T* b1, const T* w2, const T* b
   }
 }
 
+// target[k] = Σ_r coefficient[r · coefficient_stride] · rows[r · row_stride + k]
+// for k < length, summed in double: every weight gradient and the input's
+// gradient is such a combination of contiguous rows, so the innermost loop
+// runs along memory.
+template <typename C, typename R, typename T>
+void combine_rows(int64_t count, const C* coefficient, int64_t coefficient_stride, const R* rows,
+                  int64_t row_stride, int64_t length, double* scratch, T* target) {
+  std::fill(scratch, scratch + length, 0.0);
+  for (int64_t r = 0; r < count; ++r) {
+    const double c = coefficient[r * coefficient_stride];
+    const R* row = rows + r * row_stride;
+    for (int64_t k = 0; k < length; ++k) scratch[k] += c * row[k];
+  }
+  for (int64_t k = 0; k < length; ++k) target[k] = static_cast<T>(scratch[k]);
+}
+
 // Backward in plain loops, accumulating in double; gx only when wanted. First
 // the activation and the gradient at the pre-activation of every row, then
-// every gradient row as a weighted sum of contiguous rows, so the innermost
-// loops run along memory.
+// the gradients as combinations of rows.
 template <typename T>
 void backward_loops(const T* x, const T* w1, const T* w2, const T* h, const T* gy, T* gx, T* gw1,
                     T* gb1, T* gw2, T* gb2, const Shapes& s) {
@@ -74,43 +90,25 @@ void backward_loops(const T* x, const T* w1, const T* w2, const T* h, const T* g
       grad_h[i * s.hidden + j] = grad_a * g.slope;
     }
   }
-  c10::SmallVector<double, 64> row(static_cast<size_t>(std::max(s.in, s.hidden)));
+  c10::SmallVector<double, 64> scratch(static_cast<size_t>(std::max(s.in, s.hidden)));
   for (int64_t o = 0; o < s.out; ++o) {
     double bias = 0.0;
     for (int64_t i = 0; i < s.rows; ++i) bias += gy[i * s.out + o];
     gb2[o] = static_cast<T>(bias);
-    // gw2[o, :] = Σ_i gy[i, o] · act[i, :] (act is double: its own loop).
-    std::fill(row.begin(), row.begin() + s.hidden, 0.0);
-    for (int64_t i = 0; i < s.rows; ++i) {
-      const double c = gy[i * s.out + o];
-      const double* a = act.data() + i * s.hidden;
-      for (int64_t j = 0; j < s.hidden; ++j) row[j] += c * a[j];
-    }
-    for (int64_t j = 0; j < s.hidden; ++j) gw2[o * s.hidden + j] = static_cast<T>(row[j]);
+    // gw2[o, :] = Σ_i gy[i, o] · act[i, :]
+    combine_rows(s.rows, gy + o, s.out, act.data(), s.hidden, s.hidden, scratch.data(), gw2 + o * s.hidden);
   }
   for (int64_t j = 0; j < s.hidden; ++j) {
     double bias = 0.0;
     for (int64_t i = 0; i < s.rows; ++i) bias += grad_h[i * s.hidden + j];
     gb1[j] = static_cast<T>(bias);
     // gw1[j, :] = Σ_i grad_h[i, j] · x[i, :]
-    std::fill(row.begin(), row.begin() + s.in, 0.0);
-    for (int64_t i = 0; i < s.rows; ++i) {
-      const double c = grad_h[i * s.hidden + j];
-      const T* xi = x + i * s.in;
-      for (int64_t k = 0; k < s.in; ++k) row[k] += c * xi[k];
-    }
-    for (int64_t k = 0; k < s.in; ++k) gw1[j * s.in + k] = static_cast<T>(row[k]);
+    combine_rows(s.rows, grad_h.data() + j, s.hidden, x, s.in, s.in, scratch.data(), gw1 + j * s.in);
   }
   if (gx == nullptr) return;
   for (int64_t i = 0; i < s.rows; ++i) {
-    // gx[i, :] = Σ_j grad_h[i, j] · W1[j, :]: the same combination over W1's rows.
-    std::fill(row.begin(), row.begin() + s.in, 0.0);
-    for (int64_t j = 0; j < s.hidden; ++j) {
-      const double c = grad_h[i * s.hidden + j];
-      const T* w = w1 + j * s.in;
-      for (int64_t k = 0; k < s.in; ++k) row[k] += c * w[k];
-    }
-    for (int64_t k = 0; k < s.in; ++k) gx[i * s.in + k] = static_cast<T>(row[k]);
+    // gx[i, :] = Σ_j grad_h[i, j] · W1[j, :]
+    combine_rows(s.hidden, grad_h.data() + i * s.hidden, 1, w1, s.in, s.in, scratch.data(), gx + i * s.in);
   }
 }
 
@@ -163,7 +161,7 @@ class FusedGeluMlp : public torch::autograd::Function<FusedGeluMlp> {
   }
 };
 
-bool small_cpu_float_matrix(const torch::Tensor& t, torch::ScalarType dtype) {
+bool contiguous_cpu(const torch::Tensor& t, torch::ScalarType dtype) {
   return t.device().is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == dtype &&
          t.is_contiguous();
 }
@@ -183,7 +181,7 @@ bool GeluMlpImpl::fuses(const torch::Tensor& x) const {
   if (at::autocast::is_cpu_enabled()) return false;  // autocast runs the Linear layers in bf16
   if (x.dim() != 2 || x.size(1) != fc1->weight.size(1)) return false;
   for (const auto* t : {&x, &fc1->weight, &fc1->bias, &fc2->weight, &fc2->bias}) {
-    if (!small_cpu_float_matrix(*t, dtype)) return false;
+    if (!contiguous_cpu(*t, dtype)) return false;
   }
   const int64_t per_row =
       fc1->weight.size(0) * fc1->weight.size(1) + fc2->weight.size(0) * fc2->weight.size(1);
