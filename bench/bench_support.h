@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/trainer.h"
 
 namespace gradaccum::bench {
 
@@ -33,6 +34,20 @@ inline int64_t parse_count(const std::string& program, const std::string& key,
   GA_CHECK(used == value.size() && used > 0 && n >= 0, "{}: {} '{}' is not a count", program, key,
            value);
   return n;
+}
+
+// The engine's options both engine benchmarks train with: micro-batch b × N
+// accumulation steps for `steps` optimizer steps, AdamW at lr 1e-3, clipping
+// at 1.0, the engine's defaults otherwise (cosine schedule).
+inline core::TrainerOptions adamw_trainer_options(int64_t b, int64_t accumulation, int64_t steps) {
+  core::TrainerOptions options;
+  options.per_device_train_batch_size = b;
+  options.gradient_accumulation_steps = accumulation;
+  options.max_steps = steps;
+  options.optimizer.type = "adamw";
+  options.optimizer.learning_rate = 1e-3;
+  options.max_grad_norm = 1.0;
+  return options;
 }
 
 }  // namespace gradaccum::bench

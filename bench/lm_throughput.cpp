@@ -258,13 +258,7 @@ int main(int argc, char** argv) {
   Clock::time_point start;
   double t_forward = 0.0, t_backward = 0.0, t_step = 0.0;  // --profile, timed steps only
   if (!profile) {
-    core::TrainerOptions options;
-    options.per_device_train_batch_size = kMicroBatch;
-    options.gradient_accumulation_steps = kAccumulation;
-    options.max_steps = total_steps;
-    options.optimizer.type = "adamw";
-    options.optimizer.learning_rate = 1e-3;
-    options.max_grad_norm = 1.0;
+    auto options = gradaccum::bench::adamw_trainer_options(kMicroBatch, kAccumulation, total_steps);
     options.mixed_precision = precision;
     core::Trainer trainer(options, model, data, nullptr, clock);
     start = Clock::now();

@@ -153,13 +153,7 @@ int main(int argc, char** argv) {
     // The same weights either way: both draw their initialization in the same order.
     auto model = unfused ? gradaccum::models::Regressor(gradaccum::models::seed000_sequential_mlp())
                          : gradaccum::models::Regressor(gradaccum::models::seed000_mlp());
-    core::TrainerOptions options;
-    options.per_device_train_batch_size = kMicroBatch;
-    options.gradient_accumulation_steps = kAccumulation;
-    options.max_steps = total_steps;
-    options.optimizer.type = "adamw";
-    options.optimizer.learning_rate = 1e-3;
-    options.max_grad_norm = 1.0;
+    const auto options = gradaccum::bench::adamw_trainer_options(kMicroBatch, kAccumulation, total_steps);
     core::Trainer trainer(options, model, data, nullptr, clock);
     start = std::chrono::steady_clock::now();
     final_loss = trainer.run().final_loss;
