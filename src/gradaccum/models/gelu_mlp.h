@@ -5,8 +5,9 @@
 // price per operator and per autograd node (dispatch, TensorIterator set-up,
 // oneDNN's GELU primitive, one node per addmm, transpose and activation). So
 // on the CPU, when the matrices are small, the whole network is one autograd
-// node whose forward and backward are plain loops: 4 operators and 10 nodes
-// per micro-step become 1 and 5 (the node and the 4 gradient accumulators).
+// node whose forward and backward are plain loops: 5 operators (2 × transpose
+// and addmm, GELU) and 9 nodes (theirs and the 4 gradient accumulators) per
+// micro-step become 1 and 5 (the node and the accumulators).
 // Anything else (a GPU, autocast, large matrices, other dtypes) runs the
 // ordinary Linear → GELU → Linear of libtorch. Both paths compute the same
 // function; tests/gelu_mlp_test.cpp holds them to each other and to finite
