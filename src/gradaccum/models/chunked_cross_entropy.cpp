@@ -13,6 +13,7 @@
 #include "gradaccum/core/check.h"
 #include "gradaccum/core/host_reads.h"
 #include "gradaccum/models/causal_lm.h"
+#include "gradaccum/models/softmax_cross_entropy.h"
 
 namespace gradaccum::models {
 namespace {
@@ -47,6 +48,15 @@ Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight)
   // Autocast lowers float16/bfloat16/float32 matmuls and leaves float64 alone.
   if (autocast && inputs != torch::kDouble) p.matmul = lower;
   return p;
+}
+
+// Whether a chunk's logits go through softmax_cross_entropy_: on the CPU, when
+// the kernel computes in the softmax dtype (float32 for float32 and bfloat16
+// logits, float64 for float64).
+bool fused_softmax(const torch::Tensor& logits, const Precision& p) {
+  if (!softmax_cross_entropy_supports(logits)) return false;
+  const auto dtype = logits.scalar_type();
+  return p.softmax == (dtype == torch::kDouble ? torch::kDouble : torch::kFloat);
 }
 
 // Sum of cross-entropies of the target positions, with its gradients
@@ -97,24 +107,35 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     }
 
     auto total = torch::zeros({}, hidden.options().dtype(p.softmax));
+    double fused_total = 0.0;  // the chunks that fused_softmax() takes
     const int64_t n = targets.size(0);
     for (int64_t begin = 0; begin < n; begin += chunk_tokens) {
       const int64_t end = std::min(n, begin + chunk_tokens);
-      const auto target = targets.slice(0, begin, end).unsqueeze(1);
       const auto h = (compact ? hidden_flat.index_select(0, positions.slice(0, begin, end))
                               : hidden_flat.slice(0, begin, end))
                          .to(p.matmul);
-      // -log softmax(logits)[target], from one log_softmax pass over the chunk.
-      auto log_probs = torch::log_softmax(h.matmul(weight_mm.t()).to(p.softmax), 1);
-      const auto scored = compact ? torch::Tensor() : valid.slice(0, begin, end).unsqueeze(1);
-      const auto picked = log_probs.gather(1, target);
-      total.sub_(compact ? picked.sum() : picked.mul(scored).sum());
+      auto logits = h.matmul(weight_mm.t());
+      const auto scored = compact ? torch::Tensor() : valid.slice(0, begin, end);
+      torch::Tensor grad_mm;
+      if (fused_softmax(logits, p)) {
+        // The loss and d sum / d logits = softmax - onehot(target) in one pass per row, in
+        // place of the logits (softmax_cross_entropy.h).
+        fused_total += softmax_cross_entropy_(logits, targets.slice(0, begin, end), scored);
+        grad_mm = std::move(logits);
+      } else {
+        // -log softmax(logits)[target], from one log_softmax pass over the chunk.
+        const auto target = targets.slice(0, begin, end).unsqueeze(1);
+        auto log_probs = torch::log_softmax(logits.to(p.softmax), 1);
+        const auto picked = log_probs.gather(1, target);
+        total.sub_(compact ? picked.sum() : picked.mul(scored.unsqueeze(1)).sum());
+        if (!need_hidden && !need_weight) continue;
+        // d sum / d logits = softmax - onehot(target), in place of the log-probabilities.
+        auto grad_logits = log_probs.exp_();
+        grad_logits.scatter_(1, target, grad_logits.gather(1, target) - 1);
+        if (!compact) grad_logits.mul_(scored.unsqueeze(1));  // unscored rows contribute nothing
+        grad_mm = grad_logits.to(p.matmul);
+      }
       if (!need_hidden && !need_weight) continue;
-      // d sum / d logits = softmax - onehot(target), in place of the log-probabilities.
-      auto grad_logits = log_probs.exp_();
-      grad_logits.scatter_(1, target, grad_logits.gather(1, target) - 1);
-      if (!compact) grad_logits.mul_(scored);  // unscored rows contribute nothing
-      const auto grad_mm = grad_logits.to(p.matmul);
       if (need_hidden) {
         auto grad_h = grad_mm.matmul(weight_mm).to(hidden.scalar_type());
         if (compact) {
@@ -133,6 +154,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
         }
       }
     }
+    total.add_(fused_total);
     if (need_weight && !grad_weight.defined()) {  // no scored position at all
       grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(p.softmax));
     }

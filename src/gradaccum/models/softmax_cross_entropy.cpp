@@ -1,0 +1,215 @@
+#include "gradaccum/models/softmax_cross_entropy.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gradaccum/core/check.h"
+
+// The row loops are compiled for AVX-512, AVX2 and the baseline, and the loader
+// picks the best the CPU has (GCC's function multiversioning): the library is
+// built for any x86-64, and a baseline SSE2 loop would be 4x slower here.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define GRADACCUM_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+#endif
+#ifndef GRADACCUM_VECTOR_CLONES
+#define GRADACCUM_VECTOR_CLONES
+#endif
+
+namespace gradaccum::models {
+namespace {
+
+// Independent accumulators per pass, so that the compiler may vectorize the
+// maximum and the sum without reordering one float sum (which it must not).
+constexpr int kLanes = 16;
+
+// e^x for x ≤ 0 in float32, by Cephes' expf: x = n·ln 2 + r with |r| ≤ ln 2 / 2,
+// a degree-6 polynomial for e^r, and 2^n built in the exponent bits. Written
+// without a libm call or a branch so that it vectorizes; within ~1 ulp of
+// std::exp. x is clamped at −87, so the result is at least e^−87 ≈ 1.6e-38,
+// a normal float, where the exact value would underflow: against a row sum
+// ≥ 1 that is below any rounding.
+inline __attribute__((always_inline)) float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  // Round x·log2(e) to the nearest integer by adding and subtracting 1.5·2^23.
+  constexpr float kRound = 12582912.0f;
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  float r = x - n * 0.693359375f;  // ln 2 in two parts: the high part is exact in float
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e_r = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_to_n;
+  std::memcpy(&two_to_n, &bits, sizeof two_to_n);
+  return e_r * two_to_n;
+}
+
+inline __attribute__((always_inline)) float widen(float x) { return x; }
+inline __attribute__((always_inline)) float widen(c10::BFloat16 x) { return static_cast<float>(x); }
+
+// One row in float32 arithmetic. `e` holds the exponentials between the second
+// and the third pass: the row itself for float32, a float32 scratch row for
+// bfloat16 (so that the gradient is rounded to bfloat16 once).
+template <typename Element>
+inline __attribute__((always_inline)) double float_row(Element* x, float* e, int64_t vocab,
+                                                       int64_t target, float weight) {
+  float lane_max[kLanes];
+  for (int l = 0; l < kLanes; ++l) lane_max[l] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= vocab; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const float v = widen(x[i + l]);
+      lane_max[l] = v > lane_max[l] ? v : lane_max[l];
+    }
+  }
+  float max = -std::numeric_limits<float>::infinity();
+  for (int l = 0; l < kLanes; ++l) max = lane_max[l] > max ? lane_max[l] : max;
+  for (; i < vocab; ++i) max = widen(x[i]) > max ? widen(x[i]) : max;
+  const float target_logit = widen(x[target]);
+
+  float lane_sum[kLanes] = {};
+  i = 0;
+  for (; i + kLanes <= vocab; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const float v = exp_nonpositive(widen(x[i + l]) - max);
+      e[i + l] = v;
+      lane_sum[l] += v;
+    }
+  }
+  float sum = 0.0f;
+  for (int l = 0; l < kLanes; ++l) sum += lane_sum[l];
+  for (; i < vocab; ++i) {
+    e[i] = exp_nonpositive(widen(x[i]) - max);
+    sum += e[i];
+  }
+
+  const float scale = weight / sum;
+  const float target_e = e[target];
+  for (i = 0; i < vocab; ++i) x[i] = static_cast<Element>(e[i] * scale);
+  x[target] = static_cast<Element>(target_e * scale - weight);
+  return static_cast<double>(weight) *
+         (std::log(static_cast<double>(sum)) + static_cast<double>(max) - target_logit);
+}
+
+GRADACCUM_VECTOR_CLONES double float32_row(float* x, int64_t vocab, int64_t target, float weight) {
+  return float_row(x, x, vocab, target, weight);
+}
+
+GRADACCUM_VECTOR_CLONES double bfloat16_row(c10::BFloat16* x, float* scratch, int64_t vocab,
+                                            int64_t target, float weight) {
+  return float_row(x, scratch, vocab, target, weight);
+}
+
+// float64 rows are for exactness tests, not speed: plain loops with std::exp.
+double float64_row(double* x, int64_t vocab, int64_t target, double weight) {
+  const double max = *std::max_element(x, x + vocab);
+  const double target_logit = x[target];
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  const double scale = weight / sum;
+  for (int64_t i = 0; i < vocab; ++i) x[i] *= scale;
+  x[target] -= weight;
+  return weight * (std::log(sum) + max - target_logit);
+}
+
+std::string describe(const torch::Tensor& t) {
+  return fmt::format("{} {} tensor of {} dimension(s){}", t.device().str(),
+                     c10::toString(t.scalar_type()), t.dim(),
+                     t.is_contiguous() ? "" : ", not contiguous");
+}
+
+}  // namespace
+
+bool softmax_cross_entropy_supports(const torch::Tensor& logits) {
+  const auto dtype = logits.scalar_type();
+  return logits.defined() && logits.is_cpu() && logits.dim() == 2 && logits.is_contiguous() &&
+         (dtype == torch::kFloat || dtype == torch::kBFloat16 || dtype == torch::kDouble);
+}
+
+double softmax_cross_entropy_(torch::Tensor& logits, const torch::Tensor& targets,
+                              const torch::Tensor& row_weights) {
+  GA_CHECK(softmax_cross_entropy_supports(logits),
+           "softmax cross-entropy: logits must be a contiguous 2-D float32, bfloat16 or float64 "
+           "CPU tensor, got a {}",
+           logits.defined() ? describe(logits) : std::string("undefined tensor"));
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  GA_CHECK(targets.defined() && targets.is_cpu() && targets.scalar_type() == torch::kLong &&
+               targets.dim() == 1 && targets.size(0) == rows,
+           "softmax cross-entropy: targets must be a CPU int64 tensor of {} row(s), got a {}", rows,
+           targets.defined() ? describe(targets) : std::string("undefined tensor"));
+  const auto target = targets.contiguous();
+  const int64_t* target_of = target.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    GA_CHECK(target_of[r] >= 0 && target_of[r] < vocab,
+             "softmax cross-entropy: target {} of row {} is outside the vocabulary [0, {})",
+             target_of[r], r, vocab);
+  }
+  torch::Tensor weights;
+  if (row_weights.defined()) {
+    GA_CHECK(row_weights.is_cpu() && row_weights.dim() == 1 && row_weights.size(0) == rows &&
+                 (row_weights.scalar_type() == torch::kFloat ||
+                  row_weights.scalar_type() == torch::kDouble),
+             "softmax cross-entropy: row weights must be a float32 or float64 CPU tensor of {} "
+             "row(s), got a {}",
+             rows, describe(row_weights));
+    weights = row_weights.to(torch::kDouble).contiguous();
+  }
+  const double* weight_of = weights.defined() ? weights.data_ptr<double>() : nullptr;
+
+  std::vector<double> losses(static_cast<size_t>(rows), 0.0);
+  const auto dtype = logits.scalar_type();
+  // ~32K elements per task: a row of GPT-2's vocabulary is one and a half.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(vocab, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(dtype == torch::kBFloat16 ? static_cast<size_t>(vocab) : 0);
+    for (int64_t r = begin; r < end; ++r) {
+      const double weight = weight_of ? weight_of[r] : 1.0;
+      if (dtype == torch::kDouble) {
+        double* x = logits.data_ptr<double>() + r * vocab;
+        if (weight == 0.0) {
+          std::fill(x, x + vocab, 0.0);
+        } else {
+          losses[r] = float64_row(x, vocab, target_of[r], weight);
+        }
+      } else if (dtype == torch::kFloat) {
+        float* x = logits.data_ptr<float>() + r * vocab;
+        if (weight == 0.0) {
+          std::fill(x, x + vocab, 0.0f);
+        } else {
+          losses[r] = float32_row(x, vocab, target_of[r], static_cast<float>(weight));
+        }
+      } else {
+        c10::BFloat16* x = logits.data_ptr<c10::BFloat16>() + r * vocab;
+        if (weight == 0.0) {
+          std::fill(x, x + vocab, c10::BFloat16(0.0f));
+        } else {
+          losses[r] =
+              bfloat16_row(x, scratch.data(), vocab, target_of[r], static_cast<float>(weight));
+        }
+      }
+    }
+  });
+  double total = 0.0;
+  for (const double loss : losses) total += loss;
+  return total;
+}
+
+}  // namespace gradaccum::models
