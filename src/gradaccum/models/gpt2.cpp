@@ -8,6 +8,7 @@
 
 #include "gradaccum/core/check.h"
 #include "gradaccum/models/activation_checkpoint.h"
+#include "gradaccum/models/qkv_attention.h"
 
 namespace gradaccum::models {
 
@@ -61,18 +62,7 @@ Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& config) : n_head_(config.
 }
 
 torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& allowed) {
-  const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
-  const int64_t head_dim = channels / n_head_;
-  auto qkv = c_attn->forward(x).split(channels, /*dim=*/2);
-  // [B, T, C] → [B, H, T, D]
-  auto heads = [&](const torch::Tensor& t) {
-    return t.view({batch, time, n_head_, head_dim}).transpose(1, 2);
-  };
-  auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  auto y = torch::matmul(masked_softmax(scores, allowed), v);  // [B, H, T, D]
-  y = y.transpose(1, 2).contiguous().view({batch, time, channels});
-  return c_proj->forward(y);
+  return c_proj->forward(qkv_attention(c_attn->forward(x), n_head_, allowed));
 }
 
 Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& config) {

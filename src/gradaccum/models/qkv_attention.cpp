@@ -1,0 +1,259 @@
+#include "gradaccum/models/qkv_attention.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gradaccum/core/check.h"
+#include "gradaccum/io/blas_gemm.h"
+#include "gradaccum/models/decoder.h"
+#include "gradaccum/models/vector_exp.h"
+
+namespace gradaccum::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Independent accumulators, so that the compiler may vectorize the row
+// maximum and sums without reordering one float sum (which it must not).
+constexpr int kRowLanes = 16;
+
+inline __attribute__((always_inline)) float exp_of(float x) { return exp_nonpositive(x); }
+inline __attribute__((always_inline)) double exp_of(double x) { return std::exp(x); }
+
+// One row of scores in place → probabilities: p = softmax(score / divisor) over the
+// allowed keys, 0 elsewhere; uniform 1/T when no key is allowed (what softmax gives
+// when every score holds the dtype's lowest value).
+template <typename T>
+inline __attribute__((always_inline)) void softmax_row(T* row, const bool* allowed, int64_t keys,
+                                                       T divisor) {
+  T lane_max[kRowLanes];
+  for (int l = 0; l < kRowLanes; ++l) lane_max[l] = -std::numeric_limits<T>::infinity();
+  int64_t s = 0;
+  for (; s + kRowLanes <= keys; s += kRowLanes) {
+    for (int l = 0; l < kRowLanes; ++l) {
+      const T v = allowed[s + l] ? row[s + l] / divisor : -std::numeric_limits<T>::infinity();
+      lane_max[l] = v > lane_max[l] ? v : lane_max[l];
+    }
+  }
+  T max = -std::numeric_limits<T>::infinity();
+  for (int l = 0; l < kRowLanes; ++l) max = lane_max[l] > max ? lane_max[l] : max;
+  for (; s < keys; ++s) {
+    const T v = allowed[s] ? row[s] / divisor : -std::numeric_limits<T>::infinity();
+    max = v > max ? v : max;
+  }
+  if (max == -std::numeric_limits<T>::infinity()) {
+    for (s = 0; s < keys; ++s) row[s] = T(1) / static_cast<T>(keys);
+    return;
+  }
+  T lane_sum[kRowLanes] = {};
+  s = 0;
+  for (; s + kRowLanes <= keys; s += kRowLanes) {
+    for (int l = 0; l < kRowLanes; ++l) {
+      const T e = allowed[s + l] ? exp_of(row[s + l] / divisor - max) : T(0);
+      row[s + l] = e;
+      lane_sum[l] += e;
+    }
+  }
+  T sum = 0;
+  for (int l = 0; l < kRowLanes; ++l) sum += lane_sum[l];
+  for (; s < keys; ++s) {
+    row[s] = allowed[s] ? exp_of(row[s] / divisor - max) : T(0);
+    sum += row[s];
+  }
+  for (s = 0; s < keys; ++s) row[s] /= sum;
+}
+
+// One row of d/d probabilities in place → d/d scores (before the division):
+// p ⊙ (dp − Σ dp ⊙ p) / divisor where allowed, 0 elsewhere (masked_fill's gradient).
+template <typename T>
+inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* probs,
+                                                            const bool* allowed, int64_t keys,
+                                                            T divisor) {
+  T lane_dot[kRowLanes] = {};
+  int64_t s = 0;
+  for (; s + kRowLanes <= keys; s += kRowLanes) {
+    for (int l = 0; l < kRowLanes; ++l) lane_dot[l] += grad[s + l] * probs[s + l];
+  }
+  T dot = 0;
+  for (int l = 0; l < kRowLanes; ++l) dot += lane_dot[l];
+  for (; s < keys; ++s) dot += grad[s] * probs[s];
+  for (s = 0; s < keys; ++s) {
+    grad[s] = allowed[s] ? probs[s] * (grad[s] - dot) / divisor : T(0);
+  }
+}
+
+GRADACCUM_VECTOR_CLONES void softmax_rows(float* rows, const bool* allowed, int64_t count,
+                                          int64_t keys, float divisor) {
+  for (int64_t t = 0; t < count; ++t) softmax_row(rows + t * keys, allowed + t * keys, keys, divisor);
+}
+
+void softmax_rows(double* rows, const bool* allowed, int64_t count, int64_t keys, double divisor) {
+  for (int64_t t = 0; t < count; ++t) softmax_row(rows + t * keys, allowed + t * keys, keys, divisor);
+}
+
+GRADACCUM_VECTOR_CLONES void softmax_grad_rows(float* grad, const float* probs, const bool* allowed,
+                                               int64_t count, int64_t keys, float divisor) {
+  for (int64_t t = 0; t < count; ++t) {
+    softmax_grad_row(grad + t * keys, probs + t * keys, allowed + t * keys, keys, divisor);
+  }
+}
+
+void softmax_grad_rows(double* grad, const double* probs, const bool* allowed, int64_t count,
+                       int64_t keys, double divisor) {
+  for (int64_t t = 0; t < count; ++t) {
+    softmax_grad_row(grad + t * keys, probs + t * keys, allowed + t * keys, keys, divisor);
+  }
+}
+
+// The shapes of one call.
+struct Layout {
+  int64_t batch, time, channels, heads, head_dim, mask_batch;
+  int64_t row() const { return 3 * channels; }  // qkv's row stride
+};
+
+Layout layout_of(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
+  const int64_t channels = qkv.size(2) / 3;
+  return {qkv.size(0), qkv.size(1), channels, n_head, channels / n_head, allowed.size(0)};
+}
+
+template <typename T>
+void attention_forward(const Layout& s, const T* qkv, const bool* allowed, T* probs, T* y) {
+  const T divisor = std::sqrt(static_cast<T>(s.head_dim));
+  const int64_t tt = s.time * s.time;
+  at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / s.heads, h = item % s.heads;
+      const T* q = qkv + b * s.time * s.row() + h * s.head_dim;
+      const T* k = q + s.channels;
+      const T* v = q + 2 * s.channels;
+      T* p = probs + item * tt;
+      const bool* mask = allowed + (s.mask_batch == 1 ? 0 : b) * tt;
+      io::blas_gemm(false, true, s.time, s.time, s.head_dim, T(1), q, s.row(), k, s.row(), T(0), p,
+                    s.time);  // scores = q kᵀ
+      softmax_rows(p, mask, s.time, s.time, divisor);
+      io::blas_gemm(false, false, s.time, s.head_dim, s.time, T(1), p, s.time, v, s.row(), T(0),
+                    y + b * s.time * s.channels + h * s.head_dim, s.channels);  // y = p v
+    }
+  });
+}
+
+template <typename T>
+void attention_backward(const Layout& s, const T* qkv, const bool* allowed, const T* probs,
+                        const T* grad_y, T* grad_qkv) {
+  const T divisor = std::sqrt(static_cast<T>(s.head_dim));
+  const int64_t tt = s.time * s.time;
+  at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> grad_scores(static_cast<size_t>(tt));
+    T* ds = grad_scores.data();
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / s.heads, h = item % s.heads;
+      const int64_t offset = b * s.time * s.row() + h * s.head_dim;
+      const T* q = qkv + offset;
+      const T* k = q + s.channels;
+      const T* v = q + 2 * s.channels;
+      T* dq = grad_qkv + offset;
+      T* dk = dq + s.channels;
+      T* dv = dq + 2 * s.channels;
+      const T* p = probs + item * tt;
+      const T* dy = grad_y + b * s.time * s.channels + h * s.head_dim;
+      const bool* mask = allowed + (s.mask_batch == 1 ? 0 : b) * tt;
+      io::blas_gemm(false, true, s.time, s.time, s.head_dim, T(1), dy, s.channels, v, s.row(), T(0),
+                    ds, s.time);  // d p = d y vᵀ
+      io::blas_gemm(true, false, s.time, s.head_dim, s.time, T(1), p, s.time, dy, s.channels, T(0),
+                    dv, s.row());  // d v = pᵀ d y
+      softmax_grad_rows(ds, p, mask, s.time, s.time, divisor);
+      io::blas_gemm(false, false, s.time, s.head_dim, s.time, T(1), ds, s.time, k, s.row(), T(0),
+                    dq, s.row());  // d q = d scores k
+      io::blas_gemm(true, false, s.time, s.head_dim, s.time, T(1), ds, s.time, q, s.row(), T(0),
+                    dk, s.row());  // d k = d scoresᵀ q
+    }
+  });
+}
+
+class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qkv,
+                               const torch::Tensor& allowed, int64_t n_head) {
+    const Layout s = layout_of(qkv, n_head, allowed);
+    auto y = torch::empty({s.batch, s.time, s.channels}, qkv.options());
+    auto probs = torch::empty({s.batch, s.heads, s.time, s.time}, qkv.options());
+    AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qkv_attention", [&] {
+      attention_forward<scalar_t>(s, qkv.data_ptr<scalar_t>(), allowed.data_ptr<bool>(),
+                                  probs.data_ptr<scalar_t>(), y.data_ptr<scalar_t>());
+    });
+    ctx->save_for_backward({qkv, allowed, probs});
+    ctx->saved_data["n_head"] = n_head;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    GA_CHECK(!torch::GradMode::is_enabled(),
+             "qkv_attention: the fused CPU path is not twice differentiable (backward with "
+             "create_graph)");
+    const auto saved = ctx->get_saved_variables();
+    const auto& qkv = saved[0];
+    const auto& allowed = saved[1];
+    const auto& probs = saved[2];
+    const Layout s = layout_of(qkv, ctx->saved_data["n_head"].toInt(), allowed);
+    const auto grad_y = grad_outputs[0].to(qkv.scalar_type()).contiguous();
+    auto grad_qkv = torch::empty_like(qkv);
+    AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qkv_attention_backward", [&] {
+      attention_backward<scalar_t>(s, qkv.data_ptr<scalar_t>(), allowed.data_ptr<bool>(),
+                                   probs.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>(),
+                                   grad_qkv.data_ptr<scalar_t>());
+    });
+    return {grad_qkv, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+void check_shapes(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
+  GA_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,
+           "qkv_attention: qkv must be [B, T, 3C], got {} dimension(s) with last size {}",
+           qkv.dim(), qkv.dim() > 0 ? qkv.size(-1) : 0);
+  const int64_t channels = qkv.size(2) / 3;
+  GA_CHECK(n_head > 0 && channels % n_head == 0,
+           "qkv_attention: {} channels are not divisible into {} heads", channels, n_head);
+  GA_CHECK(allowed.dim() == 4 && allowed.scalar_type() == torch::kBool &&
+               (allowed.size(0) == 1 || allowed.size(0) == qkv.size(0)) && allowed.size(1) == 1 &&
+               allowed.size(2) == qkv.size(1) && allowed.size(3) == qkv.size(1),
+           "qkv_attention: allowed must be a bool [B or 1, 1, T, T] mask for B = {}, T = {}",
+           qkv.size(0), qkv.size(1));
+}
+
+}  // namespace
+
+bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
+  const auto dtype = qkv.scalar_type();
+  return qkv.is_cpu() && allowed.is_cpu() && (dtype == torch::kFloat || dtype == torch::kDouble) &&
+         qkv.is_contiguous() && allowed.is_contiguous() && !at::autocast::is_cpu_enabled() &&
+         io::blas_gemm_available();
+}
+
+torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head,
+                                      const torch::Tensor& allowed) {
+  check_shapes(qkv, n_head, allowed);
+  const int64_t batch = qkv.size(0), time = qkv.size(1), channels = qkv.size(2) / 3;
+  const int64_t head_dim = channels / n_head;
+  auto parts = qkv.split(channels, /*dim=*/2);
+  // [B, T, C] → [B, H, T, D]
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({batch, time, n_head, head_dim}).transpose(1, 2);
+  };
+  auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+  auto y = torch::matmul(masked_softmax(scores, allowed), v);  // [B, H, T, D]
+  return y.transpose(1, 2).contiguous().view({batch, time, channels});
+}
+
+torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
+  check_shapes(qkv, n_head, allowed);
+  if (!qkv_attention_fuses(qkv, n_head, allowed)) return qkv_attention_reference(qkv, n_head, allowed);
+  return FusedQkvAttention::apply(qkv, allowed, n_head);
+}
+
+}  // namespace gradaccum::models

@@ -1,0 +1,132 @@
+// models::qkv_attention's fused CPU path against the libtorch expression it
+// replaces (qkv_attention_reference): outputs and gradients with causal and
+// padding masks, rows with no allowed key, which inputs fuse, and its errors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <ATen/autocast_mode.h>
+
+#include "gradaccum/models/decoder.h"
+#include "gradaccum/models/qkv_attention.h"
+#include "test_support.h"
+
+namespace {
+
+using gradaccum::models::causal_attention_allowed;
+using gradaccum::models::qkv_attention;
+using gradaccum::models::qkv_attention_fuses;
+using gradaccum::models::qkv_attention_reference;
+using gradaccum::testing::error_of;
+using gradaccum::testing::max_relative_difference;
+using ::testing::HasSubstr;
+
+struct Result {
+  torch::Tensor y, grad;
+};
+
+// y and d(Σ y ⊙ w)/d qkv for a fixed random w, by `attention`.
+template <typename Attention>
+Result run(Attention attention, const torch::Tensor& qkv_in, const torch::Tensor& allowed,
+           int64_t n_head) {
+  auto qkv = qkv_in.clone().requires_grad_(true);
+  auto y = attention(qkv, n_head, allowed);
+  torch::manual_seed(11);
+  const auto w = torch::randn(y.sizes(), y.options());
+  (y * w).sum().backward();
+  return {y.detach(), qkv.grad()};
+}
+
+// Masks: causal for all rows ([1, 1, T, T]); causal ∧ real key with right padding (row 0
+// has 3 padding tokens) and left padding (row 1's first 2 tokens are padding, so its
+// first two queries have no allowed key and attend uniformly).
+std::vector<torch::Tensor> masks(int64_t batch, int64_t time) {
+  auto ids = torch::zeros({batch, time}, torch::kLong);
+  auto attention_mask = torch::ones({batch, time}, torch::kLong);
+  attention_mask[0].slice(0, time - 3, time).zero_();
+  attention_mask[1].slice(0, 0, 2).zero_();
+  return {causal_attention_allowed(ids, {}), causal_attention_allowed(ids, attention_mask)};
+}
+
+void expect_fused_equals_reference(torch::ScalarType dtype, double tolerance) {
+  for (const int64_t time : {7, 40}) {
+    for (const auto& allowed : masks(3, time)) {
+      torch::manual_seed(5);
+      const int64_t n_head = 3, channels = 24;
+      const auto qkv = torch::randn({3, time, 3 * channels}, dtype) * 2.0;
+      ASSERT_TRUE(qkv_attention_fuses(qkv, n_head, allowed));
+      const auto fused = run(qkv_attention, qkv, allowed, n_head);
+      const auto reference = run(qkv_attention_reference, qkv, allowed, n_head);
+      EXPECT_LT(max_relative_difference(fused.y, reference.y), tolerance)
+          << "T " << time << ", mask " << allowed.sizes();
+      EXPECT_LT(max_relative_difference(fused.grad, reference.grad), tolerance)
+          << "T " << time << ", mask " << allowed.sizes();
+      EXPECT_GT(reference.grad.abs().max().item<double>(), 0.1);  // the comparison has substance
+    }
+  }
+}
+
+TEST(QkvAttention, FusedEqualsTheLibtorchExpressionInFloat64) {
+  expect_fused_equals_reference(torch::kDouble, 1e-12);
+}
+
+TEST(QkvAttention, FusedEqualsTheLibtorchExpressionInFloat32) {
+  expect_fused_equals_reference(torch::kFloat, 2e-6);
+}
+
+TEST(QkvAttention, RowsWithoutAllowedKeysAttendUniformly) {
+  const int64_t time = 5, channels = 4;
+  const auto allowed = masks(2, time)[1];  // row 1: queries 0 and 1 see only padding
+  const auto qkv = torch::randn({2, time, 3 * channels}, torch::kDouble);
+  const auto y = qkv_attention(qkv, 1, allowed);
+  const auto v = qkv.slice(2, 2 * channels, 3 * channels);
+  const auto mean_v = v[1].mean(0);
+  EXPECT_LT(max_relative_difference(y[1][0], mean_v), 1e-14);
+  EXPECT_LT(max_relative_difference(y[1][1], mean_v), 1e-14);
+  // Query 2 of row 1 sees only key 2.
+  EXPECT_LT(max_relative_difference(y[1][2], v[1][2]), 1e-14);
+}
+
+TEST(QkvAttention, IsOneAutogradNodeFeedingQkv) {
+  const auto allowed = masks(2, 6)[0];
+  auto x = torch::randn({2, 6, 12}, torch::requires_grad());
+  auto qkv = x * 2.0;
+  auto y = qkv_attention(qkv, 2, allowed);
+  ASSERT_TRUE(y.grad_fn());
+  const auto& edges = y.grad_fn()->next_edges();
+  // qkv, then allowed and n_head, which take no gradient.
+  ASSERT_GE(edges.size(), 1u);
+  EXPECT_EQ(edges[0].function.get(), qkv.grad_fn().get());
+}
+
+TEST(QkvAttention, WhichInputsFuse) {
+  const auto allowed = masks(2, 6)[0];
+  const auto qkv = torch::randn({2, 6, 12});
+  EXPECT_TRUE(qkv_attention_fuses(qkv, 2, allowed));
+  EXPECT_FALSE(qkv_attention_fuses(qkv.to(torch::kBFloat16), 2, allowed));
+  EXPECT_FALSE(qkv_attention_fuses(qkv.transpose(0, 1).contiguous().transpose(0, 1), 2, allowed));
+  at::autocast::set_enabled(true);  // CUDA autocast: irrelevant to a CPU tensor
+  EXPECT_TRUE(qkv_attention_fuses(qkv, 2, allowed));
+  at::autocast::set_enabled(false);
+  at::autocast::set_cpu_enabled(true);
+  EXPECT_FALSE(qkv_attention_fuses(qkv, 2, allowed));
+  at::autocast::set_cpu_enabled(false);
+}
+
+TEST(QkvAttention, RefusesBadShapesAndSecondOrderGradients) {
+  const auto allowed = masks(2, 6)[0];
+  EXPECT_THAT(error_of([&] { qkv_attention(torch::randn({2, 6, 13}), 2, allowed); }),
+              HasSubstr("qkv_attention: qkv must be [B, T, 3C], got 3 dimension(s) with last size 13"));
+  EXPECT_THAT(error_of([&] { qkv_attention(torch::randn({2, 6, 12}), 3, allowed); }),
+              HasSubstr("qkv_attention: 4 channels are not divisible into 3 heads"));
+  EXPECT_THAT(error_of([&] { qkv_attention(torch::randn({2, 5, 12}), 2, allowed); }),
+              HasSubstr("allowed must be a bool [B or 1, 1, T, T] mask for B = 2, T = 5"));
+  auto qkv = torch::randn({2, 6, 12}, torch::requires_grad());
+  auto y = qkv_attention(qkv, 2, allowed);
+  EXPECT_THAT(error_of([&] {
+                torch::autograd::grad({y.sum()}, {qkv}, {}, /*retain_graph=*/true,
+                                      /*create_graph=*/true);
+              }),
+              HasSubstr("not twice differentiable"));
+}
+
+}  // namespace
