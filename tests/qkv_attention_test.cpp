@@ -109,7 +109,38 @@ TEST(QkvAttention, WhichInputsFuse) {
   at::autocast::set_enabled(false);
   at::autocast::set_cpu_enabled(true);
   EXPECT_FALSE(qkv_attention_fuses(qkv, 2, allowed));
+  EXPECT_TRUE(qkv_attention_fuses(qkv.to(torch::kBFloat16), 2, allowed));
   at::autocast::set_cpu_enabled(false);
+}
+
+// Under bf16 autocast the bfloat16 qkv is computed on in float32 and the result rounded:
+// exactly the float32 path on the bfloat16 values, gradients included, and within bfloat16
+// rounding of libtorch's autocast expression (bfloat16 matmuls).
+TEST(QkvAttention, Bf16AutocastComputesInFloat32OnTheBf16Values) {
+  const auto allowed = masks(3, 40)[1];
+  torch::manual_seed(8);
+  const auto qkv = torch::randn({3, 40, 72}).to(torch::kBFloat16);
+  auto autocast_run = [&](auto attention) {
+    at::autocast::set_cpu_enabled(true);
+    auto result = run(attention, qkv, allowed, 3);
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::clear_cache();
+    return result;
+  };
+  const auto fused = autocast_run(qkv_attention);
+  const auto float32 = run(
+      [](const torch::Tensor& x, int64_t heads, const torch::Tensor& mask) {
+        return qkv_attention(x.to(torch::kFloat), heads, mask).to(torch::kBFloat16);
+      },
+      qkv, allowed, 3);
+  EXPECT_EQ(fused.y.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(fused.grad.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(fused.y, float32.y));
+  EXPECT_TRUE(torch::equal(fused.grad, float32.grad));
+  const auto reference = autocast_run(qkv_attention_reference);
+  EXPECT_LT(max_relative_difference(fused.y.to(torch::kFloat), reference.y.to(torch::kFloat)), 2e-2);
+  EXPECT_LT(max_relative_difference(fused.grad.to(torch::kFloat), reference.grad.to(torch::kFloat)),
+            3e-2);
 }
 
 TEST(QkvAttention, RefusesBadShapesAndSecondOrderGradients) {

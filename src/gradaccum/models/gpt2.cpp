@@ -8,6 +8,7 @@
 
 #include "gradaccum/core/check.h"
 #include "gradaccum/models/activation_checkpoint.h"
+#include "gradaccum/models/gelu_tanh.h"
 #include "gradaccum/models/qkv_attention.h"
 
 namespace gradaccum::models {
@@ -69,20 +70,6 @@ Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& config) {
   c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
 }
-
-namespace {
-// GPT-2's tanh GELU. A bfloat16/float16 input on the CPU (bf16 autocast) is
-// evaluated in float32 and rounded back once: libtorch 1.13's CPU GELU and its
-// backward take ~2.5x longer on bfloat16 than the two casts and the float32
-// kernels together (9 vs 5.4 ms for [8, 128, 768], forward + backward, 2
-// threads), and the result is the float32 one rounded.
-torch::Tensor gelu_tanh(const torch::Tensor& x) {
-  if (x.is_cpu() && (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf)) {
-    return torch::gelu(x.to(torch::kFloat), "tanh").to(x.scalar_type());
-  }
-  return torch::gelu(x, "tanh");
-}
-}  // namespace
 
 torch::Tensor Gpt2MlpImpl::forward(const torch::Tensor& x) {
   return c_proj->forward(gelu_tanh(c_fc->forward(x)));

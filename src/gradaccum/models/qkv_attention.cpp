@@ -25,25 +25,26 @@ constexpr int kRowLanes = 16;
 inline __attribute__((always_inline)) float exp_of(float x) { return exp_nonpositive(x); }
 inline __attribute__((always_inline)) double exp_of(double x) { return std::exp(x); }
 
-// One row of scores in place → probabilities: p = softmax(score / divisor) over the
+// One row of scores in place → probabilities: p = softmax(score · scale) over the
 // allowed keys, 0 elsewhere; uniform 1/T when no key is allowed (what softmax gives
-// when every score holds the dtype's lowest value).
+// when every score holds the dtype's lowest value). scale = 1/√D, exact for the
+// usual head sizes (64 = 8²), where it equals the reference's division by √D.
 template <typename T>
 inline __attribute__((always_inline)) void softmax_row(T* row, const bool* allowed, int64_t keys,
-                                                       T divisor) {
+                                                       T scale) {
   T lane_max[kRowLanes];
   for (int l = 0; l < kRowLanes; ++l) lane_max[l] = -std::numeric_limits<T>::infinity();
   int64_t s = 0;
   for (; s + kRowLanes <= keys; s += kRowLanes) {
     for (int l = 0; l < kRowLanes; ++l) {
-      const T v = allowed[s + l] ? row[s + l] / divisor : -std::numeric_limits<T>::infinity();
+      const T v = allowed[s + l] ? row[s + l] * scale : -std::numeric_limits<T>::infinity();
       lane_max[l] = v > lane_max[l] ? v : lane_max[l];
     }
   }
   T max = -std::numeric_limits<T>::infinity();
   for (int l = 0; l < kRowLanes; ++l) max = lane_max[l] > max ? lane_max[l] : max;
   for (; s < keys; ++s) {
-    const T v = allowed[s] ? row[s] / divisor : -std::numeric_limits<T>::infinity();
+    const T v = allowed[s] ? row[s] * scale : -std::numeric_limits<T>::infinity();
     max = v > max ? v : max;
   }
   if (max == -std::numeric_limits<T>::infinity()) {
@@ -54,7 +55,7 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const bool* allow
   s = 0;
   for (; s + kRowLanes <= keys; s += kRowLanes) {
     for (int l = 0; l < kRowLanes; ++l) {
-      const T e = allowed[s + l] ? exp_of(row[s + l] / divisor - max) : T(0);
+      const T e = allowed[s + l] ? exp_of(row[s + l] * scale - max) : T(0);
       row[s + l] = e;
       lane_sum[l] += e;
     }
@@ -62,18 +63,19 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const bool* allow
   T sum = 0;
   for (int l = 0; l < kRowLanes; ++l) sum += lane_sum[l];
   for (; s < keys; ++s) {
-    row[s] = allowed[s] ? exp_of(row[s] / divisor - max) : T(0);
+    row[s] = allowed[s] ? exp_of(row[s] * scale - max) : T(0);
     sum += row[s];
   }
-  for (s = 0; s < keys; ++s) row[s] /= sum;
+  const T inverse = T(1) / sum;
+  for (s = 0; s < keys; ++s) row[s] *= inverse;
 }
 
-// One row of d/d probabilities in place → d/d scores (before the division):
-// p ⊙ (dp − Σ dp ⊙ p) / divisor where allowed, 0 elsewhere (masked_fill's gradient).
+// One row of d/d probabilities in place → d/d scores (before the scaling):
+// p ⊙ (dp − Σ dp ⊙ p) · scale where allowed, 0 elsewhere (masked_fill's gradient).
 template <typename T>
 inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* probs,
                                                             const bool* allowed, int64_t keys,
-                                                            T divisor) {
+                                                            T scale) {
   T lane_dot[kRowLanes] = {};
   int64_t s = 0;
   for (; s + kRowLanes <= keys; s += kRowLanes) {
@@ -83,30 +85,30 @@ inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* pr
   for (int l = 0; l < kRowLanes; ++l) dot += lane_dot[l];
   for (; s < keys; ++s) dot += grad[s] * probs[s];
   for (s = 0; s < keys; ++s) {
-    grad[s] = allowed[s] ? probs[s] * (grad[s] - dot) / divisor : T(0);
+    grad[s] = allowed[s] ? probs[s] * (grad[s] - dot) * scale : T(0);
   }
 }
 
 GRADACCUM_VECTOR_CLONES void softmax_rows(float* rows, const bool* allowed, int64_t count,
-                                          int64_t keys, float divisor) {
-  for (int64_t t = 0; t < count; ++t) softmax_row(rows + t * keys, allowed + t * keys, keys, divisor);
+                                          int64_t keys, float scale) {
+  for (int64_t t = 0; t < count; ++t) softmax_row(rows + t * keys, allowed + t * keys, keys, scale);
 }
 
-void softmax_rows(double* rows, const bool* allowed, int64_t count, int64_t keys, double divisor) {
-  for (int64_t t = 0; t < count; ++t) softmax_row(rows + t * keys, allowed + t * keys, keys, divisor);
+void softmax_rows(double* rows, const bool* allowed, int64_t count, int64_t keys, double scale) {
+  for (int64_t t = 0; t < count; ++t) softmax_row(rows + t * keys, allowed + t * keys, keys, scale);
 }
 
 GRADACCUM_VECTOR_CLONES void softmax_grad_rows(float* grad, const float* probs, const bool* allowed,
-                                               int64_t count, int64_t keys, float divisor) {
+                                               int64_t count, int64_t keys, float scale) {
   for (int64_t t = 0; t < count; ++t) {
-    softmax_grad_row(grad + t * keys, probs + t * keys, allowed + t * keys, keys, divisor);
+    softmax_grad_row(grad + t * keys, probs + t * keys, allowed + t * keys, keys, scale);
   }
 }
 
 void softmax_grad_rows(double* grad, const double* probs, const bool* allowed, int64_t count,
-                       int64_t keys, double divisor) {
+                       int64_t keys, double scale) {
   for (int64_t t = 0; t < count; ++t) {
-    softmax_grad_row(grad + t * keys, probs + t * keys, allowed + t * keys, keys, divisor);
+    softmax_grad_row(grad + t * keys, probs + t * keys, allowed + t * keys, keys, scale);
   }
 }
 
@@ -123,7 +125,7 @@ Layout layout_of(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& 
 
 template <typename T>
 void attention_forward(const Layout& s, const T* qkv, const bool* allowed, T* probs, T* y) {
-  const T divisor = std::sqrt(static_cast<T>(s.head_dim));
+  const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
@@ -135,7 +137,7 @@ void attention_forward(const Layout& s, const T* qkv, const bool* allowed, T* pr
       const bool* mask = allowed + (s.mask_batch == 1 ? 0 : b) * tt;
       io::blas_gemm(false, true, s.time, s.time, s.head_dim, T(1), q, s.row(), k, s.row(), T(0), p,
                     s.time);  // scores = q kᵀ
-      softmax_rows(p, mask, s.time, s.time, divisor);
+      softmax_rows(p, mask, s.time, s.time, scale);
       io::blas_gemm(false, false, s.time, s.head_dim, s.time, T(1), p, s.time, v, s.row(), T(0),
                     y + b * s.time * s.channels + h * s.head_dim, s.channels);  // y = p v
     }
@@ -145,7 +147,7 @@ void attention_forward(const Layout& s, const T* qkv, const bool* allowed, T* pr
 template <typename T>
 void attention_backward(const Layout& s, const T* qkv, const bool* allowed, const T* probs,
                         const T* grad_y, T* grad_qkv) {
-  const T divisor = std::sqrt(static_cast<T>(s.head_dim));
+  const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> grad_scores(static_cast<size_t>(tt));
@@ -166,7 +168,7 @@ void attention_backward(const Layout& s, const T* qkv, const bool* allowed, cons
                     ds, s.time);  // d p = d y vᵀ
       io::blas_gemm(true, false, s.time, s.head_dim, s.time, T(1), p, s.time, dy, s.channels, T(0),
                     dv, s.row());  // d v = pᵀ d y
-      softmax_grad_rows(ds, p, mask, s.time, s.time, divisor);
+      softmax_grad_rows(ds, p, mask, s.time, s.time, scale);
       io::blas_gemm(false, false, s.time, s.head_dim, s.time, T(1), ds, s.time, k, s.row(), T(0),
                     dq, s.row());  // d q = d scores k
       io::blas_gemm(true, false, s.time, s.head_dim, s.time, T(1), ds, s.time, q, s.row(), T(0),
@@ -229,9 +231,12 @@ void check_shapes(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor&
 
 bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
   const auto dtype = qkv.scalar_type();
-  return qkv.is_cpu() && allowed.is_cpu() && (dtype == torch::kFloat || dtype == torch::kDouble) &&
-         qkv.is_contiguous() && allowed.is_contiguous() && !at::autocast::is_cpu_enabled() &&
-         io::blas_gemm_available();
+  const bool autocast = at::autocast::is_cpu_enabled();
+  const bool dtype_fuses =
+      autocast ? dtype == torch::kBFloat16 && at::autocast::get_autocast_cpu_dtype() == torch::kBFloat16
+               : dtype == torch::kFloat || dtype == torch::kDouble;
+  return qkv.is_cpu() && allowed.is_cpu() && dtype_fuses && qkv.is_contiguous() &&
+         allowed.is_contiguous() && io::blas_gemm_available();
 }
 
 torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head,
@@ -253,6 +258,12 @@ torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head,
 torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
   check_shapes(qkv, n_head, allowed);
   if (!qkv_attention_fuses(qkv, n_head, allowed)) return qkv_attention_reference(qkv, n_head, allowed);
+  if (qkv.scalar_type() == torch::kBFloat16) {
+    // Under bf16 autocast: float32 arithmetic on the bfloat16 inputs, the result rounded
+    // back (autocast's matmuls would return bfloat16 too). On this CPU float32 GEMMs
+    // (OpenBLAS) outrun bfloat16 ones (oneDNN), and the softmax is float32 either way.
+    return FusedQkvAttention::apply(qkv.to(torch::kFloat), allowed, n_head).to(torch::kBFloat16);
+  }
   return FusedQkvAttention::apply(qkv, allowed, n_head);
 }
 

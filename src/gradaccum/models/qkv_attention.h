@@ -41,9 +41,12 @@ namespace gradaccum::models {
 // gradaccum::Error on the fused path.
 torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed);
 
-// The fused path's conditions: CPU, float32 or float64, contiguous qkv and
-// allowed of the shapes above, C divisible by n_head, no CPU autocast, and a
-// BLAS that exports sgemm_/dgemm_.
+// The fused path's conditions: CPU, contiguous qkv and allowed, a BLAS that
+// exports sgemm_/dgemm_, and either float32 or float64 qkv without CPU
+// autocast, or bfloat16 qkv under bfloat16 CPU autocast (what c_attn returns
+// there). The bfloat16 case computes in float32 on the bfloat16 values and
+// rounds the result to bfloat16: float32 GEMMs run faster than bfloat16 ones
+// on CPUs without AMX, and autocast keeps softmax in float32 anyway.
 bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed);
 
 // The same function as libtorch operators (split, matmul, masked_softmax,
