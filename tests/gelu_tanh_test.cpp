@@ -13,6 +13,7 @@ using gradaccum::models::gelu_tanh;
 using gradaccum::models::gelu_tanh_fuses;
 using gradaccum::testing::error_of;
 using gradaccum::testing::max_relative_difference;
+using gradaccum::testing::value_and_grad;
 using ::testing::HasSubstr;
 
 // Every regime: large negative (gelu → 0), around zero, large positive (gelu → x), and
@@ -22,28 +23,14 @@ torch::Tensor inputs(torch::ScalarType dtype) {
   return torch::cat({torch::linspace(-12.0, 12.0, 50001), torch::randn({50002}) * 3.0}).to(dtype);
 }
 
-struct Result {
-  torch::Tensor y, grad;
-};
-
-template <typename Gelu>
-Result run(Gelu gelu, const torch::Tensor& x_in) {
-  auto x = x_in.clone().requires_grad_(true);
-  auto y = gelu(x);
-  torch::manual_seed(9);
-  const auto w = torch::randn(y.sizes()).to(y.scalar_type());
-  (y * w).sum().backward();
-  return {y.detach(), x.grad()};
-}
-
 torch::Tensor libtorch_gelu(const torch::Tensor& x) { return torch::gelu(x, "tanh"); }
 
 TEST(GeluTanh, Float32MatchesLibtorchToRounding) {
   const auto x = inputs(torch::kFloat);
   ASSERT_TRUE(gelu_tanh_fuses(x));
-  const auto fused = run([](const torch::Tensor& t) { return gelu_tanh(t); }, x);
-  const auto reference = run(libtorch_gelu, x);
-  EXPECT_LT(max_relative_difference(fused.y, reference.y), 1e-6);
+  const auto fused = value_and_grad([](const torch::Tensor& t) { return gelu_tanh(t); }, x);
+  const auto reference = value_and_grad(libtorch_gelu, x);
+  EXPECT_LT(max_relative_difference(fused.value, reference.value), 1e-6);
   EXPECT_LT(max_relative_difference(fused.grad, reference.grad), 1e-6);
   // Against float64 element by element, down to values of 1e-9 (x ≈ −6), where float32's
   // 1 + tanh(u) = 1 − 0.99999999… would have cancelled to nothing (float64's own formula
@@ -51,7 +38,7 @@ TEST(GeluTanh, Float32MatchesLibtorchToRounding) {
   const auto exact = torch::gelu(x.to(torch::kDouble), "tanh");
   const auto shown = exact.abs().gt(1e-9);
   const auto relative =
-      ((fused.y.to(torch::kDouble) - exact).abs() / exact.abs()).masked_select(shown);
+      ((fused.value.to(torch::kDouble) - exact).abs() / exact.abs()).masked_select(shown);
   // (The tail's relative condition number, ~2|u| ≈ 30 at x = −6, scales float32's rounding of u.)
   EXPECT_LT(relative.max().item<double>(), 1e-5);
 }
@@ -59,12 +46,12 @@ TEST(GeluTanh, Float32MatchesLibtorchToRounding) {
 TEST(GeluTanh, BFloat16IsTheFloat32ResultRoundedOnce) {
   const auto x = inputs(torch::kBFloat16);
   ASSERT_TRUE(gelu_tanh_fuses(x));
-  const auto fused = run([](const torch::Tensor& t) { return gelu_tanh(t); }, x);
-  const auto float32 = run(
+  const auto fused = value_and_grad([](const torch::Tensor& t) { return gelu_tanh(t); }, x);
+  const auto float32 = value_and_grad(
       [](const torch::Tensor& t) { return gelu_tanh(t.to(torch::kFloat)).to(torch::kBFloat16); }, x);
-  EXPECT_EQ(fused.y.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(fused.value.scalar_type(), torch::kBFloat16);
   EXPECT_EQ(fused.grad.scalar_type(), torch::kBFloat16);
-  EXPECT_TRUE(torch::equal(fused.y, float32.y));
+  EXPECT_TRUE(torch::equal(fused.value, float32.value));
   EXPECT_TRUE(torch::equal(fused.grad, float32.grad));
 }
 
@@ -72,9 +59,9 @@ TEST(GeluTanh, OtherInputsRunLibtorchsGelu) {
   const auto x = inputs(torch::kDouble);
   EXPECT_FALSE(gelu_tanh_fuses(x));
   EXPECT_FALSE(gelu_tanh_fuses(inputs(torch::kFloat).narrow(0, 0, 100002).view({-1, 2}).t()));
-  const auto fallback = run([](const torch::Tensor& t) { return gelu_tanh(t); }, x);
-  const auto reference = run(libtorch_gelu, x);
-  EXPECT_TRUE(torch::equal(fallback.y, reference.y));
+  const auto fallback = value_and_grad([](const torch::Tensor& t) { return gelu_tanh(t); }, x);
+  const auto reference = value_and_grad(libtorch_gelu, x);
+  EXPECT_TRUE(torch::equal(fallback.value, reference.value));
   EXPECT_TRUE(torch::equal(fallback.grad, reference.grad));
 }
 

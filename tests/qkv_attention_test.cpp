@@ -18,22 +18,15 @@ using gradaccum::models::qkv_attention_fuses;
 using gradaccum::models::qkv_attention_reference;
 using gradaccum::testing::error_of;
 using gradaccum::testing::max_relative_difference;
+using gradaccum::testing::value_and_grad;
+using gradaccum::testing::ValueAndGrad;
 using ::testing::HasSubstr;
 
-struct Result {
-  torch::Tensor y, grad;
-};
-
-// y and d(Σ y ⊙ w)/d qkv for a fixed random w, by `attention`.
+// The output and d(Σ y ⊙ w)/d qkv of `attention` (test_support.h's value_and_grad).
 template <typename Attention>
-Result run(Attention attention, const torch::Tensor& qkv_in, const torch::Tensor& allowed,
-           int64_t n_head) {
-  auto qkv = qkv_in.clone().requires_grad_(true);
-  auto y = attention(qkv, n_head, allowed);
-  torch::manual_seed(11);
-  const auto w = torch::randn(y.sizes(), y.options());
-  (y * w).sum().backward();
-  return {y.detach(), qkv.grad()};
+ValueAndGrad run(Attention attention, const torch::Tensor& qkv, const torch::Tensor& allowed,
+                 int64_t n_head) {
+  return value_and_grad([&](const torch::Tensor& x) { return attention(x, n_head, allowed); }, qkv);
 }
 
 // Masks: causal for all rows ([1, 1, T, T]); causal ∧ real key with right padding (row 0
@@ -56,7 +49,7 @@ void expect_fused_equals_reference(torch::ScalarType dtype, double tolerance) {
       ASSERT_TRUE(qkv_attention_fuses(qkv, n_head, allowed));
       const auto fused = run(qkv_attention, qkv, allowed, n_head);
       const auto reference = run(qkv_attention_reference, qkv, allowed, n_head);
-      EXPECT_LT(max_relative_difference(fused.y, reference.y), tolerance)
+      EXPECT_LT(max_relative_difference(fused.value, reference.value), tolerance)
           << "T " << time << ", mask " << allowed.sizes();
       EXPECT_LT(max_relative_difference(fused.grad, reference.grad), tolerance)
           << "T " << time << ", mask " << allowed.sizes();
@@ -133,12 +126,12 @@ TEST(QkvAttention, Bf16AutocastComputesInFloat32OnTheBf16Values) {
         return qkv_attention(x.to(torch::kFloat), heads, mask).to(torch::kBFloat16);
       },
       qkv, allowed, 3);
-  EXPECT_EQ(fused.y.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(fused.value.scalar_type(), torch::kBFloat16);
   EXPECT_EQ(fused.grad.scalar_type(), torch::kBFloat16);
-  EXPECT_TRUE(torch::equal(fused.y, float32.y));
+  EXPECT_TRUE(torch::equal(fused.value, float32.value));
   EXPECT_TRUE(torch::equal(fused.grad, float32.grad));
   const auto reference = autocast_run(qkv_attention_reference);
-  EXPECT_LT(max_relative_difference(fused.y.to(torch::kFloat), reference.y.to(torch::kFloat)), 2e-2);
+  EXPECT_LT(max_relative_difference(fused.value.to(torch::kFloat), reference.value.to(torch::kFloat)), 2e-2);
   EXPECT_LT(max_relative_difference(fused.grad.to(torch::kFloat), reference.grad.to(torch::kFloat)),
             3e-2);
 }

@@ -43,6 +43,22 @@ inline double max_relative_difference(const torch::Tensor& a, const torch::Tenso
   return (a - b).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
 }
 
+// f(x) and the gradient d(Σ f(x) ⊙ w)/dx for a fixed pseudo-random w: one
+// backward that exercises every output, to compare two implementations of f.
+struct ValueAndGrad {
+  torch::Tensor value, grad;
+};
+
+template <typename F>
+ValueAndGrad value_and_grad(F&& f, const torch::Tensor& x) {
+  auto input = x.clone().requires_grad_(true);
+  auto value = f(input);
+  torch::manual_seed(9);
+  const auto w = torch::randn(value.sizes()).to(value.scalar_type());
+  (value * w).sum().backward();
+  return {value.detach(), input.grad()};
+}
+
 // All parameters' gradients (or values) flattened into one float64 vector.
 inline torch::Tensor flat_grads(torch::nn::Module& m) {
   std::vector<torch::Tensor> parts;
