@@ -30,21 +30,24 @@ inline __attribute__((always_inline)) double exp_of(double x) { return std::exp(
 // when every score holds the dtype's lowest value). scale = 1/√D, exact for the
 // usual head sizes (64 = 8²), where it equals the reference's division by √D.
 template <typename T>
-inline __attribute__((always_inline)) void softmax_row(T* row, const bool* allowed, int64_t keys,
+inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed, int64_t keys,
                                                        T scale) {
   T lane_max[kRowLanes];
   for (int l = 0; l < kRowLanes; ++l) lane_max[l] = -std::numeric_limits<T>::infinity();
   int64_t s = 0;
+  // Every load and every operation happens for every key, and the mask (1 or 0 in
+  // T) only selects or multiplies: a branch on a bool keeps the compiler from vectorizing.
   for (; s + kRowLanes <= keys; s += kRowLanes) {
     for (int l = 0; l < kRowLanes; ++l) {
-      const T v = allowed[s + l] ? row[s + l] * scale : -std::numeric_limits<T>::infinity();
+      const T x = row[s + l] * scale;
+      const T v = allowed[s + l] > T(0) ? x : -std::numeric_limits<T>::infinity();
       lane_max[l] = v > lane_max[l] ? v : lane_max[l];
     }
   }
   T max = -std::numeric_limits<T>::infinity();
   for (int l = 0; l < kRowLanes; ++l) max = lane_max[l] > max ? lane_max[l] : max;
   for (; s < keys; ++s) {
-    const T v = allowed[s] ? row[s] * scale : -std::numeric_limits<T>::infinity();
+    const T v = allowed[s] > T(0) ? row[s] * scale : -std::numeric_limits<T>::infinity();
     max = v > max ? v : max;
   }
   if (max == -std::numeric_limits<T>::infinity()) {
@@ -55,7 +58,8 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const bool* allow
   s = 0;
   for (; s + kRowLanes <= keys; s += kRowLanes) {
     for (int l = 0; l < kRowLanes; ++l) {
-      const T e = allowed[s + l] ? exp_of(row[s + l] * scale - max) : T(0);
+      const T shifted = row[s + l] * scale - max;  // > 0 only for a masked key
+      const T e = exp_of(shifted > T(0) ? T(0) : shifted) * allowed[s + l];
       row[s + l] = e;
       lane_sum[l] += e;
     }
@@ -63,7 +67,7 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const bool* allow
   T sum = 0;
   for (int l = 0; l < kRowLanes; ++l) sum += lane_sum[l];
   for (; s < keys; ++s) {
-    row[s] = allowed[s] ? exp_of(row[s] * scale - max) : T(0);
+    row[s] = allowed[s] > T(0) ? exp_of(row[s] * scale - max) : T(0);
     sum += row[s];
   }
   const T inverse = T(1) / sum;
@@ -74,7 +78,7 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const bool* allow
 // p ⊙ (dp − Σ dp ⊙ p) · scale where allowed, 0 elsewhere (masked_fill's gradient).
 template <typename T>
 inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* probs,
-                                                            const bool* allowed, int64_t keys,
+                                                            const T* allowed, int64_t keys,
                                                             T scale) {
   T lane_dot[kRowLanes] = {};
   int64_t s = 0;
@@ -85,27 +89,27 @@ inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* pr
   for (int l = 0; l < kRowLanes; ++l) dot += lane_dot[l];
   for (; s < keys; ++s) dot += grad[s] * probs[s];
   for (s = 0; s < keys; ++s) {
-    grad[s] = allowed[s] ? probs[s] * (grad[s] - dot) * scale : T(0);
+    grad[s] = allowed[s] > T(0) ? probs[s] * (grad[s] - dot) * scale : T(0);
   }
 }
 
-GRADACCUM_VECTOR_CLONES void softmax_rows(float* rows, const bool* allowed, int64_t count,
+GRADACCUM_VECTOR_CLONES void softmax_rows(float* rows, const float* allowed, int64_t count,
                                           int64_t keys, float scale) {
   for (int64_t t = 0; t < count; ++t) softmax_row(rows + t * keys, allowed + t * keys, keys, scale);
 }
 
-void softmax_rows(double* rows, const bool* allowed, int64_t count, int64_t keys, double scale) {
+void softmax_rows(double* rows, const double* allowed, int64_t count, int64_t keys, double scale) {
   for (int64_t t = 0; t < count; ++t) softmax_row(rows + t * keys, allowed + t * keys, keys, scale);
 }
 
-GRADACCUM_VECTOR_CLONES void softmax_grad_rows(float* grad, const float* probs, const bool* allowed,
+GRADACCUM_VECTOR_CLONES void softmax_grad_rows(float* grad, const float* probs, const float* allowed,
                                                int64_t count, int64_t keys, float scale) {
   for (int64_t t = 0; t < count; ++t) {
     softmax_grad_row(grad + t * keys, probs + t * keys, allowed + t * keys, keys, scale);
   }
 }
 
-void softmax_grad_rows(double* grad, const double* probs, const bool* allowed, int64_t count,
+void softmax_grad_rows(double* grad, const double* probs, const double* allowed, int64_t count,
                        int64_t keys, double scale) {
   for (int64_t t = 0; t < count; ++t) {
     softmax_grad_row(grad + t * keys, probs + t * keys, allowed + t * keys, keys, scale);
@@ -124,7 +128,7 @@ Layout layout_of(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& 
 }
 
 template <typename T>
-void attention_forward(const Layout& s, const T* qkv, const bool* allowed, T* probs, T* y) {
+void attention_forward(const Layout& s, const T* qkv, const T* allowed, T* probs, T* y) {
   const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
@@ -134,7 +138,7 @@ void attention_forward(const Layout& s, const T* qkv, const bool* allowed, T* pr
       const T* k = q + s.channels;
       const T* v = q + 2 * s.channels;
       T* p = probs + item * tt;
-      const bool* mask = allowed + (s.mask_batch == 1 ? 0 : b) * tt;
+      const T* mask = allowed + (s.mask_batch == 1 ? 0 : b) * tt;
       io::blas_gemm(false, true, s.time, s.time, s.head_dim, T(1), q, s.row(), k, s.row(), T(0), p,
                     s.time);  // scores = q kᵀ
       softmax_rows(p, mask, s.time, s.time, scale);
@@ -145,7 +149,7 @@ void attention_forward(const Layout& s, const T* qkv, const bool* allowed, T* pr
 }
 
 template <typename T>
-void attention_backward(const Layout& s, const T* qkv, const bool* allowed, const T* probs,
+void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T* probs,
                         const T* grad_y, T* grad_qkv) {
   const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
@@ -163,7 +167,7 @@ void attention_backward(const Layout& s, const T* qkv, const bool* allowed, cons
       T* dv = dq + 2 * s.channels;
       const T* p = probs + item * tt;
       const T* dy = grad_y + b * s.time * s.channels + h * s.head_dim;
-      const bool* mask = allowed + (s.mask_batch == 1 ? 0 : b) * tt;
+      const T* mask = allowed + (s.mask_batch == 1 ? 0 : b) * tt;
       io::blas_gemm(false, true, s.time, s.time, s.head_dim, T(1), dy, s.channels, v, s.row(), T(0),
                     ds, s.time);  // d p = d y vᵀ
       io::blas_gemm(true, false, s.time, s.head_dim, s.time, T(1), p, s.time, dy, s.channels, T(0),
@@ -184,11 +188,13 @@ class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
     const Layout s = layout_of(qkv, n_head, allowed);
     auto y = torch::empty({s.batch, s.time, s.channels}, qkv.options());
     auto probs = torch::empty({s.batch, s.heads, s.time, s.time}, qkv.options());
+    // The mask as 1/0 in qkv's dtype, which the row loops multiply and compare with.
+    const auto mask = allowed.to(qkv.scalar_type());
     AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qkv_attention", [&] {
-      attention_forward<scalar_t>(s, qkv.data_ptr<scalar_t>(), allowed.data_ptr<bool>(),
+      attention_forward<scalar_t>(s, qkv.data_ptr<scalar_t>(), mask.data_ptr<scalar_t>(),
                                   probs.data_ptr<scalar_t>(), y.data_ptr<scalar_t>());
     });
-    ctx->save_for_backward({qkv, allowed, probs});
+    ctx->save_for_backward({qkv, mask, probs});
     ctx->saved_data["n_head"] = n_head;
     return y;
   }
@@ -199,13 +205,13 @@ class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
              "create_graph)");
     const auto saved = ctx->get_saved_variables();
     const auto& qkv = saved[0];
-    const auto& allowed = saved[1];
+    const auto& mask = saved[1];
     const auto& probs = saved[2];
-    const Layout s = layout_of(qkv, ctx->saved_data["n_head"].toInt(), allowed);
+    const Layout s = layout_of(qkv, ctx->saved_data["n_head"].toInt(), mask);
     const auto grad_y = grad_outputs[0].to(qkv.scalar_type()).contiguous();
     auto grad_qkv = torch::empty_like(qkv);
     AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qkv_attention_backward", [&] {
-      attention_backward<scalar_t>(s, qkv.data_ptr<scalar_t>(), allowed.data_ptr<bool>(),
+      attention_backward<scalar_t>(s, qkv.data_ptr<scalar_t>(), mask.data_ptr<scalar_t>(),
                                    probs.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>(),
                                    grad_qkv.data_ptr<scalar_t>());
     });
