@@ -1,7 +1,8 @@
 // e^x for x ≤ 0 in float32, written so that the compiler vectorizes the loops
 // that call it, and the attribute that compiles such loops for AVX-512, AVX2 and
-// the baseline. Used by the row kernels of the LM-head loss
-// (softmax_cross_entropy.cpp) and of attention (qkv_attention.cpp).
+// the baseline. Used by the CPU kernels of the LM-head loss
+// (softmax_cross_entropy.cpp), attention (qkv_attention.cpp) and GELU
+// (gelu_tanh.cpp).
 //
 // Why hand-written: libtorch's vectorized exp (ATen's Vectorized<float>::exp,
 // Sleef) exists only inside ATen's own per-ISA kernels; from outside, a loop
