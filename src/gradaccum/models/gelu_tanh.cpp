@@ -15,9 +15,6 @@ using torch::autograd::variable_list;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-inline __attribute__((always_inline)) float as_float(float x) { return x; }
-inline __attribute__((always_inline)) float as_float(c10::BFloat16 x) { return static_cast<float>(x); }
-
 // With u = √(2/π)·(x + 0.044715 x³) and e = exp(−2|u|) ≤ 1, tanh|u| = (1 − e)/(1 + e),
 // and the two factors the function and its slope need follow without the
 // cancellation of 1 + tanh(u) near −1 (large negative x):
@@ -38,7 +35,7 @@ inline __attribute__((always_inline)) TanhTerms tanh_terms(float x) {
 template <typename T>
 inline __attribute__((always_inline)) void forward_range(const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const float v = as_float(x[i]);
+    const float v = to_float(x[i]);
     y[i] = static_cast<T>(v * tanh_terms(v).half_one_plus_tanh);
   }
 }
@@ -48,11 +45,11 @@ template <typename T>
 inline __attribute__((always_inline)) void backward_range(const T* x, const T* grad_y, T* grad_x,
                                                           int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const float v = as_float(x[i]);
+    const float v = to_float(x[i]);
     const TanhTerms t = tanh_terms(v);
     const float slope = t.half_one_plus_tanh + 0.5f * v * t.one_minus_tanh_squared * kSqrt2OverPi *
                                                    (1.0f + 3.0f * kCubic * v * v);
-    grad_x[i] = static_cast<T>(as_float(grad_y[i]) * slope);
+    grad_x[i] = static_cast<T>(to_float(grad_y[i]) * slope);
   }
 }
 

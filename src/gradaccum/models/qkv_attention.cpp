@@ -18,10 +18,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Independent accumulators, so that the compiler may vectorize the row
-// maximum and sums without reordering one float sum (which it must not).
-constexpr int kRowLanes = 16;
-
 inline __attribute__((always_inline)) float exp_of(float x) { return exp_nonpositive(x); }
 inline __attribute__((always_inline)) double exp_of(double x) { return std::exp(x); }
 
@@ -32,20 +28,20 @@ inline __attribute__((always_inline)) double exp_of(double x) { return std::exp(
 template <typename T>
 inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed, int64_t keys,
                                                        T scale) {
-  T lane_max[kRowLanes];
-  for (int l = 0; l < kRowLanes; ++l) lane_max[l] = -std::numeric_limits<T>::infinity();
+  T lane_max[kVectorLanes];
+  for (int l = 0; l < kVectorLanes; ++l) lane_max[l] = -std::numeric_limits<T>::infinity();
   int64_t s = 0;
   // Every load and every operation happens for every key, and the mask (1 or 0 in
   // T) only selects or multiplies: a branch on a bool keeps the compiler from vectorizing.
-  for (; s + kRowLanes <= keys; s += kRowLanes) {
-    for (int l = 0; l < kRowLanes; ++l) {
+  for (; s + kVectorLanes <= keys; s += kVectorLanes) {
+    for (int l = 0; l < kVectorLanes; ++l) {
       const T x = row[s + l] * scale;
       const T v = allowed[s + l] > T(0) ? x : -std::numeric_limits<T>::infinity();
       lane_max[l] = v > lane_max[l] ? v : lane_max[l];
     }
   }
   T max = -std::numeric_limits<T>::infinity();
-  for (int l = 0; l < kRowLanes; ++l) max = lane_max[l] > max ? lane_max[l] : max;
+  for (int l = 0; l < kVectorLanes; ++l) max = lane_max[l] > max ? lane_max[l] : max;
   for (; s < keys; ++s) {
     const T v = allowed[s] > T(0) ? row[s] * scale : -std::numeric_limits<T>::infinity();
     max = v > max ? v : max;
@@ -54,10 +50,10 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed,
     for (s = 0; s < keys; ++s) row[s] = T(1) / static_cast<T>(keys);
     return;
   }
-  T lane_sum[kRowLanes] = {};
+  T lane_sum[kVectorLanes] = {};
   s = 0;
-  for (; s + kRowLanes <= keys; s += kRowLanes) {
-    for (int l = 0; l < kRowLanes; ++l) {
+  for (; s + kVectorLanes <= keys; s += kVectorLanes) {
+    for (int l = 0; l < kVectorLanes; ++l) {
       const T shifted = row[s + l] * scale - max;  // > 0 only for a masked key
       const T e = exp_of(shifted > T(0) ? T(0) : shifted) * allowed[s + l];
       row[s + l] = e;
@@ -65,7 +61,7 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed,
     }
   }
   T sum = 0;
-  for (int l = 0; l < kRowLanes; ++l) sum += lane_sum[l];
+  for (int l = 0; l < kVectorLanes; ++l) sum += lane_sum[l];
   for (; s < keys; ++s) {
     row[s] = allowed[s] > T(0) ? exp_of(row[s] * scale - max) : T(0);
     sum += row[s];
@@ -80,13 +76,13 @@ template <typename T>
 inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* probs,
                                                             const T* allowed, int64_t keys,
                                                             T scale) {
-  T lane_dot[kRowLanes] = {};
+  T lane_dot[kVectorLanes] = {};
   int64_t s = 0;
-  for (; s + kRowLanes <= keys; s += kRowLanes) {
-    for (int l = 0; l < kRowLanes; ++l) lane_dot[l] += grad[s + l] * probs[s + l];
+  for (; s + kVectorLanes <= keys; s += kVectorLanes) {
+    for (int l = 0; l < kVectorLanes; ++l) lane_dot[l] += grad[s + l] * probs[s + l];
   }
   T dot = 0;
-  for (int l = 0; l < kRowLanes; ++l) dot += lane_dot[l];
+  for (int l = 0; l < kVectorLanes; ++l) dot += lane_dot[l];
   for (; s < keys; ++s) dot += grad[s] * probs[s];
   for (s = 0; s < keys; ++s) {
     grad[s] = allowed[s] > T(0) ? probs[s] * (grad[s] - dot) * scale : T(0);

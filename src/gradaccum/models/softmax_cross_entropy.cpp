@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -16,46 +17,39 @@
 namespace gradaccum::models {
 namespace {
 
-// Independent accumulators per pass, so that the compiler may vectorize the
-// maximum and the sum without reordering one float sum (which it must not).
-constexpr int kLanes = 16;
-
-inline __attribute__((always_inline)) float widen(float x) { return x; }
-inline __attribute__((always_inline)) float widen(c10::BFloat16 x) { return static_cast<float>(x); }
-
 // One row in float32 arithmetic. `e` holds the exponentials between the second
 // and the third pass: the row itself for float32, a float32 scratch row for
 // bfloat16 (so that the gradient is rounded to bfloat16 once).
 template <typename Element>
 inline __attribute__((always_inline)) double float_row(Element* x, float* e, int64_t vocab,
                                                        int64_t target, float weight) {
-  float lane_max[kLanes];
-  for (int l = 0; l < kLanes; ++l) lane_max[l] = -std::numeric_limits<float>::infinity();
+  float lane_max[kVectorLanes];
+  for (int l = 0; l < kVectorLanes; ++l) lane_max[l] = -std::numeric_limits<float>::infinity();
   int64_t i = 0;
-  for (; i + kLanes <= vocab; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      const float v = widen(x[i + l]);
+  for (; i + kVectorLanes <= vocab; i += kVectorLanes) {
+    for (int l = 0; l < kVectorLanes; ++l) {
+      const float v = to_float(x[i + l]);
       lane_max[l] = v > lane_max[l] ? v : lane_max[l];
     }
   }
   float max = -std::numeric_limits<float>::infinity();
-  for (int l = 0; l < kLanes; ++l) max = lane_max[l] > max ? lane_max[l] : max;
-  for (; i < vocab; ++i) max = widen(x[i]) > max ? widen(x[i]) : max;
-  const float target_logit = widen(x[target]);
+  for (int l = 0; l < kVectorLanes; ++l) max = lane_max[l] > max ? lane_max[l] : max;
+  for (; i < vocab; ++i) max = to_float(x[i]) > max ? to_float(x[i]) : max;
+  const float target_logit = to_float(x[target]);
 
-  float lane_sum[kLanes] = {};
+  float lane_sum[kVectorLanes] = {};
   i = 0;
-  for (; i + kLanes <= vocab; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      const float v = exp_nonpositive(widen(x[i + l]) - max);
+  for (; i + kVectorLanes <= vocab; i += kVectorLanes) {
+    for (int l = 0; l < kVectorLanes; ++l) {
+      const float v = exp_nonpositive(to_float(x[i + l]) - max);
       e[i + l] = v;
       lane_sum[l] += v;
     }
   }
   float sum = 0.0f;
-  for (int l = 0; l < kLanes; ++l) sum += lane_sum[l];
+  for (int l = 0; l < kVectorLanes; ++l) sum += lane_sum[l];
   for (; i < vocab; ++i) {
-    e[i] = exp_nonpositive(widen(x[i]) - max);
+    e[i] = exp_nonpositive(to_float(x[i]) - max);
     sum += e[i];
   }
 
@@ -137,34 +131,25 @@ double softmax_cross_entropy_(torch::Tensor& logits, const torch::Tensor& target
 
   std::vector<double> losses(static_cast<size_t>(rows), 0.0);
   const auto dtype = logits.scalar_type();
+  auto* row_bytes = static_cast<char*>(logits.data_ptr());
+  const int64_t element_size = logits.element_size();
   // ~32K elements per task: a row of GPT-2's vocabulary is one and a half.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(vocab, 1));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(dtype == torch::kBFloat16 ? static_cast<size_t>(vocab) : 0);
     for (int64_t r = begin; r < end; ++r) {
       const double weight = weight_of ? weight_of[r] : 1.0;
-      if (dtype == torch::kDouble) {
-        double* x = logits.data_ptr<double>() + r * vocab;
-        if (weight == 0.0) {
-          std::fill(x, x + vocab, 0.0);
-        } else {
-          losses[r] = float64_row(x, vocab, target_of[r], weight);
-        }
+      if (weight == 0.0) {
+        // Zero in all three dtypes is all bits zero.
+        std::memset(row_bytes + r * vocab * element_size, 0, vocab * element_size);
+      } else if (dtype == torch::kDouble) {
+        losses[r] = float64_row(logits.data_ptr<double>() + r * vocab, vocab, target_of[r], weight);
       } else if (dtype == torch::kFloat) {
-        float* x = logits.data_ptr<float>() + r * vocab;
-        if (weight == 0.0) {
-          std::fill(x, x + vocab, 0.0f);
-        } else {
-          losses[r] = float32_row(x, vocab, target_of[r], static_cast<float>(weight));
-        }
+        losses[r] = float32_row(logits.data_ptr<float>() + r * vocab, vocab, target_of[r],
+                                static_cast<float>(weight));
       } else {
-        c10::BFloat16* x = logits.data_ptr<c10::BFloat16>() + r * vocab;
-        if (weight == 0.0) {
-          std::fill(x, x + vocab, c10::BFloat16(0.0f));
-        } else {
-          losses[r] =
-              bfloat16_row(x, scratch.data(), vocab, target_of[r], static_cast<float>(weight));
-        }
+        losses[r] = bfloat16_row(logits.data_ptr<c10::BFloat16>() + r * vocab, scratch.data(),
+                                 vocab, target_of[r], static_cast<float>(weight));
       }
     }
   });

@@ -1,13 +1,16 @@
-// e^x for x ≤ 0 in float32, written so that the compiler vectorizes the loops
-// that call it, and the attribute that compiles such loops for AVX-512, AVX2 and
-// the baseline. Used by the CPU kernels of the LM-head loss
-// (softmax_cross_entropy.cpp), attention (qkv_attention.cpp) and GELU
-// (gelu_tanh.cpp).
+// What the CPU row kernels share: e^x for x ≤ 0 in float32, written so that the
+// compiler vectorizes the loops that call it; the attribute that compiles such
+// loops for AVX-512, AVX2 and the baseline; the lane count of their reductions;
+// and the widening of their elements to float32. Used by the CPU kernels of the
+// LM-head loss (softmax_cross_entropy.cpp), attention (qkv_attention.cpp) and
+// GELU (gelu_tanh.cpp).
 //
 // Why hand-written: libtorch's vectorized exp (ATen's Vectorized<float>::exp,
 // Sleef) exists only inside ATen's own per-ISA kernels; from outside, a loop
 // calling std::exp is scalar, ~10x slower than this.
 #pragma once
+
+#include <c10/util/BFloat16.h>
 
 #include <cstdint>
 #include <cstring>
@@ -26,6 +29,14 @@
 #endif
 
 namespace gradaccum::models {
+
+// Independent accumulators per pass of a row kernel, so that the compiler may
+// vectorize a maximum or a sum without reordering one float sum (which it must not).
+constexpr int kVectorLanes = 16;
+
+// An element in float32 arithmetic: the row kernels read float32 and bfloat16 alike.
+inline __attribute__((always_inline)) float to_float(float x) { return x; }
+inline __attribute__((always_inline)) float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 
 // Cephes' expf: x = n·ln 2 + r with |r| ≤ ln 2 / 2, a degree-6 polynomial for
 // e^r, and 2^n built in the exponent bits; no libm call and no branch. Within
