@@ -16,6 +16,7 @@ packages=(
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
   libgtest-dev googletest
   dataset-fashion-mnist bible-kjv-text
+  bible-kjv   # the `bible` program that prints bible-kjv-text's verses (only Recommended by it)
   python3-torch
   clang libclang-rt-14-dev   # scripts/fuzz.sh: libFuzzer targets
 )

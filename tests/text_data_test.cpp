@@ -392,23 +392,23 @@ TEST(TextDataKjv, CountsAndFirstAndLastVerses) {
 TEST(TextDataKjv, BrokenInstallsNameThePackage) {
   EXPECT_EQ(error_of([] { load_kjv("/nonexistent/bible"); }),
             "`/nonexistent/bible -f Gen1:1-Rev22:21`: /nonexistent/bible not found; install it "
-            "with `apt install bible-kjv-text`");
+            "with `apt install bible-kjv bible-kjv-text`");
   EXPECT_EQ(error_of([] { load_kjv("true"); }),
             "`true -f Gen1:1-Rev22:21` printed nothing; install it with `apt install "
-            "bible-kjv-text`");
+            "bible-kjv bible-kjv-text`");
   EXPECT_EQ(error_of([] { load_kjv("false"); }),
             "`false -f Gen1:1-Rev22:21` failed (exit status 1); install it with `apt install "
-            "bible-kjv-text`");
+            "bible-kjv bible-kjv-text`");
   EXPECT_EQ(error_of([] { load_kjv("echo"); }),
             "`echo -f Gen1:1-Rev22:21`: line 1 is not a verse in canonical order (\"-f "
             "Gen1:1-Rev22:21\"); is the KJV text broken? install it with `apt install "
-            "bible-kjv-text`");
+            "bible-kjv bible-kjv-text`");
   // Books out of canonical order are garbage too.
   EXPECT_EQ(error_of([] {
               parse_kjv_listing("Ge1:1 In the beginning.\nMat1:1 The book.\nGe1:2 And.\n", "x");
             }),
             "x: line 3 is not a verse in canonical order (\"Ge1:2 And.\"); is the KJV text "
-            "broken? install it with `apt install bible-kjv-text`");
+            "broken? install it with `apt install bible-kjv bible-kjv-text`");
   const auto two = parse_kjv_listing("1Sm3:10 And the LORD came.\n3Jn1:14 But I trust.", "x");
   ASSERT_EQ(two.size(), 2u);
   EXPECT_EQ(two[0].book, "1Sm");

@@ -14,7 +14,7 @@
 namespace gradaccum::data {
 namespace {
 
-constexpr const char* kInstallHint = "install it with `apt install bible-kjv-text`";
+constexpr const char* kInstallHint = "install it with `apt install bible-kjv bible-kjv-text`";
 constexpr const char* kRange = "Gen1:1-Rev22:21";
 
 // The 66 books as `bible` abbreviates them, in canonical order; the first 39

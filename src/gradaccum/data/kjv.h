@@ -2,8 +2,9 @@
 // built on its 31102 verses: causal language modelling and Old vs New
 // Testament classification.
 //
-// The package stores the text in a private compressed format; its `bible`
-// program prints it: `bible -f Gen1:1-Rev22:21` writes one verse per line as
+// The package stores the text in a private compressed format; the `bible`
+// program of the bible-kjv package (which bible-kjv-text only recommends)
+// prints it: `bible -f Gen1:1-Rev22:21` writes one verse per line as
 // `Ge1:1 In the beginning God created the heaven and the earth.` (0.2 s).
 // The verse counts are checked so that a broken install fails loudly.
 #pragma once
@@ -40,7 +41,7 @@ std::string verse_reference(const Verse& v);
 std::vector<Verse> parse_kjv_listing(std::string_view listing, const std::string& source);
 
 // All 31102 verses from `program -f Gen1:1-Rev22:21`. Throws gradaccum::Error
-// with the hint `apt install bible-kjv-text` when the program is missing,
+// with the hint `apt install bible-kjv bible-kjv-text` when the program is missing,
 // fails, prints nothing or garbage, or the verse counts (31102 = 23145 Old +
 // 7957 New) do not match.
 std::vector<Verse> load_kjv(const std::string& program = "bible");
