@@ -15,6 +15,7 @@
 #include <set>
 
 #include "gradaccum/core/mixed_precision.h"
+#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/models/tasks.h"
 #include "gradaccum/optim/loss_scaler.h"
@@ -433,9 +434,11 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
       "--set per_device_train_batch_size=2 --set gradient_accumulation_steps=2 --set max_steps=50 "
       "--set warmup_steps=5 --set threads=1 --set sample.prompt=";
   std::map<std::string, std::vector<nlohmann::json>> curves;
+  std::string bf16_err;
   for (const std::string mp : {"no", "bf16", "fp16"}) {
     const auto r = run_cli(run + " --set mixed_precision=" + mp + " --set output_dir=" + dir + "/" + mp);
     ASSERT_EQ(r.exit_code, 0) << mp << ": " << r.err;
+    if (mp == "bf16") bf16_err = r.err;
     curves[mp] = step_records(dir + "/" + mp + "/metrics.jsonl");
     ASSERT_EQ(curves[mp].size(), 50u) << mp;
   }
@@ -451,7 +454,13 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
     return worst_difference;
   };
   const double bf16 = worst("bf16"), fp16 = worst("fp16");
-  EXPECT_LT(bf16, 0.03) << "bf16 worst per-step relative loss difference";
+  // Without AVX-512, libtorch 1.13's bfloat16 GEMM is its own fallback, which sums in
+  // bfloat16 (core::bf16_speed_warning): that run learns visibly slower (7.0% worst
+  // step here on an AVX2 EPYC) and is told so.
+  const bool fast_bf16 = io::cpu_isa_level() == io::IsaLevel::avx512;
+  EXPECT_LT(bf16, fast_bf16 ? 0.03 : 0.10) << "bf16 worst per-step relative loss difference";
+  EXPECT_EQ(bf16_err.find("bf16 on a CPU without AVX-512") != std::string::npos, !fast_bf16)
+      << bf16_err;
   EXPECT_LT(fp16, 0.03) << "fp16 worst per-step relative loss difference";
   EXPECT_GT(bf16, 0.0);  // bf16 compute really ran
   for (const auto& l : curves["fp16"]) EXPECT_TRUE(l.contains("loss_scale"));
@@ -461,3 +470,15 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
 }
 
 }  // namespace
+
+TEST(MixedPrecisionSpeed, Bf16OnACpuWithoutAvx512IsWarnedAbout) {
+  const torch::Device cpu(torch::kCPU), cuda(torch::kCUDA);
+  EXPECT_EQ(core::bf16_speed_warning(core::MixedPrecision::bf16, cpu, /*cpu_has_avx512=*/false),
+            "warning: mixed_precision: bf16 on a CPU without AVX-512: libtorch's bfloat16 matmuls "
+            "here run ~35x slower than float32 ones and sum in bfloat16 (~4% error over 1024 "
+            "terms); mixed_precision: no is faster and more accurate");
+  EXPECT_EQ(core::bf16_speed_warning(core::MixedPrecision::bf16, cpu, true), "");
+  EXPECT_EQ(core::bf16_speed_warning(core::MixedPrecision::bf16, cuda, false), "");
+  EXPECT_EQ(core::bf16_speed_warning(core::MixedPrecision::none, cpu, false), "");
+  EXPECT_EQ(core::bf16_speed_warning(core::MixedPrecision::fp16, cpu, false), "");
+}

@@ -14,12 +14,14 @@
 #include "gradaccum/cli/progress.h"
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/dist/process_group.h"
 #include "gradaccum/dist/store_stop_agreement.h"
 #include "gradaccum/dist/sharded_optimizer.h"
+#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/io/checkpoint.h"
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/metrics_writer.h"
@@ -187,6 +189,12 @@ int run_train(const TrainArgs& args) {
 
   const int threads = configure_threads(config.threads, env.local_world_size);
   if (rank0) warn_if_slow_blas();
+  if (const auto warning = core::bf16_speed_warning(config.trainer.mixed_precision,
+                                                    config.trainer.device,
+                                                    io::cpu_isa_level() == io::IsaLevel::avx512);
+      !warning.empty() && rank0) {
+    fmt::print(stderr, "{}\n", warning);
+  }
   GA_CHECK(!config.trainer.device.is_cuda() || torch::cuda::is_available(),
            "key 'device': cuda requested but this libtorch has no CUDA device");
 
