@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -89,27 +90,59 @@ inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* pr
   }
 }
 
+// `count` rows of `keys` entries, `stride` apart (the first `keys` of each T-wide row).
 GRADACCUM_VECTOR_CLONES void softmax_rows(float* rows, const float* allowed, int64_t count,
-                                          int64_t keys, float scale) {
-  for (int64_t t = 0; t < count; ++t) softmax_row(rows + t * keys, allowed + t * keys, keys, scale);
+                                          int64_t keys, int64_t stride, float scale) {
+  for (int64_t t = 0; t < count; ++t) {
+    softmax_row(rows + t * stride, allowed + t * stride, keys, scale);
+  }
 }
 
-void softmax_rows(double* rows, const double* allowed, int64_t count, int64_t keys, double scale) {
-  for (int64_t t = 0; t < count; ++t) softmax_row(rows + t * keys, allowed + t * keys, keys, scale);
+void softmax_rows(double* rows, const double* allowed, int64_t count, int64_t keys, int64_t stride,
+                  double scale) {
+  for (int64_t t = 0; t < count; ++t) {
+    softmax_row(rows + t * stride, allowed + t * stride, keys, scale);
+  }
 }
 
 GRADACCUM_VECTOR_CLONES void softmax_grad_rows(float* grad, const float* probs, const float* allowed,
-                                               int64_t count, int64_t keys, float scale) {
+                                               int64_t count, int64_t keys, int64_t stride,
+                                               float scale) {
   for (int64_t t = 0; t < count; ++t) {
-    softmax_grad_row(grad + t * keys, probs + t * keys, allowed + t * keys, keys, scale);
+    softmax_grad_row(grad + t * stride, probs + t * stride, allowed + t * stride, keys, scale);
   }
 }
 
 void softmax_grad_rows(double* grad, const double* probs, const double* allowed, int64_t count,
-                       int64_t keys, double scale) {
+                       int64_t keys, int64_t stride, double scale) {
   for (int64_t t = 0; t < count; ++t) {
-    softmax_grad_row(grad + t * keys, probs + t * keys, allowed + t * keys, keys, scale);
+    softmax_grad_row(grad + t * stride, probs + t * stride, allowed + t * stride, keys, scale);
   }
+}
+
+// Queries are taken in blocks of this many rows, and a block's products stop at
+// the last key any of its rows may see: under a causal mask, 4 blocks of 32
+// rows of T = 128 skip 37.5% of the score and weighted-sum products (the keys
+// past every row's last allowed one would get probability exactly 0).
+constexpr int64_t kQueryBlock = 32;
+
+// For every query block of every mask row set: how many leading keys its rows
+// need — one past the last allowed key of any of its rows, or all T when one of
+// its rows has none (that row attends uniformly to all T keys).
+template <typename T>
+std::vector<int64_t> block_key_counts(const T* allowed, int64_t mask_batch, int64_t time) {
+  const int64_t blocks = (time + kQueryBlock - 1) / kQueryBlock;
+  std::vector<int64_t> keys(static_cast<size_t>(mask_batch * blocks), 0);
+  for (int64_t m = 0; m < mask_batch; ++m) {
+    for (int64_t t = 0; t < time; ++t) {
+      const T* row = allowed + (m * time + t) * time;
+      int64_t end = time;
+      while (end > 0 && !(row[end - 1] > T(0))) --end;
+      int64_t& block = keys[static_cast<size_t>(m * blocks + t / kQueryBlock)];
+      block = std::max(block, end == 0 ? time : end);
+    }
+  }
+  return keys;
 }
 
 // The shapes of one call.
@@ -127,33 +160,45 @@ template <typename T>
 void attention_forward(const Layout& s, const T* qkv, const T* allowed, T* probs, T* y) {
   const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
+  const int64_t blocks = (s.time + kQueryBlock - 1) / kQueryBlock;
+  const auto block_keys = block_key_counts(allowed, s.mask_batch, s.time);
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / s.heads, h = item % s.heads;
+      const int64_t m = s.mask_batch == 1 ? 0 : b;
       const T* q = qkv + b * s.time * s.row() + h * s.head_dim;
       const T* k = q + s.channels;
       const T* v = q + 2 * s.channels;
+      T* out = y + b * s.time * s.channels + h * s.head_dim;
+      // Entries of p past a block's key count are never written nor read.
       T* p = probs + item * tt;
-      const T* mask = allowed + (s.mask_batch == 1 ? 0 : b) * tt;
-      io::blas_gemm(false, true, s.time, s.time, s.head_dim, T(1), q, s.row(), k, s.row(), T(0), p,
-                    s.time);  // scores = q kᵀ
-      softmax_rows(p, mask, s.time, s.time, scale);
-      io::blas_gemm(false, false, s.time, s.head_dim, s.time, T(1), p, s.time, v, s.row(), T(0),
-                    y + b * s.time * s.channels + h * s.head_dim, s.channels);  // y = p v
+      const T* mask = allowed + m * tt;
+      for (int64_t block = 0; block < blocks; ++block) {
+        const int64_t r0 = block * kQueryBlock, rows = std::min(kQueryBlock, s.time - r0);
+        const int64_t keys = block_keys[static_cast<size_t>(m * blocks + block)];
+        io::blas_gemm(false, true, rows, keys, s.head_dim, T(1), q + r0 * s.row(), s.row(), k,
+                      s.row(), T(0), p + r0 * s.time, s.time);  // scores = q kᵀ
+        softmax_rows(p + r0 * s.time, mask + r0 * s.time, rows, keys, s.time, scale);
+        io::blas_gemm(false, false, rows, s.head_dim, keys, T(1), p + r0 * s.time, s.time, v,
+                      s.row(), T(0), out + r0 * s.channels, s.channels);  // y = p v
+      }
     }
   });
 }
 
+// grad_qkv must hold zeros: d k and d v are summed over the query blocks.
 template <typename T>
 void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T* probs,
                         const T* grad_y, T* grad_qkv) {
   const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
+  const int64_t blocks = (s.time + kQueryBlock - 1) / kQueryBlock;
+  const auto block_keys = block_key_counts(allowed, s.mask_batch, s.time);
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> grad_scores(static_cast<size_t>(tt));
-    T* ds = grad_scores.data();
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / s.heads, h = item % s.heads;
+      const int64_t m = s.mask_batch == 1 ? 0 : b;
       const int64_t offset = b * s.time * s.row() + h * s.head_dim;
       const T* q = qkv + offset;
       const T* k = q + s.channels;
@@ -161,18 +206,24 @@ void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T
       T* dq = grad_qkv + offset;
       T* dk = dq + s.channels;
       T* dv = dq + 2 * s.channels;
-      const T* p = probs + item * tt;
       const T* dy = grad_y + b * s.time * s.channels + h * s.head_dim;
-      const T* mask = allowed + (s.mask_batch == 1 ? 0 : b) * tt;
-      io::blas_gemm(false, true, s.time, s.time, s.head_dim, T(1), dy, s.channels, v, s.row(), T(0),
-                    ds, s.time);  // d p = d y vᵀ
-      io::blas_gemm(true, false, s.time, s.head_dim, s.time, T(1), p, s.time, dy, s.channels, T(0),
-                    dv, s.row());  // d v = pᵀ d y
-      softmax_grad_rows(ds, p, mask, s.time, s.time, scale);
-      io::blas_gemm(false, false, s.time, s.head_dim, s.time, T(1), ds, s.time, k, s.row(), T(0),
-                    dq, s.row());  // d q = d scores k
-      io::blas_gemm(true, false, s.time, s.head_dim, s.time, T(1), ds, s.time, q, s.row(), T(0),
-                    dk, s.row());  // d k = d scoresᵀ q
+      for (int64_t block = 0; block < blocks; ++block) {
+        const int64_t r0 = block * kQueryBlock, rows = std::min(kQueryBlock, s.time - r0);
+        const int64_t keys = block_keys[static_cast<size_t>(m * blocks + block)];
+        const T* p = probs + item * tt + r0 * s.time;
+        const T* mask = allowed + m * tt + r0 * s.time;
+        T* ds = grad_scores.data() + r0 * s.time;
+        const T* dy_rows = dy + r0 * s.channels;
+        io::blas_gemm(false, true, rows, keys, s.head_dim, T(1), dy_rows, s.channels, v, s.row(),
+                      T(0), ds, s.time);  // d p = d y vᵀ
+        io::blas_gemm(true, false, keys, s.head_dim, rows, T(1), p, s.time, dy_rows, s.channels,
+                      T(1), dv, s.row());  // d v += pᵀ d y
+        softmax_grad_rows(ds, p, mask, rows, keys, s.time, scale);
+        io::blas_gemm(false, false, rows, s.head_dim, keys, T(1), ds, s.time, k, s.row(), T(0),
+                      dq + r0 * s.row(), s.row());  // d q = d scores k
+        io::blas_gemm(true, false, keys, s.head_dim, rows, T(1), ds, s.time, q + r0 * s.row(),
+                      s.row(), T(1), dk, s.row());  // d k += d scoresᵀ q
+      }
     }
   });
 }
@@ -205,7 +256,7 @@ class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
     const auto& probs = saved[2];
     const Layout s = layout_of(qkv, ctx->saved_data["n_head"].toInt(), mask);
     const auto grad_y = grad_outputs[0].to(qkv.scalar_type()).contiguous();
-    auto grad_qkv = torch::empty_like(qkv);
+    auto grad_qkv = torch::zeros_like(qkv);
     AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qkv_attention_backward", [&] {
       attention_backward<scalar_t>(s, qkv.data_ptr<scalar_t>(), mask.data_ptr<scalar_t>(),
                                    probs.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>(),

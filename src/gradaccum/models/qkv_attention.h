@@ -10,8 +10,11 @@
 // whatever the thread count), and every other operator makes a pass over
 // [B, H, T, T] in memory. Here each (batch, head) pair is one task of a
 // parallel loop: its two products (four in the backward) go straight to BLAS
-// and the masked softmax and its gradient run on rows still in cache. The
-// gradient is written into one [B, T, 3C] tensor, laid out like qkv.
+// and the masked softmax and its gradient run on rows still in cache. Queries
+// go in blocks of 32 rows whose products stop at the block's last allowed key,
+// so a causal mask skips most of the upper triangle's work (the skipped
+// probabilities are exactly 0). The gradient is written into one [B, T, 3C]
+// tensor, laid out like qkv.
 //
 // Why hand-written: libtorch 1.13 has no fused attention for the CPU
 // (scaled_dot_product_attention arrived in 2.0).
