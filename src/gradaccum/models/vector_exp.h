@@ -17,7 +17,9 @@
 
 // The loops are compiled for AVX-512, AVX2 and the baseline, and the loader
 // picks the best the CPU has (GCC's function multiversioning): the library is
-// built for any x86-64, and a baseline SSE2 loop is ~4x slower here.
+// built for any x86-64, and a baseline SSE2 loop is ~4x slower here. Files
+// that use it compile with -fno-trapping-math (CMakeLists.txt): without it only
+// the AVX-512 clones vectorize (tests/check_vector_clones.sh checks the AVX2 ones).
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define GRADACCUM_VECTOR_CLONES \
