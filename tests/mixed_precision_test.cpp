@@ -455,7 +455,7 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
   };
   const double bf16 = worst("bf16"), fp16 = worst("fp16");
   // Without AVX-512, libtorch 1.13's bfloat16 GEMM is its own fallback, which sums in
-  // bfloat16 (core::bf16_speed_warning): that run learns visibly slower (7.0% worst
+  // bfloat16 (core::bf16_fallback_gemm_warning): that run learns visibly slower (7.0% worst
   // step here on an AVX2 EPYC) and is told so.
   const bool fast_bf16 = io::cpu_isa_level() == io::IsaLevel::avx512;
   EXPECT_LT(bf16, fast_bf16 ? 0.03 : 0.10) << "bf16 worst per-step relative loss difference";
@@ -471,14 +471,14 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
 
 }  // namespace
 
-TEST(MixedPrecisionSpeed, Bf16OnACpuWithoutAvx512IsWarnedAbout) {
+TEST(MixedPrecisionWarning, Bf16OnACpuWithoutAvx512IsWarnedAbout) {
   const torch::Device cpu(torch::kCPU), cuda(torch::kCUDA);
-  EXPECT_EQ(core::bf16_speed_warning(core::MixedPrecision::bf16, cpu, /*cpu_has_avx512=*/false),
+  EXPECT_EQ(core::bf16_fallback_gemm_warning(core::MixedPrecision::bf16, cpu, /*cpu_has_avx512=*/false),
             "warning: mixed_precision: bf16 on a CPU without AVX-512: libtorch's bfloat16 matmuls "
             "here run ~35x slower than float32 ones and sum in bfloat16 (~4% error over 1024 "
             "terms); mixed_precision: no is faster and more accurate");
-  EXPECT_EQ(core::bf16_speed_warning(core::MixedPrecision::bf16, cpu, true), "");
-  EXPECT_EQ(core::bf16_speed_warning(core::MixedPrecision::bf16, cuda, false), "");
-  EXPECT_EQ(core::bf16_speed_warning(core::MixedPrecision::none, cpu, false), "");
-  EXPECT_EQ(core::bf16_speed_warning(core::MixedPrecision::fp16, cpu, false), "");
+  EXPECT_EQ(core::bf16_fallback_gemm_warning(core::MixedPrecision::bf16, cpu, true), "");
+  EXPECT_EQ(core::bf16_fallback_gemm_warning(core::MixedPrecision::bf16, cuda, false), "");
+  EXPECT_EQ(core::bf16_fallback_gemm_warning(core::MixedPrecision::none, cpu, false), "");
+  EXPECT_EQ(core::bf16_fallback_gemm_warning(core::MixedPrecision::fp16, cpu, false), "");
 }

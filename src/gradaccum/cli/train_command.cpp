@@ -189,7 +189,7 @@ int run_train(const TrainArgs& args) {
 
   const int threads = configure_threads(config.threads, env.local_world_size);
   if (rank0) warn_if_slow_blas();
-  if (const auto warning = core::bf16_speed_warning(config.trainer.mixed_precision,
+  if (const auto warning = core::bf16_fallback_gemm_warning(config.trainer.mixed_precision,
                                                     config.trainer.device,
                                                     io::cpu_isa_level() == io::IsaLevel::avx512);
       !warning.empty() && rank0) {

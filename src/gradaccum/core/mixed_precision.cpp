@@ -37,7 +37,7 @@ bool uses_autocast(MixedPrecision precision, const torch::Device& device) {
   return !(precision == MixedPrecision::fp16 && device.is_cpu());
 }
 
-std::string bf16_speed_warning(MixedPrecision precision, const torch::Device& device,
+std::string bf16_fallback_gemm_warning(MixedPrecision precision, const torch::Device& device,
                                bool cpu_has_avx512) {
   if (precision != MixedPrecision::bf16 || !device.is_cpu() || cpu_has_avx512) return "";
   return "warning: mixed_precision: bf16 on a CPU without AVX-512: libtorch's bfloat16 matmuls "

@@ -48,7 +48,7 @@ bool uses_autocast(MixedPrecision precision, const torch::Device& device);
 // GFLOP/s against OpenBLAS's 154 in float32 (35x fewer tokens/s), and its
 // untransposed case sums in bfloat16: 3.7% relative error at k = 1024, 10% at
 // 8192, against 0.17% for rounding a float32-summed product.
-std::string bf16_speed_warning(MixedPrecision precision, const torch::Device& device,
+std::string bf16_fallback_gemm_warning(MixedPrecision precision, const torch::Device& device,
                                bool cpu_has_avx512);
 
 // Enables autocast for `device`'s type with `precision`'s dtype for its

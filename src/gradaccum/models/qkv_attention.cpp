@@ -126,12 +126,14 @@ void softmax_grad_rows(double* grad, const double* probs, const double* allowed,
 // past every row's last allowed one would get probability exactly 0).
 constexpr int64_t kQueryBlock = 32;
 
+int64_t query_blocks(int64_t time) { return (time + kQueryBlock - 1) / kQueryBlock; }
+
 // For every query block of every mask row set: how many leading keys its rows
 // need — one past the last allowed key of any of its rows, or all T when one of
 // its rows has none (that row attends uniformly to all T keys).
 template <typename T>
 std::vector<int64_t> block_key_counts(const T* allowed, int64_t mask_batch, int64_t time) {
-  const int64_t blocks = (time + kQueryBlock - 1) / kQueryBlock;
+  const int64_t blocks = query_blocks(time);
   std::vector<int64_t> keys(static_cast<size_t>(mask_batch * blocks), 0);
   for (int64_t m = 0; m < mask_batch; ++m) {
     for (int64_t t = 0; t < time; ++t) {
@@ -160,7 +162,7 @@ template <typename T>
 void attention_forward(const Layout& s, const T* qkv, const T* allowed, T* probs, T* y) {
   const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
-  const int64_t blocks = (s.time + kQueryBlock - 1) / kQueryBlock;
+  const int64_t blocks = query_blocks(s.time);
   const auto block_keys = block_key_counts(allowed, s.mask_batch, s.time);
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
@@ -192,7 +194,7 @@ void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T
                         const T* grad_y, T* grad_qkv) {
   const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
-  const int64_t blocks = (s.time + kQueryBlock - 1) / kQueryBlock;
+  const int64_t blocks = query_blocks(s.time);
   const auto block_keys = block_key_counts(allowed, s.mask_batch, s.time);
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> grad_scores(static_cast<size_t>(tt));
