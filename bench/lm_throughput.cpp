@@ -10,7 +10,10 @@
 //
 // --mixed-precision bf16 sets TrainerOptions::mixed_precision: the forward
 // and the loss run under bfloat16 autocast, the backward outside it; weights,
-// gradients and AdamW stay float32 (docs/mixed_precision.md).
+// gradients and AdamW stay float32 (docs/mixed_precision.md). On a CPU without
+// AVX-512 the bf16 matmuls run as float32 GEMMs on bfloat16-rounded operands, as
+// in `gradaccum train` (core/float32_bf16_matmuls.h), and the GEMM peak is
+// probed in float32; the Python peer keeps libtorch's bfloat16 GEMM.
 //
 // Before and after training, the same process measures the GEMM rate it can
 // reach (the peak is the faster of the two probes):
@@ -53,6 +56,7 @@
 
 #include "bench_support.h"
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/float32_bf16_matmuls.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
@@ -226,9 +230,16 @@ int main(int argc, char** argv) {
   const bool profile = opts.profile;
   const core::MixedPrecision precision = opts.precision;
   const torch::Device device(torch::kCPU);
-  // The dtype of the model's matmuls: autocast's under bf16.
+  // bf16 on a CPU without AVX-512 runs its matmuls as float32 GEMMs, as `gradaccum train`
+  // does by default (bf16_cpu_matmuls: auto, core/float32_bf16_matmuls.h).
+  const bool float32_bf16_matmuls = core::routes_bf16_matmuls_through_float32(
+      "auto", precision, device, gradaccum::io::cpu_isa_level() == gradaccum::io::IsaLevel::avx512);
+  if (float32_bf16_matmuls) core::route_cpu_bf16_matmuls_through_float32();
+  // The dtype of the model's matmuls: autocast's under bf16, unless routed to float32.
   const torch::ScalarType gemm_dtype =
-      core::uses_autocast(precision, device) ? core::autocast_dtype(precision) : torch::kFloat;
+      core::uses_autocast(precision, device) && !float32_bf16_matmuls
+          ? core::autocast_dtype(precision)
+          : torch::kFloat;
   at::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(42);
 

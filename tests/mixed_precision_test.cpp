@@ -14,9 +14,10 @@
 #include <map>
 #include <set>
 
+#include "gradaccum/core/float32_bf16_matmuls.h"
 #include "gradaccum/core/mixed_precision.h"
-#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/core/trainer.h"
+#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/models/tasks.h"
 #include "gradaccum/optim/loss_scaler.h"
 #include "test_support.h"
@@ -423,7 +424,8 @@ TEST(MixedPrecision, ConfigErrorsNameTheKey) {
 
 // The KJV GPT-2 configuration, shrunk to run in seconds (2 layers, n_embd 64,
 // 24-token verses, 4 verses per step): 50 steps in bf16 and in fp16 follow the
-// fp32 loss curve within 3% per step (docs/mixed_precision.md). bf16 rounds
+// fp32 loss curve within 3% per step on AVX-512 CPUs (docs/mixed_precision.md; 10% on
+// others, see below). bf16 rounds
 // every matmul input to 8 significant bits; fp16 (emulated on CPU) may skip a
 // step on overflow, which shifts the rest of its trajectory by one update.
 TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
@@ -433,12 +435,21 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
       "--set data.max_length=24 --set data.train_limit=200 --set data.eval_limit=-1 "
       "--set per_device_train_batch_size=2 --set gradient_accumulation_steps=2 --set max_steps=50 "
       "--set warmup_steps=5 --set threads=1 --set sample.prompt=";
+  // "bf16" is the default bf16_cpu_matmuls: auto (oneDNN's bfloat16 GEMM on AVX-512 CPUs,
+  // float32 GEMMs on bfloat16-rounded operands elsewhere); "bf16-float32" forces the latter.
+  const std::map<std::string, std::string> settings = {
+      {"no", "--set mixed_precision=no"},
+      {"bf16", "--set mixed_precision=bf16"},
+      {"bf16-float32", "--set mixed_precision=bf16 --set bf16_cpu_matmuls=float32"},
+      {"fp16", "--set mixed_precision=fp16"}};
+  const bool avx512 = io::cpu_isa_level() == io::IsaLevel::avx512;
+  const std::string routed = "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands";
   std::map<std::string, std::vector<nlohmann::json>> curves;
-  std::string bf16_err;
-  for (const std::string mp : {"no", "bf16", "fp16"}) {
-    const auto r = run_cli(run + " --set mixed_precision=" + mp + " --set output_dir=" + dir + "/" + mp);
+  for (const auto& [mp, flags] : settings) {
+    const auto r = run_cli(run + " " + flags + " --set output_dir=" + dir + "/" + mp);
     ASSERT_EQ(r.exit_code, 0) << mp << ": " << r.err;
-    if (mp == "bf16") bf16_err = r.err;
+    const bool expect_routed = mp == "bf16-float32" || (mp == "bf16" && !avx512);
+    EXPECT_EQ(r.err.find(routed) != std::string::npos, expect_routed) << mp << ": " << r.err;
     curves[mp] = step_records(dir + "/" + mp + "/metrics.jsonl");
     ASSERT_EQ(curves[mp].size(), 50u) << mp;
   }
@@ -453,32 +464,42 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
     }
     return worst_difference;
   };
-  const double bf16 = worst("bf16"), fp16 = worst("fp16");
-  // Without AVX-512, libtorch 1.13's bfloat16 GEMM is its own fallback, which sums in
-  // bfloat16 (core::bf16_fallback_gemm_warning): that run learns visibly slower (7.0% worst
-  // step here on an AVX2 EPYC) and is told so.
-  const bool fast_bf16 = io::cpu_isa_level() == io::IsaLevel::avx512;
-  EXPECT_LT(bf16, fast_bf16 ? 0.03 : 0.10) << "bf16 worst per-step relative loss difference";
-  EXPECT_EQ(bf16_err.find("bf16 on a CPU without AVX-512") != std::string::npos, !fast_bf16)
-      << bf16_err;
+  const double bf16 = worst("bf16"), bf16_float32 = worst("bf16-float32"), fp16 = worst("fp16");
+  // Under 3% on the AVX-512 Xeon. On an AVX2 EPYC both bf16 runs trail by 7.0%, and so did
+  // one with libtorch's own bfloat16 GEMM and one with ATen's baseline kernels: the lag is
+  // not the GEMM's, and its cause is not found yet (docs/mixed_precision.md).
+  const double bound = avx512 ? 0.03 : 0.10;
+  EXPECT_LT(bf16, bound) << "bf16 worst per-step relative loss difference";
+  EXPECT_LT(bf16_float32, bound) << "bf16 (float32 GEMMs) worst per-step relative loss difference";
+  EXPECT_GT(bf16_float32, 0.0);  // the operands really were rounded
   EXPECT_LT(fp16, 0.03) << "fp16 worst per-step relative loss difference";
   EXPECT_GT(bf16, 0.0);  // bf16 compute really ran
   for (const auto& l : curves["fp16"]) EXPECT_TRUE(l.contains("loss_scale"));
   std::cout << "worst per-step relative loss difference vs fp32 over 50 steps: bf16 " << bf16
-            << ", fp16 (CPU emulation) " << fp16 << "\n";
+            << ", bf16 with float32 GEMMs " << bf16_float32 << ", fp16 (CPU emulation) " << fp16
+            << "\n";
   fs::remove_all(dir);
 }
 
 }  // namespace
 
-TEST(MixedPrecisionWarning, Bf16OnACpuWithoutAvx512IsWarnedAbout) {
+TEST(MixedPrecisionBf16CpuMatmuls, RouteThroughFloat32OnlyForCpuBf16WhereChosen) {
   const torch::Device cpu(torch::kCPU), cuda(torch::kCUDA);
-  EXPECT_EQ(core::bf16_fallback_gemm_warning(core::MixedPrecision::bf16, cpu, /*cpu_has_avx512=*/false),
-            "warning: mixed_precision: bf16 on a CPU without AVX-512: libtorch's bfloat16 matmuls "
-            "here run ~35x slower than float32 ones and sum in bfloat16 (~4% error over 1024 "
-            "terms); mixed_precision: no is faster and more accurate");
-  EXPECT_EQ(core::bf16_fallback_gemm_warning(core::MixedPrecision::bf16, cpu, true), "");
-  EXPECT_EQ(core::bf16_fallback_gemm_warning(core::MixedPrecision::bf16, cuda, false), "");
-  EXPECT_EQ(core::bf16_fallback_gemm_warning(core::MixedPrecision::none, cpu, false), "");
-  EXPECT_EQ(core::bf16_fallback_gemm_warning(core::MixedPrecision::fp16, cpu, false), "");
+  using core::MixedPrecision;
+  using core::routes_bf16_matmuls_through_float32;
+  EXPECT_TRUE(routes_bf16_matmuls_through_float32("auto", MixedPrecision::bf16, cpu, false));
+  EXPECT_FALSE(routes_bf16_matmuls_through_float32("auto", MixedPrecision::bf16, cpu, true));
+  EXPECT_TRUE(routes_bf16_matmuls_through_float32("float32", MixedPrecision::bf16, cpu, true));
+  EXPECT_FALSE(routes_bf16_matmuls_through_float32("libtorch", MixedPrecision::bf16, cpu, false));
+  EXPECT_FALSE(routes_bf16_matmuls_through_float32("float32", MixedPrecision::bf16, cuda, false));
+  EXPECT_FALSE(routes_bf16_matmuls_through_float32("float32", MixedPrecision::none, cpu, false));
+  EXPECT_FALSE(routes_bf16_matmuls_through_float32("float32", MixedPrecision::fp16, cpu, false));
+}
+
+TEST(MixedPrecisionBf16CpuMatmuls, ConfigKeyIsChecked) {
+  const auto dir = make_temp_dir("mp-matmuls");
+  const auto bad = run_cli("train --set bf16_cpu_matmuls=fast --set output_dir=" + dir);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("bf16_cpu_matmuls"), std::string::npos) << bad.err;
+  fs::remove_all(dir);
 }

@@ -14,7 +14,7 @@
 #include "gradaccum/cli/progress.h"
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/check.h"
-#include "gradaccum/core/mixed_precision.h"
+#include "gradaccum/core/float32_bf16_matmuls.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
@@ -189,11 +189,15 @@ int run_train(const TrainArgs& args) {
 
   const int threads = configure_threads(config.threads, env.local_world_size);
   if (rank0) warn_if_slow_blas();
-  if (const auto warning = core::bf16_fallback_gemm_warning(config.trainer.mixed_precision,
-                                                    config.trainer.device,
-                                                    io::cpu_isa_level() == io::IsaLevel::avx512);
-      !warning.empty() && rank0) {
-    fmt::print(stderr, "{}\n", warning);
+  if (core::routes_bf16_matmuls_through_float32(config.bf16_cpu_matmuls,
+                                                 config.trainer.mixed_precision,
+                                                 config.trainer.device,
+                                                 io::cpu_isa_level() == io::IsaLevel::avx512)) {
+    core::route_cpu_bf16_matmuls_through_float32();
+    if (rank0) {
+      fmt::print(stderr, "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands "
+                         "(bf16_cpu_matmuls: {})\n", config.bf16_cpu_matmuls);
+    }
   }
   GA_CHECK(!config.trainer.device.is_cuda() || torch::cuda::is_available(),
            "key 'device': cuda requested but this libtorch has no CUDA device");

@@ -41,16 +41,6 @@ torch::ScalarType autocast_dtype(MixedPrecision precision);
 // fp16 on CPU, which is emulated).
 bool uses_autocast(MixedPrecision precision, const torch::Device& device);
 
-// A one-line warning when `precision` would send the model's matmuls to
-// libtorch's fallback bfloat16 GEMM, "" otherwise: bf16 on a CPU without
-// AVX-512 (`cpu_has_avx512`, io::cpu_isa_level()), where oneDNN's bfloat16
-// kernels do not run. On an AVX2 EPYC (BENCHMARKS.md) that GEMM ran at 5.3
-// GFLOP/s against OpenBLAS's 154 in float32 (35x fewer tokens/s), and its
-// untransposed case sums in bfloat16: 3.7% relative error at k = 1024, 10% at
-// 8192, against 0.17% for rounding a float32-summed product.
-std::string bf16_fallback_gemm_warning(MixedPrecision precision, const torch::Device& device,
-                               bool cpu_has_avx512);
-
 // Enables autocast for `device`'s type with `precision`'s dtype for its
 // lifetime, as torch.autocast does; restores the previous state (and drops the
 // cast-weight cache when the outermost region ends). A no-op when

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/float32_bf16_matmuls.h"
 #include "gradaccum/core/host_reads.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/softmax_cross_entropy.h"
@@ -31,6 +32,18 @@ std::string sizes_text(torch::IntArrayRef sizes) {
 struct Precision {
   torch::ScalarType matmul;   // the chunk projections (autocast's dtype under autocast)
   torch::ScalarType softmax;  // log-sum-exp, softmax and the sums: float32 or float64
+  // bfloat16 projections computed as float32 GEMMs on bfloat16 values, the result
+  // rounded to bfloat16, as core/float32_bf16_matmuls.h routes autocast's own.
+  bool float32_gemms = false;
+
+  // A projection operand: in the matmul dtype, or its bfloat16 values in float32.
+  torch::Tensor operand(const torch::Tensor& t) const {
+    return float32_gemms ? t.to(torch::kBFloat16).to(torch::kFloat) : t.to(matmul);
+  }
+  // A projection's result, as the matmul dtype's GEMM would return it.
+  torch::Tensor result(const torch::Tensor& t) const {
+    return float32_gemms ? t.to(torch::kBFloat16) : t;
+  }
 };
 
 Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight) {
@@ -47,6 +60,8 @@ Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight)
   }
   // Autocast lowers float16/bfloat16/float32 matmuls and leaves float64 alone.
   if (autocast && inputs != torch::kDouble) p.matmul = lower;
+  p.float32_gemms = hidden.is_cpu() && p.matmul == torch::kBFloat16 &&
+                    core::cpu_bf16_matmuls_route_through_float32();
   return p;
 }
 
@@ -98,7 +113,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     // The dtypes are explicit below; autocast must not re-cast them.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto hidden_flat = hidden.reshape({-1, hidden.size(-1)});
-    const auto weight_mm = weight.to(p.matmul);
+    const auto weight_mm = p.operand(weight);
     // The masked layout writes every row of d/d hidden; the compact one leaves the unscored
     // rows at zero. d/d weight starts as the first chunk's product (no zero fill of [V, H]).
     torch::Tensor grad_hidden_flat, grad_weight;
@@ -111,10 +126,9 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     const int64_t n = targets.size(0);
     for (int64_t begin = 0; begin < n; begin += chunk_tokens) {
       const int64_t end = std::min(n, begin + chunk_tokens);
-      const auto h = (compact ? hidden_flat.index_select(0, positions.slice(0, begin, end))
-                              : hidden_flat.slice(0, begin, end))
-                         .to(p.matmul);
-      auto logits = h.matmul(weight_mm.t());
+      const auto h = p.operand(compact ? hidden_flat.index_select(0, positions.slice(0, begin, end))
+                                       : hidden_flat.slice(0, begin, end));
+      auto logits = p.result(h.matmul(weight_mm.t()));
       const auto scored = compact ? torch::Tensor() : valid.slice(0, begin, end);
       torch::Tensor grad_mm;
       if (fused_softmax(logits, p)) {
@@ -136,8 +150,9 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
         grad_mm = grad_logits.to(p.matmul);
       }
       if (!need_hidden && !need_weight) continue;
+      if (p.float32_gemms) grad_mm = grad_mm.to(torch::kFloat);  // bfloat16 values, exactly
       if (need_hidden) {
-        auto grad_h = grad_mm.matmul(weight_mm).to(hidden.scalar_type());
+        auto grad_h = p.result(grad_mm.matmul(weight_mm)).to(hidden.scalar_type());
         if (compact) {
           grad_hidden_flat.index_copy_(0, positions.slice(0, begin, end), grad_h);
         } else {
@@ -146,11 +161,11 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       }
       if (need_weight) {
         if (!grad_weight.defined()) {
-          grad_weight = grad_mm.t().mm(h).to(p.softmax);
+          grad_weight = p.result(grad_mm.t().mm(h)).to(p.softmax);
         } else if (p.matmul == p.softmax) {
           grad_weight.addmm_(grad_mm.t(), h);
         } else {
-          grad_weight.add_(grad_mm.t().mm(h));
+          grad_weight.add_(p.result(grad_mm.t().mm(h)));
         }
       }
     }
