@@ -27,66 +27,38 @@ c10::optional<at::Tensor> bf16_values(const c10::optional<at::Tensor>& t) {
   return bf16_values(*t);
 }
 
+// Arguments that are not tensors (scalars, sizes, groups) pass through.
+template <typename T>
+const T& bf16_values(const T& x) {
+  return x;
+}
+
 // The op's float32 result, rounded as autocast's bfloat16 op would return it.
 at::Tensor as_bf16(const at::Tensor& result) {
   return result.scalar_type() == at::kFloat ? result.to(at::kBFloat16) : result;
 }
 
-// The replaced kernels run below autocast, as autocast's own do.
-struct BelowAutocast {
-  c10::impl::ExcludeDispatchKeyGuard guard{c10::DispatchKey::AutocastCPU};
+// The replacement of autocast's kernel for `Op` (of type `Signature`): below
+// autocast, as autocast's own kernels run, Op on the operands' bfloat16 values
+// in float32, the result rounded to bfloat16.
+template <typename Signature, Signature* Op>
+struct Routed;
+
+template <typename... Args, at::Tensor (*Op)(Args...)>
+struct Routed<at::Tensor(Args...), Op> {
+  static at::Tensor call(Args... args) {
+    c10::impl::ExcludeDispatchKeyGuard below_autocast(c10::DispatchKey::AutocastCPU);
+    return as_bf16(Op(bf16_values(args)...));
+  }
 };
 
-at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
-                  const c10::optional<at::Tensor>& bias) {
-  BelowAutocast below;
-  return as_bf16(at::linear(bf16_values(input), bf16_values(weight), bf16_values(bias)));
-}
-
-at::Tensor matmul(const at::Tensor& self, const at::Tensor& other) {
-  BelowAutocast below;
-  return as_bf16(at::matmul(bf16_values(self), bf16_values(other)));
-}
-
-at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
-  BelowAutocast below;
-  return as_bf16(at::mm(bf16_values(self), bf16_values(mat2)));
-}
-
-at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
-                 const at::Scalar& beta, const at::Scalar& alpha) {
-  BelowAutocast below;
-  return as_bf16(
-      at::addmm(bf16_values(self), bf16_values(mat1), bf16_values(mat2), beta, alpha));
-}
-
-at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
-  BelowAutocast below;
-  return as_bf16(at::bmm(bf16_values(self), bf16_values(mat2)));
-}
-
-at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& batch1, const at::Tensor& batch2,
-                   const at::Scalar& beta, const at::Scalar& alpha) {
-  BelowAutocast below;
-  return as_bf16(
-      at::baddbmm(bf16_values(self), bf16_values(batch1), bf16_values(batch2), beta, alpha));
-}
-
-at::Tensor conv1d(const at::Tensor& input, const at::Tensor& weight,
-                  const c10::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                  at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  BelowAutocast below;
-  return as_bf16(at::conv1d(bf16_values(input), bf16_values(weight), bf16_values(bias), stride,
-                            padding, dilation, groups));
-}
-
-at::Tensor conv2d(const at::Tensor& input, const at::Tensor& weight,
-                  const c10::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                  at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  BelowAutocast below;
-  return as_bf16(at::conv2d(bf16_values(input), bf16_values(weight), bf16_values(bias), stride,
-                            padding, dilation, groups));
-}
+using TwoOperands = at::Tensor(const at::Tensor&, const at::Tensor&);
+using AddProduct = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const at::Scalar&, const at::Scalar&);
+using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&);
+using Convolution = at::Tensor(const at::Tensor&, const at::Tensor&,
+                               const c10::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef,
+                               at::IntArrayRef, int64_t);
 
 // Replacing a registered kernel makes the dispatcher warn once per op; the
 // replacement is deliberate, so those warnings are dropped.
@@ -112,14 +84,14 @@ void route_cpu_bf16_matmuls_through_float32() {
     // while other threads may be dispatching.
     static auto* library = new torch::Library(torch::Library::IMPL, "aten",
                                               c10::DispatchKey::AutocastCPU, __FILE__, __LINE__);
-    library->impl("linear", TORCH_FN(linear));
-    library->impl("matmul", TORCH_FN(matmul));
-    library->impl("mm", TORCH_FN(mm));
-    library->impl("addmm", TORCH_FN(addmm));
-    library->impl("bmm", TORCH_FN(bmm));
-    library->impl("baddbmm", TORCH_FN(baddbmm));
-    library->impl("conv1d", TORCH_FN(conv1d));
-    library->impl("conv2d", TORCH_FN(conv2d));
+    library->impl("linear", TORCH_FN((Routed<Linear, &at::linear>::call)));
+    library->impl("matmul", TORCH_FN((Routed<TwoOperands, &at::matmul>::call)));
+    library->impl("mm", TORCH_FN((Routed<TwoOperands, &at::mm>::call)));
+    library->impl("addmm", TORCH_FN((Routed<AddProduct, &at::addmm>::call)));
+    library->impl("bmm", TORCH_FN((Routed<TwoOperands, &at::bmm>::call)));
+    library->impl("baddbmm", TORCH_FN((Routed<AddProduct, &at::baddbmm>::call)));
+    library->impl("conv1d", TORCH_FN((Routed<Convolution, &at::conv1d>::call)));
+    library->impl("conv2d", TORCH_FN((Routed<Convolution, &at::conv2d>::call)));
     g_installed = true;
   });
 }
