@@ -8,6 +8,7 @@
 
 #include "gradaccum/core/check.h"
 #include "gradaccum/models/activation_checkpoint.h"
+#include "gradaccum/models/linear.h"
 
 namespace gradaccum::models {
 
@@ -82,7 +83,7 @@ torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::T
   const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
   const int64_t head_dim = channels / n_head_;
   // Per head: [q | k | v] of head_dim each, head after head.
-  auto fused = query_key_value->forward(x).view({batch, time, n_head_, 3, head_dim});
+  auto fused = linear(query_key_value, x).view({batch, time, n_head_, 3, head_dim});
   auto q = fused.select(3, 0).transpose(1, 2);  // [B, H, T, D]
   auto k = fused.select(3, 1).transpose(1, 2);
   auto v = fused.select(3, 2).transpose(1, 2);
@@ -90,7 +91,7 @@ torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::T
   const double inv_norm = 1.0 / std::sqrt(static_cast<double>(head_dim));
   auto scores = alibi + torch::matmul(q, k.transpose(-2, -1)) * inv_norm;  // [B, H, T, T]
   auto y = torch::matmul(masked_softmax(scores, allowed), v);              // [B, H, T, D]
-  return dense->forward(y.transpose(1, 2).reshape({batch, time, channels}));
+  return linear(dense, y.transpose(1, 2).reshape({batch, time, channels}));
 }
 
 torch::Tensor bloom_gelu(const torch::Tensor& x) {
@@ -105,7 +106,7 @@ BloomMlpImpl::BloomMlpImpl(const BloomConfig& config) {
 }
 
 torch::Tensor BloomMlpImpl::forward(const torch::Tensor& x) {
-  return dense_4h_to_h->forward(bloom_gelu(dense_h_to_4h->forward(x)));
+  return linear(dense_4h_to_h, bloom_gelu(linear(dense_h_to_4h, x)));
 }
 
 BloomBlockImpl::BloomBlockImpl(const BloomConfig& config) {

@@ -9,6 +9,7 @@
 #include "gradaccum/core/check.h"
 #include "gradaccum/models/activation_checkpoint.h"
 #include "gradaccum/models/gelu_tanh.h"
+#include "gradaccum/models/linear.h"
 #include "gradaccum/models/qkv_attention.h"
 
 namespace gradaccum::models {
@@ -63,7 +64,7 @@ Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& config) : n_head_(config.
 }
 
 torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& allowed) {
-  return c_proj->forward(qkv_attention(c_attn->forward(x), n_head_, allowed));
+  return linear(c_proj, qkv_attention(linear(c_attn, x), n_head_, allowed));
 }
 
 Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& config) {
@@ -72,7 +73,7 @@ Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& config) {
 }
 
 torch::Tensor Gpt2MlpImpl::forward(const torch::Tensor& x) {
-  return c_proj->forward(gelu_tanh(c_fc->forward(x)));
+  return linear(c_proj, gelu_tanh(linear(c_fc, x)));
 }
 
 Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& config) {
