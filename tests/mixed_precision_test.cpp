@@ -465,9 +465,10 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
     return worst_difference;
   };
   const double bf16 = worst("bf16"), bf16_float32 = worst("bf16-float32"), fp16 = worst("fp16");
-  // Under 3% on the AVX-512 Xeon. On an AVX2 EPYC both bf16 runs trail by 7.0%, and so did
-  // one with libtorch's own bfloat16 GEMM and one with ATen's baseline kernels: the lag is
-  // not the GEMM's, and its cause is not found yet (docs/mixed_precision.md).
+  // Under 3% on the AVX-512 Xeon and 0.03% on an AVX2 EPYC of family 25 model 1. On one of
+  // model 17 both bf16 runs trailed by 7.0%, and so did one with libtorch's own bfloat16 GEMM
+  // and one with ATen's baseline kernels: that lag is not the GEMM's, and its cause is not
+  // found yet (docs/mixed_precision.md), so CPUs without AVX-512 get 10%.
   const double bound = avx512 ? 0.03 : 0.10;
   EXPECT_LT(bf16, bound) << "bf16 worst per-step relative loss difference";
   EXPECT_LT(bf16_float32, bound) << "bf16 (float32 GEMMs) worst per-step relative loss difference";
