@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Quick start 1: install what is needed, build, and run the main job
-# (the built-in default: CNN with GroupNorm on Fashion-MNIST, 16 x 4 accumulation).
+# Quick start 1: install what is needed, build the program (not the test suite), and run the main
+# job (the built-in default: CNN with GroupNorm on Fashion-MNIST, 16 x 4 accumulation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
+bash scripts/build.sh gradaccum_cli
 exec build/gradaccum train "$@"

@@ -18,11 +18,9 @@ export CCACHE_DISABLE="${CCACHE_DISABLE:-1}"
 # the CLI's .cpp files in batches of 8, so the code they share from the libtorch headers is
 # instrumented and optimised once per batch instead of once per file (the tests are not batched:
 # tests/CMakeLists.txt). Measured times: docs/robustness.md.
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON \
-  -DCMAKE_CXX_COMPILER=g++ -DGRADACCUM_SANITIZE=ON -DGRADACCUM_BUILD_BENCH=OFF > /dev/null
-# gradaccum_tests depends on gradaccum_cli, and tests/CMakeLists.txt points GRADACCUM_CLI at the
-# CLI of the same build, so the processes the tests spawn are sanitized too.
-ninja -C "$build" -j"$jobs" gradaccum_cli gradaccum_tests
+# scripts/build.sh configures against the venv's libtorch; only our targets, not the benchmarks.
+BUILD_DIR="$build" CMAKE_ARGS="-DCMAKE_CXX_COMPILER=g++ -DGRADACCUM_SANITIZE=ON -DGRADACCUM_BUILD_BENCH=OFF" \
+  bash scripts/build.sh -j"$jobs" gradaccum_cli gradaccum_tests
 built=$(date +%s)
 echo "sanitize.sh: build took $((built - start)) s"
 

@@ -210,7 +210,7 @@ class GraphWatcher final : public core::Trainable {
     previous_alive.push_back(!previous_root_.expired());
     auto micro = inner_.loss(batch);
     if (micro.sum.grad_fn()) ++roots_seen;
-    previous_root_ = micro.sum.grad_fn();
+    previous_root_ = c10::weak_intrusive_ptr<torch::autograd::Node>(micro.sum.grad_fn());
     return micro;
   }
   core::EvalSums evaluate(const core::Batch& batch) override { return inner_.evaluate(batch); }
@@ -221,7 +221,7 @@ class GraphWatcher final : public core::Trainable {
 
  private:
   core::Trainable& inner_;
-  std::weak_ptr<torch::autograd::Node> previous_root_;
+  c10::weak_intrusive_ptr<torch::autograd::Node> previous_root_{c10::intrusive_ptr<torch::autograd::Node>()};
 };
 
 // Nothing in the trainer keeps a micro-step's graph past its backward: holding

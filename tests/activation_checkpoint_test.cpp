@@ -240,15 +240,15 @@ TEST(ActivationCheckpointFunction, DropoutRedrawsTheForwardMaskAndLeavesTheStrea
 class CpuAutocast {
  public:
   CpuAutocast()
-      : enabled_(at::autocast::is_cpu_enabled()), dtype_(at::autocast::get_autocast_cpu_dtype()) {
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      : enabled_(at::autocast::is_autocast_enabled(at::kCPU)), dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
   }
   void exit() {
     if (exited_) return;
     exited_ = true;
-    at::autocast::set_cpu_enabled(enabled_);
-    at::autocast::set_autocast_cpu_dtype(dtype_);
+    at::autocast::set_autocast_enabled(at::kCPU, enabled_);
+    at::autocast::set_autocast_dtype(at::kCPU, dtype_);
     at::autocast::clear_cache();
   }
   ~CpuAutocast() { exit(); }
@@ -505,7 +505,7 @@ TEST(ActivationCheckpointGpt2, Bf16AutocastRecomputeUsesTheForwardsAutocastState
     };
     const auto plain = autocast_step(false);
     const auto checkpointed = autocast_step(true);
-    ASSERT_FALSE(at::autocast::is_cpu_enabled());
+    ASSERT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
 
     EXPECT_EQ(checkpointed.checkpoint_nodes, tiny_gpt2_config(3).n_layer);
     EXPECT_TRUE(torch::equal(checkpointed.loss, plain.loss));

@@ -34,7 +34,7 @@ void micro_step(BucketedGradSync& sync, std::vector<torch::Tensor>& params, int 
 }
 
 struct RankRun {
-  std::vector<void*> storages;         // each .grad's storage after attaching
+  std::vector<const void*> storages;   // each .grad's storage after attaching
   std::vector<torch::Tensor> summed;   // .grad after the window
   int64_t calls = 0;
   bool reattached_to_same_memory = false;

@@ -248,13 +248,13 @@ TEST(ChunkedCrossEntropy, SecondBackwardThroughARetainedGraphIsAnError) {
 class CpuAutocastBf16 {
  public:
   CpuAutocastBf16()
-      : enabled_(at::autocast::is_cpu_enabled()), dtype_(at::autocast::get_autocast_cpu_dtype()) {
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      : enabled_(at::autocast::is_autocast_enabled(at::kCPU)), dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
   }
   ~CpuAutocastBf16() {
-    at::autocast::set_cpu_enabled(enabled_);
-    at::autocast::set_autocast_cpu_dtype(dtype_);
+    at::autocast::set_autocast_enabled(at::kCPU, enabled_);
+    at::autocast::set_autocast_dtype(at::kCPU, dtype_);
     at::autocast::clear_cache();
   }
 
@@ -321,7 +321,7 @@ TEST(ChunkedCrossEntropy, Bf16AutocastRunsMatmulsInBf16AndSoftmaxInFloat32) {
   }
   EXPECT_TRUE(torch::equal(hidden2.grad(), hidden.grad()));
   EXPECT_TRUE(torch::equal(weight2.grad(), weight.grad()));
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
 
   // The masked selection (what automatic picks on a GPU) under the same autocast:
   // its chunks hold other rows, so it rounds differently, within bf16 tolerance.

@@ -32,7 +32,7 @@ Run train(torch::ScalarType dtype, torch::optim::AdamWOptions options) {
   Run run;
   for (auto& p : params) {
     run.params.push_back(p.detach().clone());
-    const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+    void* const key = p.unsafeGetTensorImpl();
     auto& state = static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(key));
     EXPECT_EQ(state.step(), 5);
     run.exp_avg.push_back(state.exp_avg().clone());
@@ -104,7 +104,7 @@ TEST(FusedAdamW, SubnormalMomentsFlushToZeroWithoutMovingTheParameterDifferently
   auto run = [&](auto& optimizer, torch::Tensor& p) {
     p.mutable_grad() = torch::full({4}, 1.0f);
     optimizer.step();  // state created; then the moments are set by hand
-    const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+    void* const key = p.unsafeGetTensorImpl();
     auto& state = static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(key));
     state.exp_avg().fill_(tiny);
     p.mutable_grad() = torch::zeros({4});

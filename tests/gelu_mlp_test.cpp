@@ -152,9 +152,9 @@ TEST(GeluMlp, LargeNonContiguousOrReducedPrecisionInputsTakeLibtorchLayers) {
   EXPECT_FALSE(mlp->fuses(torch::randn({2, 3, 16})));      // not a matrix
   EXPECT_FALSE(mlp->fuses(torch::randn({2, 16}, torch::kDouble)));  // weights are float32
   {
-    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
     const bool under_autocast = mlp->fuses(torch::randn({2, 16}));
-    at::autocast::set_cpu_enabled(false);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
     EXPECT_FALSE(under_autocast);
   }
   // Both paths compute the same function: the largest fused input against

@@ -15,7 +15,7 @@ namespace gradaccum::testing {
 // Runs body(group, rank) for rank = 0 .. world-1 side by side and waits for
 // all of them; an exception thrown on any rank is rethrown here.
 inline void run_on_ranks(
-    int world, const std::function<void(const c10::intrusive_ptr<c10d::ProcessGroup>&, int)>& body) {
+    int world, const std::function<void(const c10::intrusive_ptr<c10d::Backend>&, int)>& body) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
@@ -24,7 +24,7 @@ inline void run_on_ranks(
       try {
         auto options = c10d::ProcessGroupGloo::Options::create();
         options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        c10::intrusive_ptr<c10d::ProcessGroup> group =
+        c10::intrusive_ptr<c10d::Backend> group =
             c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
         body(group, rank);
       } catch (...) {

@@ -139,7 +139,7 @@ class Snapshots final : public core::TrainingObserver {
     int64_t adam_steps = -1;
     for (auto& p : module_.parameters()) {
       auto& state = (*trainer_)->optimizer().state();
-      auto it = state.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto it = state.find(p.unsafeGetTensorImpl());
       if (it == state.end()) continue;
       auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
       moments.push_back(s.exp_avg().reshape(-1).clone());
@@ -298,17 +298,17 @@ TEST(MixedPrecision, NeedsFloat32ParametersAndNamesTheModes) {
 TEST(MixedPrecision, AutocastScopeEnablesBf16AndRestoresThePreviousState) {
   auto x = torch::randn({3, 4});
   auto w = torch::randn({5, 4});
-  ASSERT_FALSE(at::autocast::is_cpu_enabled());
+  ASSERT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
   {
     core::AutocastScope scope(core::MixedPrecision::bf16, torch::kCPU);
-    EXPECT_TRUE(at::autocast::is_cpu_enabled());
+    EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCPU));
     EXPECT_EQ(torch::nn::functional::linear(x, w).scalar_type(), torch::kBFloat16);
   }
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
   EXPECT_EQ(torch::nn::functional::linear(x, w).scalar_type(), torch::kFloat);
   {
     core::AutocastScope scope(core::MixedPrecision::fp16, torch::kCPU);  // emulated: no autocast
-    EXPECT_FALSE(at::autocast::is_cpu_enabled());
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
   }
 }
 

@@ -97,13 +97,13 @@ TEST(QkvAttention, WhichInputsFuse) {
   EXPECT_TRUE(qkv_attention_fuses(qkv, 2, allowed));
   EXPECT_FALSE(qkv_attention_fuses(qkv.to(torch::kBFloat16), 2, allowed));
   EXPECT_FALSE(qkv_attention_fuses(qkv.transpose(0, 1).contiguous().transpose(0, 1), 2, allowed));
-  at::autocast::set_enabled(true);  // CUDA autocast: irrelevant to a CPU tensor
+  at::autocast::set_autocast_enabled(at::kCUDA, true);  // CUDA autocast: irrelevant to a CPU tensor
   EXPECT_TRUE(qkv_attention_fuses(qkv, 2, allowed));
-  at::autocast::set_enabled(false);
-  at::autocast::set_cpu_enabled(true);
+  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
   EXPECT_FALSE(qkv_attention_fuses(qkv, 2, allowed));
   EXPECT_TRUE(qkv_attention_fuses(qkv.to(torch::kBFloat16), 2, allowed));
-  at::autocast::set_cpu_enabled(false);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
 }
 
 // Under bf16 autocast the bfloat16 qkv is computed on in float32 and the result rounded:
@@ -114,9 +114,9 @@ TEST(QkvAttention, Bf16AutocastComputesInFloat32OnTheBf16Values) {
   torch::manual_seed(8);
   const auto qkv = torch::randn({3, 40, 72}).to(torch::kBFloat16);
   auto autocast_run = [&](auto attention) {
-    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
     auto result = run(attention, qkv, allowed, 3);
-    at::autocast::set_cpu_enabled(false);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
     at::autocast::clear_cache();
     return result;
   };

@@ -226,7 +226,7 @@ int run_train(const TrainArgs& args) {
   // reducer onto the parameters in their final device and dtype.
   std::unique_ptr<dist::BucketedGradSync> sync;
   std::unique_ptr<torch::optim::Optimizer> sharded;
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<c10d::Backend> group;
   std::unique_ptr<dist::StoreStopAgreement> stop_agreement;
   if (env.distributed()) {
     auto connection = dist::connect(env, std::chrono::seconds(config.dist_timeout_s), config.trainer.device);

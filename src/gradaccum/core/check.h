@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (its own header since fmt 11)
 
 #include <stdexcept>
 #include <string>

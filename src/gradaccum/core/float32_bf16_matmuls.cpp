@@ -64,7 +64,7 @@ using Convolution = at::Tensor(const at::Tensor&, const at::Tensor&,
 // replacement is deliberate, so those warnings are dropped.
 class SilentWarnings : public c10::WarningHandler {
  public:
-  void process(const c10::SourceLocation&, const std::string&, bool) override {}
+  void process(const c10::Warning&) override {}
 };
 
 }  // namespace
@@ -79,7 +79,7 @@ void route_cpu_bf16_matmuls_through_float32() {
   static std::once_flag once;
   std::call_once(once, [] {
     SilentWarnings silent;
-    c10::Warning::WarningHandlerGuard quiet(&silent);
+    c10::WarningUtils::WarningHandlerGuard quiet(&silent);
     // Kept for the life of the process: destroying it would restore the old kernels
     // while other threads may be dispatching.
     static auto* library = new torch::Library(torch::Library::IMPL, "aten",

@@ -54,7 +54,7 @@ class AutocastScope {
 
  private:
   bool active_ = false;
-  bool cuda_ = false;
+  c10::DeviceType device_type_ = c10::DeviceType::CPU;
   bool previous_enabled_ = false;
   torch::ScalarType previous_dtype_ = torch::kBFloat16;
 };

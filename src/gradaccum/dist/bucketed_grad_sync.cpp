@@ -20,7 +20,7 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t rank, const ch
 }
 }  // namespace
 
-BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::ProcessGroup> group,
+BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::Backend> group,
                                    std::vector<torch::Tensor> params, GradSyncOptions options)
     : group_(std::move(group)),
       params_(std::move(params)),

@@ -2,7 +2,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#ifdef GRADACCUM_WITH_NCCL
+#ifdef GRADACCUM_WITH_CUDA
 // The NCCL path is compiled only with -DGRADACCUM_WITH_NCCL=ON and a CUDA libtorch. It has not been
 // built or run here (CPU-only machine, CPU libtorch); treat it as untested.
 #ifndef USE_C10D_NCCL
@@ -22,11 +22,11 @@ namespace {
 
 // Where the small collectives below put their tensors: NCCL only reduces CUDA
 // tensors (on the current device, which connect() set), Gloo takes CPU ones.
-torch::TensorOptions collective_options(const c10d::ProcessGroup& group) {
+torch::TensorOptions collective_options(const c10d::Backend& group) {
   return torch::TensorOptions().device(group.getBackendName() == "nccl" ? torch::kCUDA : torch::kCPU);
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
                                                  const DistEnvironment& env,
                                                  std::chrono::milliseconds timeout) {
   auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -49,8 +49,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo(const c10::intrusive_ptr<c10d::
   }
 }
 
-#ifdef GRADACCUM_WITH_NCCL
-c10::intrusive_ptr<c10d::ProcessGroup> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
+#ifdef GRADACCUM_WITH_CUDA
+c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
                                                  const DistEnvironment& env,
                                                  std::chrono::milliseconds timeout,
                                                  c10::Device device) {
@@ -94,13 +94,13 @@ Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout
                             env.rank, env.master_addr, env.master_port, timeout.count() / 1000,
                             what.substr(0, what.find('\n'))));
   }
-#ifdef GRADACCUM_WITH_NCCL
+#ifdef GRADACCUM_WITH_CUDA
   if (device.is_cuda()) return {make_nccl(store, env, timeout, device), store};
 #endif
   return {make_gloo(store, env, timeout), store};
 }
 
-void check_same_on_all_ranks(c10d::ProcessGroup& group, int64_t value, const std::string& what) {
+void check_same_on_all_ranks(c10d::Backend& group, int64_t value, const std::string& what) {
   const int world = group.getSize();
   const auto options = collective_options(group).dtype(torch::kLong);
   std::vector<torch::Tensor> input{torch::full({1}, value, options)};
@@ -113,7 +113,7 @@ void check_same_on_all_ranks(c10d::ProcessGroup& group, int64_t value, const std
   }
 }
 
-void barrier(c10d::ProcessGroup& group, const std::string& what) {
+void barrier(c10d::Backend& group, const std::string& what) {
   // An all-reduce of one element: Gloo's barrier() would do, but this works
   // unchanged on NCCL, whose barrier needs a device guess.
   std::vector<torch::Tensor> flag{torch::zeros({1}, collective_options(group))};

@@ -4,7 +4,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
@@ -16,7 +16,7 @@ namespace gradaccum::dist {
 // A connected rank: its process group, and the rendezvous store (a TCPStore on
 // rank 0) for small control-plane agreements that must not be collectives.
 struct Connection {
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<c10d::Backend> group;
   c10::intrusive_ptr<c10d::Store> store;
 };
 
@@ -29,10 +29,10 @@ Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout
 
 // Rank 0's `values` on every rank, or an error naming the first rank whose
 // value differs (used to refuse mismatched configurations across ranks).
-void check_same_on_all_ranks(c10d::ProcessGroup& group, int64_t value, const std::string& what);
+void check_same_on_all_ranks(c10d::Backend& group, int64_t value, const std::string& what);
 
 // Waits until every rank arrives (checkpoint writes use it); a dead or stalled
 // peer is an error naming `what` after the group's timeout.
-void barrier(c10d::ProcessGroup& group, const std::string& what);
+void barrier(c10d::Backend& group, const std::string& what);
 
 }  // namespace gradaccum::dist

@@ -14,7 +14,7 @@ std::unique_ptr<torch::optim::OptimizerOptions> defaults_for(const optim::Optimi
 }
 }  // namespace
 
-ShardedOptimizer::ShardedOptimizer(c10::intrusive_ptr<c10d::ProcessGroup> group,
+ShardedOptimizer::ShardedOptimizer(c10::intrusive_ptr<c10d::Backend> group,
                                    std::vector<torch::Tensor> params,
                                    const optim::OptimizerSpec& spec, int64_t gather_bytes)
     : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(params)}, defaults_for(spec)),

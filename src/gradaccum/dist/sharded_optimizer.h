@@ -9,7 +9,7 @@
 // state memory per rank drops to 1/W.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/torch.h>
 
 #include <memory>
@@ -24,7 +24,7 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
   // `params` in the same order on every rank, all of one dtype and device.
   // `gather_bytes`: output bytes of one all-gather call (all ranks' pieces);
   // small, so the step's transient buffers are too (see step()).
-  ShardedOptimizer(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<torch::Tensor> params,
+  ShardedOptimizer(c10::intrusive_ptr<c10d::Backend> group, std::vector<torch::Tensor> params,
                    const optim::OptimizerSpec& spec, int64_t gather_bytes = kDefaultGatherBytes);
 
   static constexpr int64_t kDefaultGatherBytes = int64_t{4} << 20;
@@ -52,7 +52,7 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
     torch::Tensor shard;  // a view of those elements: the local optimizer updates them in place
   };
 
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<c10d::Backend> group_;
   std::vector<torch::Tensor> all_;
   int64_t gather_bytes_;
   int64_t shard_size_ = 0;  // elements per rank (the last range is padded)

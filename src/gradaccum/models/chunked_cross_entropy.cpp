@@ -51,12 +51,9 @@ Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight)
   Precision p{inputs, inputs == torch::kDouble ? torch::kDouble : torch::kFloat};
   bool autocast = false;
   torch::ScalarType lower = inputs;
-  if (hidden.is_cuda()) {
-    autocast = at::autocast::is_enabled();
-    lower = at::autocast::get_autocast_gpu_dtype();
-  } else if (hidden.is_cpu()) {
-    autocast = at::autocast::is_cpu_enabled();
-    lower = at::autocast::get_autocast_cpu_dtype();
+  if (hidden.is_cuda() || hidden.is_cpu()) {
+    autocast = at::autocast::is_autocast_enabled(hidden.device().type());
+    lower = at::autocast::get_autocast_dtype(hidden.device().type());
   }
   // Autocast lowers float16/bfloat16/float32 matmuls and leaves float64 alone.
   if (autocast && inputs != torch::kDouble) p.matmul = lower;

@@ -178,7 +178,7 @@ GeluMlpImpl::GeluMlpImpl(int64_t in_features, int64_t hidden_features, int64_t o
 bool GeluMlpImpl::fuses(const torch::Tensor& x) const {
   const auto dtype = x.scalar_type();
   if (dtype != torch::kFloat && dtype != torch::kDouble) return false;
-  if (at::autocast::is_cpu_enabled()) return false;  // autocast runs the Linear layers in bf16
+  if (at::autocast::is_autocast_enabled(at::kCPU)) return false;  // autocast runs the Linear layers in bf16
   if (x.dim() != 2 || x.size(1) != fc1->weight.size(1)) return false;
   for (const auto* t : {&x, &fc1->weight, &fc1->bias, &fc2->weight, &fc2->bias}) {
     if (!contiguous_cpu(*t, dtype)) return false;

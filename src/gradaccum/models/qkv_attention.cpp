@@ -286,9 +286,9 @@ void check_shapes(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor&
 
 bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
   const auto dtype = qkv.scalar_type();
-  const bool autocast = at::autocast::is_cpu_enabled();
+  const bool autocast = at::autocast::is_autocast_enabled(at::kCPU);
   const bool dtype_fuses =
-      autocast ? dtype == torch::kBFloat16 && at::autocast::get_autocast_cpu_dtype() == torch::kBFloat16
+      autocast ? dtype == torch::kBFloat16 && at::autocast::get_autocast_dtype(at::kCPU) == torch::kBFloat16
                : dtype == torch::kFloat || dtype == torch::kDouble;
   return qkv.is_cpu() && allowed.is_cpu() && dtype_fuses && qkv.is_contiguous() &&
          allowed.is_contiguous() && io::blas_gemm_available();

@@ -59,7 +59,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       if (!grad.defined()) continue;
       TORCH_CHECK(!grad.is_sparse(), "AdamW does not support sparse gradients");
       // The key libtorch's AdamW files state under, so its save/load apply.
-      const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      void* const key = p.unsafeGetTensorImpl();
       auto it = state_.find(key);
       if (it == state_.end()) {
         auto fresh = std::make_unique<AdamWParamState>();
