@@ -1,5 +1,5 @@
-// libFuzzer target: GPT-2's tokenizer (scripts/setup.sh installs its files in
-// /var/lib/gradaccum/gpt2) on arbitrary bytes.
+// libFuzzer target: GPT-2's tokenizer (scripts/setup.sh installs its
+// gpt2.tiktoken in /var/lib/gradaccum/gpt2) on arbitrary bytes.
 //
 // Properties: every id is below id_count(), and decode(encode(bytes)) gives the
 // bytes back with each invalid UTF-8 sequence replaced by U+FFFD (the

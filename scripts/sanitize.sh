@@ -37,7 +37,7 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 #  - DataParallel.OneAllReducePerBucket*, LmEndToEnd.DataParallelPaddedVerses*: two-rank runs like
 #    the kept DataParallel.TwoRanksTimesTwoStepsEqualsOneRankAndTheFullBatch;
 #  - DataParallelFailures.NoRendezvous*, *.SurvivingRank*: they wait for a timeout, no work to check;
-#  - TokenizerReference.*: compare against gpt-3-encoder under node (what runs is mostly node);
+#  - TokenizerReference.*: compare against tiktoken in the venv's Python (what runs is mostly Python);
 #    the tokenizer is covered by the other Tokenizer* tests and by fuzz_tokenizer;
 #  - MixedPrecisionCurves.*: three 50-step KJV GPT-2 runs (fp32, bf16, fp16) for their loss curves,
 #    4 of the 8.5 min the suite took under the sanitizers; the bf16/fp16 code they run is kept in

@@ -111,7 +111,7 @@ TEST(LmEndToEnd, FinalCheckpointEvalAndGenerate) {
   EXPECT_NE(r.out.find("sample: And God said"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("unigram baseline"), std::string::npos) << r.out;
   const auto final_dir = dir + "/run/final";
-  for (const char* f : {"config.json", "model.safetensors", "encoder.json", "vocab.bpe"}) {
+  for (const char* f : {"config.json", "model.safetensors", "gpt2.tiktoken"}) {
     EXPECT_TRUE(fs::exists(final_dir + "/" + f)) << f;
   }
 

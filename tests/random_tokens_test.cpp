@@ -155,7 +155,7 @@ TEST(RandomTokensTrain, TwoStepsBuildAModelOfTheDataVocabulary) {
   const auto config = nlohmann::json::parse(gradaccum::testing::read_text(dir + "/run/final/config.json"));
   EXPECT_EQ(config["vocab_size"], 97);
   EXPECT_FALSE(fs::exists(dir + "/run/final/tokenizer.json"));
-  EXPECT_FALSE(fs::exists(dir + "/run/final/encoder.json"));
+  EXPECT_FALSE(fs::exists(dir + "/run/final/gpt2.tiktoken"));
   const auto steps = gradaccum::testing::step_records(dir + "/run/metrics.jsonl");
   ASSERT_EQ(steps.size(), 2u);
   // 8 rows of 31 predicted tokens per window.

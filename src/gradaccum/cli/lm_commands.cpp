@@ -21,6 +21,7 @@ namespace {
 data::Tokenizer load_tokenizer(const std::string& configured, const std::string& checkpoint) {
   namespace fs = std::filesystem;
   if (configured.empty() && (fs::exists(fs::path(checkpoint) / "tokenizer.json") ||
+                             fs::exists(fs::path(checkpoint) / "gpt2.tiktoken") ||
                              fs::exists(fs::path(checkpoint) / "encoder.json"))) {
     return data::Tokenizer::load(checkpoint);
   }

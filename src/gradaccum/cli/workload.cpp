@@ -136,7 +136,7 @@ std::string tokenizer_directory(const std::string& configured) {
 }
 
 std::vector<std::string> tokenizer_files(const data::Tokenizer& tokenizer) {
-  // Tokenizer::source() is "path" or "encoder.json path + vocab.bpe path".
+  // Tokenizer::source() is "path" (gpt2.tiktoken, tokenizer.json) or "encoder.json path + vocab.bpe path".
   std::vector<std::string> files;
   const std::string& source = tokenizer.source();
   const std::string separator = " + ";

@@ -32,8 +32,8 @@ Workload make_workload(const io::TrainConfig& config, bool with_eval);
 // setup script's GPT-2 files; an error names a directory that does not exist.
 std::string tokenizer_directory(const std::string& configured);
 
-// The files a tokenizer was loaded from (tokenizer.json, or encoder.json and
-// vocab.bpe), to be copied beside a saved model.
+// The files a tokenizer was loaded from (gpt2.tiktoken, tokenizer.json, or encoder.json
+// and vocab.bpe), to be copied beside a saved model.
 std::vector<std::string> tokenizer_files(const data::Tokenizer& tokenizer);
 
 }  // namespace gradaccum::cli

