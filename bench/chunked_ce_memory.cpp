@@ -30,8 +30,6 @@
 #include <string>
 
 #include "bench_support.h"
-#include "gradaccum/io/aten_kernels.h"
-#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/chunked_cross_entropy.h"
 
@@ -58,8 +56,6 @@ bool reset_peak_rss() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gradaccum::io::select_blas_kernels();  // as gradaccum's main does (io/blas_backend.h)
-  gradaccum::io::select_aten_kernels();
   if (argc < 2) {
     std::cerr
         << "usage: chunked_ce_memory plain|CHUNK_TOKENS [--tokens N] [--vocab V] [--hidden H]\n";

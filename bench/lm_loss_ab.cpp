@@ -35,8 +35,6 @@
 #include "bench_support.h"
 #include "gradaccum/core/check.h"
 #include "gradaccum/core/mixed_precision.h"
-#include "gradaccum/io/aten_kernels.h"
-#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/io/heap_retention.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
@@ -97,8 +95,6 @@ Options parse_options(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   gradaccum::io::retain_freed_heap();       // as gradaccum's main does
-  gradaccum::io::select_blas_kernels();     // likewise (io/blas_backend.h)
-  gradaccum::io::select_aten_kernels();
   Options opts;
   try {
     opts = parse_options(argc, argv);

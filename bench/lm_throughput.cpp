@@ -44,6 +44,7 @@
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -61,8 +62,6 @@
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/trainer.h"
-#include "gradaccum/io/aten_kernels.h"
-#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/io/heap_retention.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/models/causal_lm.h"
@@ -217,8 +216,6 @@ GemmPeak gemm_peak(torch::ScalarType dtype) {
 
 int main(int argc, char** argv) {
   gradaccum::io::retain_freed_heap();       // as gradaccum's main does
-  gradaccum::io::select_blas_kernels();     // likewise (io/blas_backend.h)
-  gradaccum::io::select_aten_kernels();
   Options opts;
   try {
     opts = parse_options(argc, argv);
@@ -233,7 +230,7 @@ int main(int argc, char** argv) {
   // bf16 on a CPU without AVX-512 runs its matmuls as float32 GEMMs, as `gradaccum train`
   // does by default (bf16_cpu_matmuls: auto, core/float32_bf16_matmuls.h).
   const bool float32_bf16_matmuls = core::routes_bf16_matmuls_through_float32(
-      "auto", precision, device, gradaccum::io::cpu_isa_level() == gradaccum::io::IsaLevel::avx512);
+      "auto", precision, device, core::cpu_has_avx512());
   if (float32_bf16_matmuls) core::route_cpu_bf16_matmuls_through_float32();
   // The dtype of the model's matmuls: autocast's under bf16, unless routed to float32.
   const torch::ScalarType gemm_dtype =
@@ -346,7 +343,7 @@ int main(int argc, char** argv) {
       "\"gemm_square_gflops_before_after\": [{:.2f}, {:.2f}], \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
       "\"peak_rss_mb\": {:.1f}{}}}\n",
-      profile ? "gradaccum-profile" : "gradaccum", gradaccum::io::probe_blas().kernels + "/" + gradaccum::io::aten_capability(),
+      profile ? "gradaccum-profile" : "gradaccum", at::get_cpu_capability(),
       core::to_string(precision),
       gemm_dtype == torch::kBFloat16 ? "bfloat16" : "float32", threads,
       opts.loss_chunk_tokens, kVocab, kContext, kEmbd,

@@ -35,8 +35,6 @@
 #include "bench_support.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/data/gather_rows.h"
-#include "gradaccum/io/aten_kernels.h"
-#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
@@ -126,8 +124,6 @@ std::vector<std::chrono::steady_clock::time_point> raw_loop(const RandomRegressi
 }  // namespace
 
 int main(int argc, char** argv) {
-  gradaccum::io::select_blas_kernels();  // as gradaccum's main does (io/blas_backend.h)
-  gradaccum::io::select_aten_kernels();
   const int64_t threads = flag(argc, argv, "--threads", 1);
   const int64_t warmup = flag(argc, argv, "--warmup-steps", 20);
   const int64_t repeats = flag(argc, argv, "--repeats", 7);

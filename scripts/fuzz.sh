@@ -11,7 +11,10 @@ cd "$(dirname "$0")/.."
 jobs="${JOBS:-$(nproc)}"
 
 start=$(date +%s)
-CCACHE_DISABLE=1 cmake -S fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ > /dev/null
+venv="${GRADACCUM_VENV:-/opt/gradaccum/venv}"
+torch_prefix=$("$venv/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+CCACHE_DISABLE=1 cmake -S fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_PREFIX_PATH="$torch_prefix" > /dev/null
 ninja -C build-fuzz -j"$jobs"
 echo "fuzz.sh: build took $(($(date +%s) - start)) s"
 

@@ -17,7 +17,6 @@
 #include "gradaccum/core/float32_bf16_matmuls.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/trainer.h"
-#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/models/tasks.h"
 #include "gradaccum/optim/loss_scaler.h"
 #include "test_support.h"
@@ -442,7 +441,7 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
       {"bf16", "--set mixed_precision=bf16"},
       {"bf16-float32", "--set mixed_precision=bf16 --set bf16_cpu_matmuls=float32"},
       {"fp16", "--set mixed_precision=fp16"}};
-  const bool avx512 = io::cpu_isa_level() == io::IsaLevel::avx512;
+  const bool avx512 = core::cpu_has_avx512();
   const std::string routed = "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands";
   std::map<std::string, std::vector<nlohmann::json>> curves;
   for (const auto& [mp, flags] : settings) {

@@ -7,25 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "gradaccum/io/aten_kernels.h"
-#include "gradaccum/io/blas_backend.h"
-
 namespace gradaccum::testing {
-namespace {
-
-// Every test process runs the BLAS and ATen kernels the gradaccum program would
-// (io/blas_backend.h, io/aten_kernels.h): the same code paths, and the GEMM-heavy
-// tests take a quarter of the time where OpenBLAS under-detects the CPU.
-class CpuKernelsEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    io::select_blas_kernels();
-    io::select_aten_kernels();
-  }
-};
-const auto* const kCpuKernels = ::testing::AddGlobalTestEnvironment(new CpuKernelsEnvironment);
-
-}  // namespace
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -10,8 +10,6 @@
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/cli/verify_command.h"
 #include "gradaccum/core/check.h"
-#include "gradaccum/io/aten_kernels.h"
-#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/io/heap_retention.h"
 
 namespace {
@@ -22,15 +20,11 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 int main(int argc, char** argv) {
   // Keep the memory a step frees for the next step instead of re-faulting it (heap_retention.h).
   gradaccum::io::retain_freed_heap();
-  // Before any tensor operation and any thread: OpenBLAS may have picked kernels far below
-  // this CPU, and ATen leaves its AVX-512 kernels opt-in (io/blas_backend.h, io/aten_kernels.h).
-  gradaccum::io::select_blas_kernels();
-  gradaccum::io::select_aten_kernels();
   CLI::App app{"gradaccum: exact, fast gradient accumulation on libtorch"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", fmt::format("gradaccum {}\nBLAS: {}\nATen: {}", GRADACCUM_VERSION,
-                                                gradaccum::cli::blas_description(),
-                                                gradaccum::cli::aten_description()));
+  app.set_version_flag("--version", fmt::format("gradaccum {}\nlibtorch: {}\nkernels: {}", GRADACCUM_VERSION,
+                                                gradaccum::cli::libtorch_description(),
+                                                gradaccum::cli::kernels_description()));
 
   gradaccum::cli::TrainArgs train;
   auto* train_cmd = app.add_subcommand("train", "Train a model (no CONFIG: the built-in default run)");
@@ -59,8 +53,8 @@ int main(int argc, char** argv) {
       app.add_subcommand("tokenize", "Print each input line's token ids as a JSON array (--decode: the reverse)");
   tokenize_cmd->add_option("file", tokenize.input_path, "Input file (default: standard input)");
   tokenize_cmd->add_option("--tokenizer", tokenize.tokenizer_dir,
-                           "Directory with encoder.json + vocab.bpe or tokenizer.json, or a tokenizer.json "
-                           "(default: $GRADACCUM_TOKENIZER_DIR, else /var/lib/gradaccum/gpt2)");
+                           "A directory with tokenizer.json, gpt2.tiktoken or encoder.json + vocab.bpe; "
+                           "a .tiktoken file; or a tokenizer.json (default: $GRADACCUM_TOKENIZER_DIR, else /var/lib/gradaccum/gpt2)");
   tokenize_cmd->add_flag("--decode", tokenize.decode, "Read JSON arrays of ids and print the text");
 
   gradaccum::cli::GenerateArgs generate;

@@ -1,5 +1,6 @@
 #include "gradaccum/cli/runtime.h"
 
+#include <ATen/Version.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -7,10 +8,18 @@
 #include <string>
 #include <thread>
 
-#include "gradaccum/io/aten_kernels.h"
-#include "gradaccum/io/blas_backend.h"
-
 namespace gradaccum::cli {
+namespace {
+
+// A field of at::show_config()'s "Build settings" line ("BLAS_INFO=mkl, ..."); "" if absent.
+std::string build_setting(const std::string& config, const std::string& key) {
+  const auto at = config.find(key + "=");
+  if (at == std::string::npos) return "";
+  const auto begin = at + key.size() + 1;
+  return config.substr(begin, config.find_first_of(",\n", begin) - begin);
+}
+
+}  // namespace
 
 int configure_threads(int64_t requested, int64_t local_ranks) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -21,22 +30,22 @@ int configure_threads(int64_t requested, int64_t local_ranks) {
   return threads;
 }
 
-void warn_if_slow_blas() {
-  if (const auto warning = io::blas_warning(io::probe_blas()); !warning.empty()) {
-    fmt::print(stderr, "{}\n", warning);
-  }
+std::string libtorch_description() {
+  const auto config = at::show_config();
+  const auto cuda = build_setting(config, "CUDA_VERSION");
+#ifdef GRADACCUM_WITH_CUDA
+  const std::string build = cuda.empty() ? "CPU build" : fmt::format("CUDA {} and NCCL", cuda);
+#else
+  const std::string build =
+      cuda.empty() ? "CPU build" : fmt::format("CPU libraries; the wheel is a CUDA {} build", cuda);
+#endif
+  return fmt::format("{} ({})", TORCH_VERSION, build);
 }
 
-std::string blas_description() {
-  const auto info = io::probe_blas();
-  const auto& selection = io::select_blas_kernels();
-  if (info.kernels.empty()) return fmt::format("{} ({})", info.kind, info.library);
-  return fmt::format("{}, {} kernels ({})", info.kind, info.kernels, selection.reason);
-}
-
-std::string aten_description() {
-  const auto& aten = io::select_aten_kernels();
-  return fmt::format("{} kernels ({})", aten.capability, aten.reason);
+std::string kernels_description() {
+  const auto blas = build_setting(at::show_config(), "BLAS_INFO");
+  return fmt::format("BLAS {}, ATen {} kernels", blas.empty() ? "unknown" : blas,
+                     at::get_cpu_capability());
 }
 
 }  // namespace gradaccum::cli

@@ -1,4 +1,5 @@
-// Process set-up shared by the commands: threads and the BLAS check.
+// Process set-up shared by the commands: threads, and what the program reports about the
+// libtorch it runs on.
 #pragma once
 
 #include <cstdint>
@@ -6,16 +7,15 @@
 
 namespace gradaccum::cli {
 
-// libtorch on Debian starts with one intra-op thread: sets `requested`, or (0)
-// this host's cores shared among its `local_ranks`. Returns the count set.
+// Sets libtorch's intra-op threads to `requested`, or (0) this host's cores shared among its
+// `local_ranks`. Returns the count set.
 int configure_threads(int64_t requested, int64_t local_ranks);
 
-// Prints the slow-BLAS warning (io/blas_backend.h) on stderr when there is one.
-void warn_if_slow_blas();
-
-// One line: the BLAS library, its kernel set and why that set (io/blas_backend.h).
-std::string blas_description();
-// One line: ATen's CPU kernel set and why that set (io/aten_kernels.h).
-std::string aten_description();
+// One line: the libtorch version this program was built against and whether this build can use
+// CUDA devices, e.g. "2.15.0 (CPU libraries; the wheel is a CUDA 13.2 build)".
+std::string libtorch_description();
+// One line: the BLAS serving libtorch's GEMMs and ATen's CPU kernel set, as libtorch reports them,
+// e.g. "BLAS mkl, ATen AVX512 kernels".
+std::string kernels_description();
 
 }  // namespace gradaccum::cli

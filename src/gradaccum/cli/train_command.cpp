@@ -21,7 +21,6 @@
 #include "gradaccum/dist/process_group.h"
 #include "gradaccum/dist/store_stop_agreement.h"
 #include "gradaccum/dist/sharded_optimizer.h"
-#include "gradaccum/io/blas_backend.h"
 #include "gradaccum/io/checkpoint.h"
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/metrics_writer.h"
@@ -131,7 +130,7 @@ void save_final_model(Workload& workload, const std::string& dir) {
   }
   models::write_hf_checkpoint(dir, {model.hf_config, model.weights()});
   if (workload.tokenizer) {
-    // tokenizer.json, or encoder.json + vocab.bpe: whatever it was loaded from.
+    // gpt2.tiktoken, tokenizer.json, or encoder.json + vocab.bpe: whatever it was loaded from.
     for (const auto& file : tokenizer_files(*workload.tokenizer)) {
       std::filesystem::copy_file(file, std::filesystem::path(dir) / std::filesystem::path(file).filename(),
                                  std::filesystem::copy_options::overwrite_existing);
@@ -188,11 +187,10 @@ int run_train(const TrainArgs& args) {
   const bool rank0 = env.rank == 0;
 
   const int threads = configure_threads(config.threads, env.local_world_size);
-  if (rank0) warn_if_slow_blas();
   if (core::routes_bf16_matmuls_through_float32(config.bf16_cpu_matmuls,
                                                  config.trainer.mixed_precision,
                                                  config.trainer.device,
-                                                 io::cpu_isa_level() == io::IsaLevel::avx512)) {
+                                                 core::cpu_has_avx512())) {
     core::route_cpu_bf16_matmuls_through_float32();
     if (rank0) {
       fmt::print(stderr, "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands "
@@ -265,7 +263,7 @@ int run_train(const TrainArgs& args) {
     observers.add(*progress);
     fmt::print("threads: {}, dtype: {}, device: {}, world size: {}, output: {}\n", threads,
                config.dtype, config.device, world, config.output_dir);
-    fmt::print("blas: {}\naten: {}\n", blas_description(), aten_description());
+    fmt::print("libtorch: {}\nkernels: {}\n", libtorch_description(), kernels_description());
     if (!workload.description.empty()) fmt::print("data: {}\n", workload.description);
   }
   const bool optimizer_per_rank = sharded != nullptr;

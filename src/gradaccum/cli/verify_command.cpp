@@ -73,7 +73,6 @@ int run_verify(const VerifyArgs& args) {
   overrides.push_back(fmt::format("max_steps={}", args.steps));
   const auto base = io::load_config(args.config_path, overrides);
   configure_threads(base.threads, 1);
-  warn_if_slow_blas();
 
   fmt::print("verify: {} steps in float64, global batch {}, tolerance {:.0e}\n", args.steps,
              splits[0].micro_batch * splits[0].steps, args.tolerance);

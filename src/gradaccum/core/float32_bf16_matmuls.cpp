@@ -1,6 +1,7 @@
 #include "gradaccum/core/float32_bf16_matmuls.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Version.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -68,6 +69,8 @@ class SilentWarnings : public c10::WarningHandler {
 };
 
 }  // namespace
+
+bool cpu_has_avx512() { return at::get_cpu_capability() == "AVX512"; }
 
 bool routes_bf16_matmuls_through_float32(const std::string& setting, MixedPrecision precision,
                                          const torch::Device& device, bool cpu_has_avx512) {

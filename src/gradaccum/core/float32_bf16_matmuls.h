@@ -31,9 +31,13 @@ namespace gradaccum::core {
 
 // Whether a run routes: bf16 autocast on a CPU device, and `setting` (the
 // config key bf16_cpu_matmuls) is "float32", or "auto" on a CPU without AVX-512
-// (`cpu_has_avx512`, io::cpu_isa_level()); never for "libtorch".
+// (`cpu_has_avx512`, cpu_has_avx512()); never for "libtorch".
 bool routes_bf16_matmuls_through_float32(const std::string& setting, MixedPrecision precision,
                                          const torch::Device& device, bool cpu_has_avx512);
+
+// Whether ATen runs its AVX-512 kernels in this process (at::get_cpu_capability(); libtorch 2.x
+// picks them wherever the CPU has AVX-512): the CPUs whose bf16 GEMMs are native.
+bool cpu_has_avx512();
 
 // Installs the routing once per process; later calls do nothing. Affects only
 // code that runs under CPU autocast with dtype bfloat16.

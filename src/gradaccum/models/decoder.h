@@ -21,11 +21,12 @@ namespace gradaccum::models {
 //          default for nn::Embedding).
 //  sparse: the looked-up rows only. Valid only when the same backward also adds
 //          a dense gradient of the table (a tied LM head's loss), so that the
-//          parameter's .grad is dense again. libtorch 1.13's autograd sums two
-//          dense gradients of one tensor into a new [vocab, hidden] tensor, but
-//          adds a sparse one into a dense one in place: for a tied head this
-//          saves a [vocab, hidden] zero fill and sum per micro-step (6 MB each
-//          for a vocabulary of 8192 and width 192; 154 MB for GPT-2 small).
+//          parameter's .grad is dense again. For a tied head this saves the
+//          dense lookup gradient's [vocab, hidden] zero fill per micro-step
+//          (6 MB for a vocabulary of 8192 and width 192; 154 MB for GPT-2
+//          small). libtorch 1.13 also added the sparse part into the dense one
+//          in place; libtorch 2.15 sums them out of place (one [vocab, hidden]
+//          write, as for two dense gradients).
 enum class TokenEmbeddingGrad { dense, sparse };
 
 class DecoderImpl : public torch::nn::Module {
