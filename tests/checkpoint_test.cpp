@@ -20,6 +20,8 @@
 #include "gradaccum/models/model_factory.h"
 #include "gradaccum/models/module_tensors.h"
 #include "gradaccum/models/tasks.h"
+#include "gradaccum/optim/optimizer_factory.h"
+#include "gradaccum/optim/optimizer_state.h"
 #include "test_support.h"
 
 extern char** environ;
@@ -127,7 +129,7 @@ TEST(CheckpointResume, TwoRanksResumeBitIdenticallyAlsoWithZero1) {
     run_ok("train " + run + " --set max_steps=8 --set save_steps=4 --set output_dir=" + a);
     if (zero == "1") {
       // Each rank saved its own optimizer shard.
-      EXPECT_TRUE(fs::exists(a + "/checkpoints/step-4/optimizer-rank1.pt"));
+      EXPECT_TRUE(fs::exists(a + "/checkpoints/step-4/optimizer-rank1.safetensors"));
     }
     run_ok("train " + run + " --set max_steps=8 --set output_dir=" + dir + "/b" + zero +
            " --set resume_from_checkpoint=" + a + "/checkpoints/step-4");
@@ -339,7 +341,7 @@ TEST_F(CheckpointCorruption, TruncatedFileIsCaughtByItsSize) {
 
 TEST_F(CheckpointCorruption, FlippedByteIsCaughtByItsChecksum) {
   const auto c = copy("flipped");
-  std::fstream f(c + "/optimizer.pt", std::ios::in | std::ios::out | std::ios::binary);
+  std::fstream f(c + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
   f.seekg(100);
   char byte = 0;
   f.read(&byte, 1);
@@ -347,7 +349,19 @@ TEST_F(CheckpointCorruption, FlippedByteIsCaughtByItsChecksum) {
   f.seekp(100);
   f.write(&byte, 1);
   f.close();
-  expect_error(c, "optimizer.pt fails its CRC-32 check (corrupt)");
+  expect_error(c, "optimizer.safetensors fails its CRC-32 check (corrupt)");
+}
+
+// A checkpoint of an older format (before 4: the optimizer state in a libtorch 1.13 archive) is
+// refused in one line that names its version.
+TEST_F(CheckpointCorruption, OlderFormatVersionIsRefusedByName) {
+  const auto c = copy("format-3");
+  auto manifest = nlohmann::json::parse(read_text(c + "/manifest.json"));
+  EXPECT_EQ(manifest.at("format_version"), 4);
+  manifest["format_version"] = 3;
+  std::ofstream(c + "/manifest.json") << manifest.dump(2);
+  expect_error(c, "manifest.json: format version 3 is not supported (this build reads version 4 "
+                  "only; versions before 4 hold the optimizer state in a libtorch 1.13 archive)");
 }
 
 TEST_F(CheckpointCorruption, MissingManifestMissingFileAndNoCheckpoint) {
@@ -422,10 +436,11 @@ class MemoryHook final : public core::CheckpointHook {
   void save(const core::TrainingState& state, core::SaveReason reason) override {
     if (reason != core::SaveReason::preempted) return;
     saved = state;
-    optimizer = gradaccum::io::serialize_optimizer(*optimizer_);
+    optimizer = gradaccum::io::serialize_safetensors(gradaccum::optim::optimizer_state(*optimizer_, names_));
     weights = gradaccum::models::module_tensors(*module_);
   }
   torch::optim::Optimizer* optimizer_ = nullptr;
+  std::vector<std::string> names_;
   torch::nn::Module* module_ = nullptr;
   core::TrainingState saved;
   std::string optimizer;
@@ -459,6 +474,7 @@ TEST(CheckpointPreemption, StopInsideAWindowThenRestoreGivesIdenticalWeights) {
   core::Trainer first(options, *first_model, stopping, nullptr, quiet);
   MemoryHook hook;
   hook.optimizer_ = &first.optimizer();
+  hook.names_ = first.parameter_names();
   hook.module_ = &first_model->module();
   first.set_checkpointing(&hook, &stop);
   const auto partial_summary = first.run();
@@ -470,7 +486,9 @@ TEST(CheckpointPreemption, StopInsideAWindowThenRestoreGivesIdenticalWeights) {
   auto second_model = make_model();
   core::Trainer second(options, *second_model, data, nullptr, quiet);
   gradaccum::models::load_module_tensors(second_model->module(), hook.weights, "memory");
-  gradaccum::io::deserialize_optimizer(second.optimizer(), hook.optimizer, "memory");
+  gradaccum::optim::load_optimizer_state(second.optimizer(), second.parameter_names(),
+                                         gradaccum::io::parse_safetensors(hook.optimizer, "memory"),
+                                         "memory");
   second.restore(hook.saved);
   const auto summary = second.run();
   EXPECT_FALSE(summary.preempted);

@@ -65,7 +65,10 @@ class CheckpointWriter final : public core::CheckpointHook {
         resolved_config_(std::move(resolved_config)),
         seed_(seed) {}
 
-  void set_optimizer(torch::optim::Optimizer& optimizer) { optimizer_ = &optimizer; }
+  void set_optimizer(torch::optim::Optimizer& optimizer, std::vector<std::string> parameter_names) {
+    optimizer_ = &optimizer;
+    parameter_names_ = std::move(parameter_names);
+  }
 
   void save(const core::TrainingState& state, core::SaveReason /*reason*/) override {
     io::CheckpointContents contents;
@@ -74,7 +77,9 @@ class CheckpointWriter final : public core::CheckpointHook {
       contents.model = model_.weights();
       contents.model_config = model_.hf_config;
     }
-    if (rank0_ || optimizer_per_rank_) contents.optimizer = optimizer_;
+    if (rank0_ || optimizer_per_rank_) {
+      contents.optimizer = dist::named_optimizer_state(*optimizer_, parameter_names_);
+    }
     contents.optimizer_per_rank = optimizer_per_rank_;
     contents.resolved_config = resolved_config_;
     contents.seed = seed_;
@@ -91,6 +96,7 @@ class CheckpointWriter final : public core::CheckpointHook {
   std::string resolved_config_;
   uint64_t seed_;
   torch::optim::Optimizer* optimizer_ = nullptr;
+  std::vector<std::string> parameter_names_;
   std::string last_;
 };
 
@@ -272,7 +278,8 @@ int run_train(const TrainArgs& args) {
   if (checkpoint) {
     const auto& dir = checkpoint->directory;
     built.load_weights(checkpoint->model, dir + "/model.safetensors");
-    io::deserialize_optimizer(trainer.optimizer(), checkpoint->optimizer, dir);
+    dist::load_named_optimizer_state(trainer.optimizer(), trainer.parameter_names(),
+                                     checkpoint->optimizer, dir);
     if (checkpoint->rng_state.defined()) {
       auto generator = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(generator.mutex());
@@ -295,7 +302,7 @@ int run_train(const TrainArgs& args) {
   io::CheckpointStore store(store_options);
   CheckpointWriter writer(store, built, rank0, optimizer_per_rank, config.resolved_yaml,
                           config.trainer.seed);
-  writer.set_optimizer(trainer.optimizer());
+  writer.set_optimizer(trainer.optimizer(), trainer.parameter_names());
   install_stop_handlers();
   trainer.set_checkpointing(&writer, &g_stop_requested, stop_agreement.get());
 

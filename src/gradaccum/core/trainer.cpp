@@ -24,6 +24,15 @@ std::vector<torch::Tensor> trainable_parameters(torch::nn::Module& module) {
 }
 }  // namespace
 
+std::vector<std::string> Trainer::parameter_names() const {
+  // named_parameters() lists what parameters() does, in the same order (trainable_parameters).
+  std::vector<std::string> names;
+  for (const auto& item : model_.module().named_parameters()) {
+    if (item.value().requires_grad()) names.push_back(item.key());
+  }
+  return names;
+}
+
 BatchGeometry TrainerOptions::geometry(int64_t world_size) const {
   if (global_batch_size > 0) {
     return BatchGeometry::from_global(per_device_train_batch_size, global_batch_size, world_size);

@@ -100,6 +100,9 @@ class Trainer {
   const WindowPlan& plan() const { return plan_; }
   int64_t total_steps() const { return total_steps_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  // The names (the module's) of the parameters the optimizer steps, in its order: the keys of
+  // its state in a checkpoint (optim/optimizer_state.h).
+  std::vector<std::string> parameter_names() const;
 
  private:
   core::Batch fetch(const torch::Tensor& indices) const;

@@ -138,13 +138,38 @@ int64_t ShardedOptimizer::state_elements() const {
   return n;
 }
 
-void ShardedOptimizer::save(torch::serialize::OutputArchive& archive) const {
-  // An empty range (more ranks than elements) has no optimizer and no state.
-  if (local_) local_->save(archive);
+std::vector<std::string> ShardedOptimizer::shard_names(const std::vector<std::string>& param_names) const {
+  GA_CHECK(param_names.size() == all_.size(), "the sharded optimizer has {} parameters, not {}",
+           all_.size(), param_names.size());
+  std::vector<std::string> names;
+  for (const auto& piece : pieces_) {
+    names.push_back(fmt::format("{}[{}:{}]", param_names[piece.param], piece.begin, piece.end));
+  }
+  return names;
 }
 
-void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
-  if (local_) local_->load(archive);
+optim::NamedStateTensors named_optimizer_state(const torch::optim::Optimizer& optimizer,
+                                               const std::vector<std::string>& param_names) {
+  if (const auto* sharded = dynamic_cast<const ShardedOptimizer*>(&optimizer)) {
+    if (sharded->shard_optimizer() == nullptr) return {};
+    return optim::optimizer_state(*sharded->shard_optimizer(), sharded->shard_names(param_names));
+  }
+  return optim::optimizer_state(optimizer, param_names);
+}
+
+void load_named_optimizer_state(torch::optim::Optimizer& optimizer,
+                                const std::vector<std::string>& param_names,
+                                const optim::NamedStateTensors& state, const std::string& what) {
+  if (auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
+    if (sharded->shard_optimizer() == nullptr) {
+      GA_CHECK(state.empty(), "{}: optimizer state for a rank that owns no parameters", what);
+      return;
+    }
+    optim::load_optimizer_state(*sharded->shard_optimizer(), sharded->shard_names(param_names),
+                                state, what);
+    return;
+  }
+  optim::load_optimizer_state(optimizer, param_names, state, what);
 }
 
 }  // namespace gradaccum::dist

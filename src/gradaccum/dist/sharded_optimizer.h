@@ -13,9 +13,11 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gradaccum/optim/optimizer_factory.h"
+#include "gradaccum/optim/optimizer_state.h"
 
 namespace gradaccum::dist {
 
@@ -40,9 +42,12 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
   // of the whole model. The number ZeRO-1's memory saving comes from.
   int64_t state_elements() const;
 
-  // This rank's shard of the state (each rank saves and loads its own).
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
+  // The optimizer that steps this rank's range (nullptr when the range is empty): its state is
+  // the rank's shard, which each rank saves and loads itself.
+  torch::optim::Optimizer* shard_optimizer() const { return local_.get(); }
+  // The names of shard_optimizer()'s parameters, "<param>[begin:end]" (elements of the flattened
+  // parameter), given the names of the parameters this optimizer was built with.
+  std::vector<std::string> shard_names(const std::vector<std::string>& param_names) const;
 
  private:
   // A piece of one parameter inside this rank's range.
@@ -60,5 +65,14 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
   std::vector<Piece> pieces_;
   std::unique_ptr<torch::optim::Optimizer> local_;
 };
+
+// optim::optimizer_state of the optimizer a trainer holds: a ShardedOptimizer's shard under
+// shard_names(), any other optimizer under `param_names` (its parameters' names, in order).
+optim::NamedStateTensors named_optimizer_state(const torch::optim::Optimizer& optimizer,
+                                               const std::vector<std::string>& param_names);
+// optim::load_optimizer_state into either kind, named as named_optimizer_state() names it.
+void load_named_optimizer_state(torch::optim::Optimizer& optimizer,
+                                const std::vector<std::string>& param_names,
+                                const optim::NamedStateTensors& state, const std::string& what);
 
 }  // namespace gradaccum::dist

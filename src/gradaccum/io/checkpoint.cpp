@@ -74,7 +74,7 @@ std::pair<uint64_t, uint32_t> file_size_and_crc32(const fs::path& path) {
 }
 
 std::string optimizer_file(bool per_rank, int64_t rank) {
-  return per_rank ? fmt::format("optimizer-rank{}.pt", rank) : std::string("optimizer.pt");
+  return per_rank ? fmt::format("optimizer-rank{}.safetensors", rank) : std::string("optimizer.safetensors");
 }
 
 // Step K of a directory named step-K, or -1.
@@ -167,8 +167,8 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
   barrier();
 
   if (c.optimizer_per_rank || rank0) {
-    GA_CHECK(c.optimizer != nullptr, "checkpoint: rank {} has no optimizer state to save", options_.rank);
-    save_optimizer(*c.optimizer, (tmp / optimizer_file(c.optimizer_per_rank, options_.rank)).string());
+    GA_CHECK(c.optimizer.has_value(), "checkpoint: rank {} has no optimizer state to save", options_.rank);
+    save_safetensors((tmp / optimizer_file(c.optimizer_per_rank, options_.rank)).string(), *c.optimizer);
   }
   if (rank0) {
     save_safetensors((tmp / kModel).string(), c.model);
@@ -259,9 +259,12 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
     throw Error(fmt::format("{}: not valid JSON (corrupt checkpoint)", what(kManifest)));
   }
   const auto version = field<int64_t>(manifest, "format_version", what(kManifest));
-  GA_CHECK(version == kCheckpointFormatVersion || version == 2,
-           "{}: format version {} is not supported (this build reads versions 2 and {})",
-           what(kManifest), version, kCheckpointFormatVersion);
+  GA_CHECK(version == kCheckpointFormatVersion,
+           "{}: format version {} is not supported (this build reads version {} only{})",
+           what(kManifest), version, kCheckpointFormatVersion,
+           version < kCheckpointFormatVersion
+               ? "; versions before 4 hold the optimizer state in a libtorch 1.13 archive"
+               : "");
   const auto files = field<nlohmann::json>(manifest, "files", what(kManifest));
   GA_CHECK(files.is_object(), "{}: 'files' is not an object", what(kManifest));
 
@@ -335,19 +338,15 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
     if (name == "rng.cpu") loaded.rng_state = tensor;
   }
   if (p.micro_step > 0) {
-    // The window's sums: format 2 kept rank 0's (the only rank that could
-    // stop inside a window) in state.safetensors under "partial."; format 3
-    // keeps each rank's in its own file, with its own micro-step.
+    // The window's sums: each rank's in its own file, with its own micro-step.
     auto& partial = loaded.state.partial;
-    const bool own_file = version >= 3;
-    const std::string file = own_file ? window_file(rank) : std::string(kStateTensors);
-    const std::string prefix = own_file ? "" : "partial.";
-    const auto tensors = own_file ? parse_safetensors(need(file), what(file.c_str())) : state_tensors;
+    const std::string file = window_file(rank);
+    const auto tensors = parse_safetensors(need(file), what(file.c_str()));
     const auto where = what(file.c_str());
-    int64_t grad_count = own_file ? -1 : field<int64_t>(ts, "partial_grads", ts_what);
+    int64_t grad_count = -1;
     for (const auto& [name, tensor] : tensors) {
-      if (name == prefix + "totals") partial.totals = tensor;
-      if (own_file && (name == "micro_step" || name == "grad_count")) {
+      if (name == "totals") partial.totals = tensor;
+      if (name == "micro_step" || name == "grad_count") {
         GA_CHECK(tensor.scalar_type() == torch::kLong && tensor.numel() == 1,
                  "{}: '{}' is not one int64", where, name);
         (name == "micro_step" ? p.micro_step : grad_count) = tensor.item<int64_t>();
@@ -359,7 +358,7 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
     GA_CHECK(grad_count >= 0 && p.micro_step > 0, "{}: the partial window's {} is missing or negative",
              where, grad_count < 0 ? "grad_count" : "micro_step");
     partial.grads.resize(static_cast<size_t>(grad_count));
-    const auto grad_prefix = prefix + "grad.";
+    const std::string grad_prefix = "grad.";
     for (const auto& [name, tensor] : tensors) {
       if (name.rfind(grad_prefix, 0) != 0) continue;
       const auto digits = name.substr(grad_prefix.size());
@@ -372,44 +371,9 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
     }
   }
   loaded.model = parse_safetensors(need(kModel), what(kModel));
-  loaded.optimizer = need(optimizer_file(per_rank, rank));
+  const auto optimizer = optimizer_file(per_rank, rank);
+  loaded.optimizer = parse_safetensors(need(optimizer), what(optimizer.c_str()));
   return loaded;
-}
-
-std::string serialize_optimizer(const torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void save_optimizer(const torch::optim::Optimizer& optimizer, const std::string& path) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  try {
-    archive.save_to(path);
-  } catch (const c10::Error& e) {
-    const std::string message = e.what_without_backtrace();
-    throw Error(fmt::format("{}: cannot write the optimizer state: {}", path,
-                            message.substr(0, message.find('\n'))));
-  }
-  fsync_file(path);
-}
-
-void deserialize_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes,
-                           const std::string& what) {
-  try {
-    std::istringstream in(bytes);
-    torch::serialize::InputArchive archive;
-    archive.load_from(in);
-    optimizer.load(archive);
-  } catch (const c10::Error& e) {
-    // libtorch's message spans many lines; its first one says what failed.
-    const std::string message = e.what_without_backtrace();
-    throw Error(fmt::format("{}: optimizer state does not fit this optimizer ({})", what,
-                            message.substr(0, message.find('\n'))));
-  }
 }
 
 }  // namespace gradaccum::io

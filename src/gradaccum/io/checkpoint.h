@@ -1,11 +1,12 @@
 // Training checkpoints: `output_dir/checkpoints/step-K/`, one directory per
 // saved step, that a reader either sees complete or not at all.
 //
-// Layout (format version 3):
+// Layout (format version 4):
 //   model.safetensors        the weights (HF names where the model has them)
 //   config.json              the model's HF config, where it has one
-//   optimizer.pt             optimizer state (libtorch archive); under ZeRO-1
-//                            one optimizer-rank<R>.pt per rank
+//   optimizer.safetensors    optimizer state under parameter names
+//                            (optim/optimizer_state.h); under ZeRO-1 one
+//                            optimizer-rank<R>.safetensors per rank, its shard
 //   state.safetensors        tensors of the loop: the CPU RNG state
 //   window-rank<R>.safetensors  only for a window interrupted by preemption:
 //                            rank R's micro-steps done (micro_step), gradient
@@ -32,6 +33,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,17 +43,19 @@
 
 namespace gradaccum::io {
 
-// 2: schedule_step, loss_scaler; 3: the partial window per rank (2 is still read).
-inline constexpr int kCheckpointFormatVersion = 3;
+// 2: schedule_step, loss_scaler; 3: the partial window per rank; 4: the optimizer state in
+// safetensors under parameter names (before: a libtorch 1.13 archive keyed by pointer). Only the
+// current version is read.
+inline constexpr int kCheckpointFormatVersion = 4;
 
 // What one rank contributes to a checkpoint.
 struct CheckpointContents {
   core::TrainingState state;
   NamedTensors model;          // rank 0 only (every rank holds the same weights)
   nlohmann::json model_config;  // null: no config.json
-  // Written straight into its file (no in-memory copy of the state) by the
-  // ranks that save one: rank 0, or every rank under ZeRO-1.
-  const torch::optim::Optimizer* optimizer = nullptr;
+  // The optimizer state (optim::optimizer_state: the tensors themselves, not copies), written
+  // by the ranks that save one: rank 0, or every rank under ZeRO-1.
+  std::optional<NamedTensors> optimizer;
   bool optimizer_per_rank = false;  // ZeRO-1: every rank saves its own shard
   std::string resolved_config;  // the run's YAML
   uint64_t seed = 0;
@@ -62,7 +66,7 @@ struct LoadedCheckpoint {
   std::string directory;
   core::TrainingState state;
   NamedTensors model;
-  std::string optimizer;
+  NamedTensors optimizer;  // this rank's optimizer state file (optim::load_optimizer_state)
   torch::Tensor rng_state;  // the CPU generator's state (uint8)
   std::string resolved_config;
   uint64_t seed = 0;
@@ -100,13 +104,5 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
 // Reads and verifies (manifest checksums, format version) rank `rank`'s view of
 // a checkpoint. Every problem is a one-line gradaccum::Error naming the file.
 LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank);
-
-// libtorch optimizer state to and from bytes.
-std::string serialize_optimizer(const torch::optim::Optimizer& optimizer);
-// The same archive written to `path` as it is produced (the state is not
-// copied into memory first), then fsynced.
-void save_optimizer(const torch::optim::Optimizer& optimizer, const std::string& path);
-void deserialize_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes,
-                           const std::string& what);
 
 }  // namespace gradaccum::io
