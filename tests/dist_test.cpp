@@ -55,6 +55,10 @@ TEST(DistEnvironment, TorchrunMpirunAndNone) {
   EXPECT_EQ(torchrun.local_world_size, 2);
   EXPECT_EQ(torchrun.master_addr, "10.1.2.3");
   EXPECT_EQ(torchrun.master_port, 29400);
+  EXPECT_FALSE(torchrun.agent_store);
+  EXPECT_TRUE(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"},
+                      {"TORCHELASTIC_USE_AGENT_STORE", "True"}})
+                  .agent_store);
   auto mpi = env_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                      {"MASTER_PORT", "29500"}});
@@ -107,6 +111,38 @@ TEST(DataParallel, TwoRanksTimesTwoStepsEqualsOneRankAndTheFullBatch) {
         EXPECT_NEAR(b[key].get<double>(), a[key].get<double>(), 1e-10 * std::abs(a[key].get<double>()))
             << key << " case " << k << " step " << i;
       }
+    }
+  }
+  fs::remove_all(root);
+}
+
+// The venv's torchrun (scripts/setup.sh) starting two ranks of the program gives, step by step,
+// what --nproc 2 gives (float64). torchrun serves the store itself
+// (TORCHELASTIC_USE_AGENT_STORE), so no rank may bind MASTER_PORT.
+TEST(DataParallel, TorchrunTwoRanksEqualNproc2PerStep) {
+  const char* venv_env = std::getenv("GRADACCUM_VENV");
+  const std::string torchrun =
+      std::string(venv_env != nullptr && *venv_env != '\0' ? venv_env : "/opt/gradaccum/venv") + "/bin/torchrun";
+  ASSERT_TRUE(fs::exists(torchrun)) << torchrun << " is missing: run scripts/setup.sh";
+  const auto root = make_temp_dir("dp-torchrun");
+  const std::string args = kRun + " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=2";
+  const auto r = run_cli(args + " --nproc 2 --set output_dir=" + root + "/nproc");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string port = std::to_string(20000 + (getpid() + 13) % 20000);
+  const auto command = torchrun + " --nproc-per-node 2 --master-port " + port + " --no-python " +
+                       GRADACCUM_CLI + " " + args + " --set output_dir=" + root + "/torchrun > " +
+                       root + "/torchrun.log 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << read_text(root + "/torchrun.log");
+  const auto a = step_lines(root + "/nproc");
+  const auto b = step_lines(root + "/torchrun");
+  ASSERT_EQ(a.size(), 11u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i]["world_size"], 2) << "step " << i;
+    EXPECT_EQ(b[i]["items"], a[i]["items"]) << "step " << i;
+    for (const char* key : {"loss", "grad_norm", "weight_norm"}) {
+      EXPECT_NEAR(b[i][key].get<double>(), a[i][key].get<double>(), 1e-10 * std::abs(a[i][key].get<double>()))
+          << key << " step " << i;
     }
   }
   fs::remove_all(root);

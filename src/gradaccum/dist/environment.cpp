@@ -1,6 +1,7 @@
 #include "gradaccum/dist/environment.h"
 
 #include <cstdlib>
+#include <string_view>
 
 #include "gradaccum/core/check.h"
 
@@ -38,6 +39,11 @@ DistEnvironment read_environment(const EnvLookup& lookup) {
   } else {
     GA_CHECK(!env.distributed(), "environment variable MASTER_PORT is not set ({} = {})", size_name,
              env.world_size);
+  }
+  // torchrun's agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT and says so; every
+  // rank then joins it as a client (rank 0 would otherwise fail to bind the port).
+  if (const char* agent = get("TORCHELASTIC_USE_AGENT_STORE")) {
+    env.agent_store = std::string_view(agent) == "True" || std::string_view(agent) == "1";
   }
   return env;
 }

@@ -19,6 +19,8 @@ struct DistEnvironment {
   int64_t local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // TORCHELASTIC_USE_AGENT_STORE: the launcher (torchrun) serves the store; no rank hosts it.
+  bool agent_store = false;
 
   bool distributed() const { return world_size > 1; }
 };

@@ -81,7 +81,7 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
 Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout, c10::Device device) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(env.master_port);
-  options.isServer = env.rank == 0;
+  options.isServer = env.rank == 0 && !env.agent_store;
   options.numWorkers = static_cast<size_t>(env.world_size);
   options.waitWorkers = true;
   options.timeout = timeout;
