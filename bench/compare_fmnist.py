@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """gradaccum train vs the Python PyTorch loop on the default Fashion-MNIST CNN run.
 
 For each decomposition b x N of the global batch 64, runs `gradaccum train` (the default
@@ -11,7 +11,7 @@ of step S), peak RSS (getrusage ru_maxrss) and the ratios gradaccum / Python.
 Before timing anything it checks that the Python peer draws the same data order as the
 engine (bench/window_order prints the engine's epoch permutations).
 
-  /usr/bin/python3 bench/compare_fmnist.py [--build build-bench] [--runs 5] [--max-steps 40]
+  /opt/gradaccum/venv/bin/python bench/compare_fmnist.py [--build build-bench] [--runs 5] [--max-steps 40]
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """Language-model throughput: gradaccum (bench/lm_throughput) vs the Python loop (bench/py/lm_throughput.py).
 
 Runs `--runs` processes of each program alternately (which goes first alternates per round).
@@ -15,7 +15,7 @@ Markdown table of medians and [min–max] ranges over processes.
 `--mixed-precision bf16` passes the same flag to both programs (forward and loss under bfloat16
 autocast, GEMM peak measured in bfloat16).
 
-  /usr/bin/python3 bench/compare_lm.py [--build build-bench] [--runs 3] [--threads 2]
+  /opt/gradaccum/venv/bin/python bench/compare_lm.py [--build build-bench] [--runs 3] [--threads 2]
       [--steps 10] [--warmup-steps 2] [--mixed-precision no|bf16] [--max-load 1.5] [--max-busy 0.3]
       [--max-wait 900] [--profile-runs 1]
 """

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """Seed 000's MLP micro-step benchmark: gradaccum vs the same loop on raw libtorch vs Python.
 
 Alternates `--runs` processes of bench/mlp_microstep (the engine on models::GeluMlp, the fused
@@ -7,7 +7,7 @@ bench/mlp_microstep --raw (the loop written directly against libtorch's layers, 
 bench/py/mlp_microstep.py (the Python loop), each under `flock` on the shared benchmark lock, and prints the medians over
 processes of each process's median microseconds per micro-step.
 
-  /usr/bin/python3 bench/compare_mlp.py [--build build-bench] [--runs 5] [--threads 1]
+  /opt/gradaccum/venv/bin/python bench/compare_mlp.py [--build build-bench] [--runs 5] [--threads 1]
 """
 import argparse
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Writes the hand-made seed inputs of fuzz/corpus/ (run from the repository root:
-# /usr/bin/python3 fuzz/gen_seeds.py). Seeds only give the fuzzer a start; a
+# /opt/gradaccum/venv/bin/python fuzz/gen_seeds.py). Seeds only give the fuzzer a start; a
 # crashing input found later is added next to them by hand as a regression.
 import json
 import os

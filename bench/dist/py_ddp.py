@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """The Python PyTorch peer of `gradaccum train` in data parallel: DistributedDataParallel
 on Gloo with gradient accumulation.
 
@@ -23,8 +23,8 @@ only during the last backward (what the DDP docs recommend for accumulation).
 
 Launched like torchrun would, one process per rank, with RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT (and GLOO_SOCKET_IFNAME) in the environment:
-  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 /usr/bin/python3 bench/dist/py_ddp.py --output m.jsonl &
-  RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 /usr/bin/python3 bench/dist/py_ddp.py
+  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 /opt/gradaccum/venv/bin/python bench/dist/py_ddp.py --output m.jsonl &
+  RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 /opt/gradaccum/venv/bin/python bench/dist/py_ddp.py
 Rank 0 writes one JSON object per optimizer step to --output, with the fields gradaccum's
 metrics.jsonl uses (step, loss, step_time_s, allreduce_calls, allreduce_bytes, world_size).
 allreduce_bytes is computed (gradient bytes x all-reducing backwards per step, what DDP's

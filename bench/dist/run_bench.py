@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """Data parallel, deferred vs per-micro-step gradient synchronization: gradaccum against
 Python DDP (bench/dist/py_ddp.py), W = 2 ranks, N accumulation steps, one thread per rank.
 
@@ -15,13 +15,13 @@ Runs alternate: each repetition goes through every link, and within a link throu
 /tmp/gradaccum-bench.lock. Reported: the median of step_time_s over all steps after the
 warm-up of all repetitions, the range of the per-run medians, and bytes all-reduced per step.
 
-  /usr/bin/python3 bench/dist/run_bench.py --bin build-dist/gradaccum --reps 3
+  /opt/gradaccum/venv/bin/python bench/dist/run_bench.py --bin build-dist/gradaccum --reps 3
 
 Models: --model mlp (default) is the MLP on Fashion-MNIST above; --model gpt is the 3.3M-parameter
 GPT-2 of issue 4 on random token ids (gradaccum: bench/dist/gpt-3m.yaml; Python: py_ddp.py
 --model gpt), micro-batch 2 and N = 8 unless --micro-batch / --accum say otherwise:
 
-  /usr/bin/python3 bench/dist/run_bench.py --bin build-dist/gradaccum --model gpt --links lo --reps 3
+  /opt/gradaccum/venv/bin/python bench/dist/run_bench.py --bin build-dist/gradaccum --model gpt --links lo --reps 3
 """
 import argparse
 import json
@@ -78,10 +78,10 @@ def our_args(a, mode, out_dir):
 
 def py_args(a, mode, out_file):
     if a.model == "gpt":
-        return ["/usr/bin/python3", PY_DDP, "--model", "gpt", "--micro-batch", str(a.micro_batch),
+        return ["/opt/gradaccum/venv/bin/python", PY_DDP, "--model", "gpt", "--micro-batch", str(a.micro_batch),
                 "--accum", str(a.accum), "--max-steps", str(a.max_steps), "--mode", mode,
                 "--threads", "1", "--bucket-cap-mb", "25", "--output", out_file]
-    return ["/usr/bin/python3", PY_DDP, "--micro-batch", str(a.micro_batch), "--accum", str(a.accum),
+    return ["/opt/gradaccum/venv/bin/python", PY_DDP, "--micro-batch", str(a.micro_batch), "--accum", str(a.accum),
             "--max-steps", str(a.max_steps), "--hidden", a.hidden, "--mode", mode,
             "--train-limit", str(a.train_limit), "--threads", "1", "--bucket-cap-mb", "25",
             "--output", out_file]
@@ -146,9 +146,9 @@ def link_check(rate, size_mb=200):
             "print(n*8/(time.time()-t)/1e9)")
     send = (f"import socket,time;time.sleep(0.5);s=socket.create_connection(('10.213.0.1',29599));"
             f"b=bytes(1<<20)\nfor _ in range({size_mb}): s.sendall(b)\ns.close()")
-    r = subprocess.Popen(["ip", "netns", "exec", "ga0", "/usr/bin/python3", "-c", recv],
+    r = subprocess.Popen(["ip", "netns", "exec", "ga0", "/opt/gradaccum/venv/bin/python", "-c", recv],
                          stdout=subprocess.PIPE, text=True)
-    subprocess.run(["ip", "netns", "exec", "ga1", "/usr/bin/python3", "-c", send], check=True)
+    subprocess.run(["ip", "netns", "exec", "ga1", "/opt/gradaccum/venv/bin/python", "-c", send], check=True)
     out, _ = r.communicate(timeout=120)
     return float(out.strip())
 

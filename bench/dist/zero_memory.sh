@@ -30,7 +30,7 @@ for stage in 0 1; do
     --set data.max_length=16 --set data.train_limit=256 --set data.eval_limit=-1 --set sample.prompt= \
     --set per_device_train_batch_size=1 --set gradient_accumulation_steps=2 --set max_steps=3 \
     --set output_dir="$out" > "$out.log" 2>&1 || { echo "zero_stage $stage failed:"; tail -3 "$out.log"; exit 1; }
-  /usr/bin/python3 - "$out" "$stage" <<'PY'
+  /opt/gradaccum/venv/bin/python - "$out" "$stage" <<'PY'
 import json, sys
 out, stage = sys.argv[1], sys.argv[2]
 steps = [json.loads(l) for l in open(out + "/metrics.jsonl")]

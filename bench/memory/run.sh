@@ -39,7 +39,7 @@ run() {
   flock "$LOCK" "$bin" train "$config" --set gradient_accumulation_steps="$n" --set max_steps="$steps" \
     --set threads="$THREADS" --set data.eval_limit=-1 --set sample.prompt= --set save_steps=0 \
     --set output_dir="$out" "$@" > "$out.log" 2>&1 || { echo "$name failed:"; tail -3 "$out.log"; return 1; }
-  /usr/bin/python3 - "$out/metrics.jsonl" "$name" "$n" "$*" <<'PY'
+  /opt/gradaccum/venv/bin/python - "$out/metrics.jsonl" "$name" "$n" "$*" <<'PY'
 import json, sys
 steps = [json.loads(l) for l in open(sys.argv[1])]
 steps = [s for s in steps if "loss" in s]

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """A Linear layer on [batch, time, features]: matmul + bias add vs one addmm (models/linear.h).
 
 libtorch 1.13's C++ frontend (torch::nn::Linear) computes a 3-D Linear as matmul(x, Wᵀ)
@@ -8,7 +8,7 @@ clears C (sgemm_beta) and the separate bias pass. Both are timed here on the for
 shapes of bench/lm_throughput's GPT-2 (8 × 128 tokens, n_embd 192), alternating, as the
 median of `--repeats` calls each; both use the same libtorch and system BLAS as gradaccum.
 
-  /usr/bin/python3 bench/py/linear_bias_fusion.py [--threads 2] [--repeats 200]
+  /opt/gradaccum/venv/bin/python bench/py/linear_bias_fusion.py [--threads 2] [--repeats 200]
 """
 import argparse
 import statistics

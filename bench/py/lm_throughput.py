@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """Language-model throughput, the Python PyTorch loop (issue 3, item 7, fp32 and bf16).
 
 The peer of bench/lm_throughput.cpp: the same GPT-2 written in plain torch (vocab 8192,
@@ -10,7 +10,7 @@ micro-batch 8 x N = 4 in the standard accumulation loop: per micro-step
 loss = mean cross-entropy of the shifted tokens / N, backward; every N micro-steps
 clip_grad_norm_(1.0), AdamW (lr 1e-3, cosine schedule), zero_grad(set_to_none=True).
 
-  /usr/bin/python3 bench/py/lm_throughput.py [--threads 2] [--warmup-steps 2] [--steps 10]
+  /opt/gradaccum/venv/bin/python bench/py/lm_throughput.py [--threads 2] [--warmup-steps 2] [--steps 10]
       [--mixed-precision no|bf16]
 
 --mixed-precision bf16: the forward and the loss run under torch.autocast("cpu",

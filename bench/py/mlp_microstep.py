@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """Seed 000's MLP micro-step benchmark, the Python PyTorch loop.
 
 The peer of bench/mlp_microstep.cpp: Linear(16, 32) -> GELU -> Linear(32, 1) on an
@@ -7,7 +7,7 @@ steps; per micro-step: fetch (index_select), forward, squared-error sum, backwar
 sum / 16 (the window's item count); every 16 micro-steps: clip at 1.0, AdamW step
 (lr 1e-3, cosine schedule), zero_grad(set_to_none=True).
 
-  /usr/bin/python3 bench/py/mlp_microstep.py [--threads 1] [--warmup-steps 20] [--repeats 7] [--steps 50]
+  /opt/gradaccum/venv/bin/python bench/py/mlp_microstep.py [--threads 1] [--warmup-steps 20] [--repeats 7] [--steps 50]
 
 Prints one JSON line; us_per_micro_step is the median over `repeats` timed blocks of
 `steps` optimizer steps each, after `warmup-steps` untimed steps.

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """The Python PyTorch peer of `gradaccum train` with the default configuration.
 
 Same model (small_cnn: conv3x3 32/64 without bias, GroupNorm(8), ReLU, MaxPool2d(2),
@@ -9,8 +9,8 @@ same decomposition (window k = permutation[kB, (k+1)B), cut into micro-batches o
 same math (loss = sum of cross-entropy over the window / samples in the window,
 AdamW lr 2e-3 with a cosine schedule over the run's steps, clipping at 1.0).
 
-Run with Debian's interpreter (/usr/bin/python3), which has python3-torch:
-  /usr/bin/python3 bench/py/train_fmnist.py --micro-batch 16 --accum 4 --max-steps 60 --threads 2
+Run with the venv's interpreter (scripts/setup.sh), which has torch:
+  /opt/gradaccum/venv/bin/python bench/py/train_fmnist.py --micro-batch 16 --accum 4 --max-steps 60 --threads 2
 Prints one JSON line; samples_per_s counts only the steps after --warmup-steps.
 """
 import argparse

@@ -5,7 +5,7 @@
 //
 //   gcc -O2 -shared -fPIC bench/sgemm_log/sgemm_log.c -o /tmp/sgemm_log.so -ldl -lpthread
 //   SGEMM_LOG=/tmp/sgemm.txt LD_PRELOAD=/tmp/sgemm_log.so build/bench/lm_throughput --steps 8
-//   /usr/bin/python3 bench/sgemm_log/summarize.py /tmp/sgemm.txt
+//   /opt/gradaccum/venv/bin/python bench/sgemm_log/summarize.py /tmp/sgemm.txt
 //
 // libtorch calls the Fortran symbol sgemm_ of libblas.so.3 (column-major
 // arguments: a row-major y = x·Wᵀ is "TN" with m = out, n = rows, k = in).

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """Sums an sgemm_log.c log of bench/lm_throughput over its training micro-steps.
 
 The window runs from the first LM-head forward GEMM ("TN" with m = vocab) to the last LM-head
@@ -7,7 +7,7 @@ out; micro-steps are counted by LM-head forwards (one chunk per micro-batch, the
 Prints wall and GEMM milliseconds per micro-step, then GEMM time per shape and beta; products
 under `--small` multiply-adds are pooled (attention's per-head blocks).
 
-  /usr/bin/python3 bench/sgemm_log/summarize.py LOG [--vocab 8192] [--small 33554432]
+  /opt/gradaccum/venv/bin/python bench/sgemm_log/summarize.py LOG [--vocab 8192] [--small 33554432]
 """
 import argparse
 from collections import defaultdict

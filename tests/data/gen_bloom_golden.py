@@ -1,6 +1,6 @@
-#!/usr/bin/python3
-"""@generated golden values for tests/bloom_test.cpp — rerun with Debian's
-python3-torch: /usr/bin/python3 tests/data/gen_bloom_golden.py
+#!/opt/gradaccum/venv/bin/python
+"""@generated golden values for tests/bloom_test.cpp — generated with Debian's
+python3-torch (torch 1.13); rerun with the venv's: /opt/gradaccum/venv/bin/python tests/data/gen_bloom_golden.py
 
 BLOOM's forward (HF modeling_bloom, re-implemented here in plain torch from its
 definition; transformers is not needed) in float64 for a tiny config with a

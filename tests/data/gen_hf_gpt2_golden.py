@@ -1,6 +1,6 @@
-#!/usr/bin/python3
-"""@generated golden files for tests/hf_checkpoint_test.cpp — rerun with Debian's
-python3-torch: /usr/bin/python3 tests/data/gen_hf_gpt2_golden.py
+#!/opt/gradaccum/venv/bin/python
+"""@generated golden files for tests/hf_checkpoint_test.cpp — generated with Debian's
+python3-torch (torch 1.13); rerun with the venv's: /opt/gradaccum/venv/bin/python tests/data/gen_hf_gpt2_golden.py
 
 An implementation independent of the C++ one: a tiny GPT-2 checkpoint in Hugging
 Face's own layout and the logits of HF's GPT-2 forward, re-implemented here in

@@ -1,6 +1,6 @@
-#!/usr/bin/python3
-"""@generated golden values for tests/seed000_test.cpp — rerun with Debian's
-python3-torch: /usr/bin/python3 tests/data/gen_seed000_golden.py
+#!/opt/gradaccum/venv/bin/python
+"""@generated golden values for tests/seed000_test.cpp — generated with Debian's
+python3-torch (torch 1.13); rerun with the venv's: /opt/gradaccum/venv/bin/python tests/data/gen_seed000_golden.py
 
 Seed 000's experiment in float64: the 16→32→GELU→1 MLP (and its BatchNorm1d
 variant) on a batch of 8, MSE loss. Writes the weights, the batch, the full-batch

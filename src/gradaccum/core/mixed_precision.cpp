@@ -33,7 +33,8 @@ torch::ScalarType autocast_dtype(MixedPrecision precision) {
 
 bool uses_autocast(MixedPrecision precision, const torch::Device& device) {
   if (precision == MixedPrecision::none) return false;
-  // CPU autocast in libtorch 1.13 accepts bfloat16 only; fp16 is emulated there.
+  // fp16 on the CPU is emulated (mixed_precision.h): libtorch 2.x autocasts it, but its CPU
+  // fp16 GEMM is a ~20x slower fallback without AVX512-FP16 (docs/mixed_precision.md).
   return !(precision == MixedPrecision::fp16 && device.is_cpu());
 }
 

@@ -10,9 +10,9 @@
 //   bf16: autocast to bfloat16 (CPU and CUDA). bfloat16 has float32's exponent
 //         range, so no loss scaling is needed.
 //   fp16: autocast to float16 on CUDA, with a dynamic loss scaler
-//         (optim/loss_scaler.h). libtorch 1.13 on CPU has neither fp16 autocast
-//         (it accepts bfloat16 only) nor fp16 GEMM kernels; there fp16 is
-//         emulated: the forward runs in float32 and every micro-step's
+//         (optim/loss_scaler.h). On the CPU fp16 is emulated (written for
+//         libtorch 1.13, which had no CPU fp16 autocast; 2.x has it, but with a
+//         ~20x slower fp16 GEMM on CPUs without AVX512-FP16): the forward runs in float32 and every micro-step's
 //         (scaled) parameter gradient is rounded to float16 before it is added
 //         to the fp32 buffer — the cast CUDA autocast performs at exactly that
 //         point. That reproduces fp16's range (overflow to inf, flush to zero:

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/opt/gradaccum/venv/bin/python
 """Writes corpus.txt, the varied text TokenizerReference compares against tiktoken.
 
-    /usr/bin/python3 tests/data/tokenizer/gen_corpus.py   (needs `bible`: Debian's bible-kjv)
+    /opt/gradaccum/venv/bin/python tests/data/tokenizer/gen_corpus.py   (needs `bible`: Debian's bible-kjv)
 
 Lines: KJV verses (Genesis 1-3, Psalm 23, John 1), hand-written lines in many
 scripts, then seeded random mixtures of letters, digits, punctuation, emoji,
