@@ -1,9 +1,9 @@
-#!/opt/gradaccum/venv/bin/python
+#!/usr/bin/python3
 """Writes src/gradaccum/data/unicode_tables.cpp: the code point classes that
 GPT-2's pre-tokenizer regex distinguishes (\\s, \\p{L}, \\p{N}, everything else).
 
 Run with Debian's interpreter so the output is reproducible:
-    /opt/gradaccum/venv/bin/python scripts/gen_unicode_tables.py
+    /usr/bin/python3 scripts/gen_unicode_tables.py
 
 Classes:
   kSpace  -- JavaScript's \\s (the reference tokenizer, gpt-3-encoder, is JS):

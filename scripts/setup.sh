@@ -29,7 +29,7 @@ done
 # The venv needs a Python 3.11 with venv and pip; Debian's needs python3-venv for that.
 python="${GRADACCUM_PYTHON:-python3}"
 if [[ ! -x "$venv/bin/python" ]] && ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
-  python=/opt/gradaccum/venv/bin/python
+  python=/usr/bin/python3
   dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q 'install ok installed' ||
     missing+=(python3-venv)
 fi
