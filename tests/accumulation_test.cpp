@@ -242,37 +242,11 @@ TEST(GraphLifetime, EachMicroStepsGraphIsFreedBeforeTheNextMicroStep) {
   }
 }
 
-// Per-step loss and grad norm, and the final weights, for one decomposition.
-struct Trajectory {
-  std::vector<double> loss, grad_norm;
-  torch::Tensor weights;
-};
+using gradaccum::testing::Trajectory;
 
+// 60 samples, 12 steps of seed 000's MLP (test_support.h).
 Trajectory train_mlp(int64_t b, int64_t n, int64_t samples, int64_t steps) {
-  torch::manual_seed(0);
-  auto x = torch::randn({samples, 16}, torch::kDouble);
-  auto y = torch::randn({samples, 1}, torch::kDouble);
-  TensorDataset data(x, y);
-  torch::manual_seed(1);
-  models::Regressor model(models::seed000_mlp());
-  core::TrainerOptions o;
-  o.per_device_train_batch_size = b;
-  o.gradient_accumulation_steps = n;
-  o.max_steps = steps;
-  o.optimizer.learning_rate = 1e-2;
-  o.max_grad_norm = 0.5;  // active: the first steps are clipped
-  o.warmup_steps = 2;
-  o.dtype = torch::kDouble;
-  Collect collect;
-  core::Trainer trainer(o, model, data, nullptr, collect);
-  trainer.run();
-  Trajectory t;
-  for (const auto& r : collect.steps) {
-    t.loss.push_back(r.loss);
-    t.grad_norm.push_back(r.grad_norm);
-  }
-  t.weights = gradaccum::testing::flat_params(model.module());
-  return t;
+  return gradaccum::testing::train_seed000_mlp(b, n, samples, steps);
 }
 
 TEST(Decomposition, SameTrajectoryForEverySplitOfTheGlobalBatch) {

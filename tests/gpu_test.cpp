@@ -9,12 +9,9 @@
 #include <string>
 #include <thread>
 
-#include "gradaccum/core/trainer.h"
 #include "gradaccum/dist/process_group.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
-#include "gradaccum/models/networks.h"
-#include "gradaccum/models/tasks.h"
 #include "padded_batches.h"
 #include "test_support.h"
 #include "tiny_decoders.h"
@@ -22,7 +19,6 @@
 namespace {
 
 using namespace gradaccum;
-using gradaccum::testing::TensorDataset;
 
 // "" when a CUDA device can run these tests, else why not.
 std::string cuda_unavailable() {
@@ -41,45 +37,12 @@ std::string cuda_unavailable() {
     }                                                                  \
   } while (false)
 
-class Collect final : public core::TrainingObserver {
- public:
-  void on_step(const core::StepRecord& r) override { steps.push_back(r); }
-  std::vector<core::StepRecord> steps;
-};
-
-struct Trajectory {
-  std::vector<double> loss, grad_norm;
-  torch::Tensor weights;
-};
+using gradaccum::testing::Trajectory;
 
 // Seed 000's MLP in float64 on `device`, b × n over 60 samples for 12 steps (crossing the
 // epoch's partial window), as tests/accumulation_test.cpp trains it on the CPU.
 Trajectory train_mlp(const torch::Device& device, int64_t b, int64_t n) {
-  torch::manual_seed(0);
-  auto x = torch::randn({60, 16}, torch::kDouble);
-  auto y = torch::randn({60, 1}, torch::kDouble);
-  TensorDataset data(x, y);
-  torch::manual_seed(1);
-  models::Regressor model(models::seed000_mlp());
-  core::TrainerOptions o;
-  o.per_device_train_batch_size = b;
-  o.gradient_accumulation_steps = n;
-  o.max_steps = 12;
-  o.optimizer.learning_rate = 1e-2;
-  o.max_grad_norm = 0.5;
-  o.warmup_steps = 2;
-  o.dtype = torch::kDouble;
-  o.device = device;
-  Collect collect;
-  core::Trainer trainer(o, model, data, nullptr, collect);
-  trainer.run();
-  Trajectory t;
-  for (const auto& r : collect.steps) {
-    t.loss.push_back(r.loss);
-    t.grad_norm.push_back(r.grad_norm);
-  }
-  t.weights = gradaccum::testing::flat_params(model.module()).cpu();
-  return t;
+  return gradaccum::testing::train_seed000_mlp(b, n, 60, 12, device);
 }
 
 void expect_same_trajectory(const Trajectory& a, const Trajectory& b, double tolerance,

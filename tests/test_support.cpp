@@ -7,6 +7,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "gradaccum/core/trainer.h"
+#include "gradaccum/models/networks.h"
+#include "gradaccum/models/tasks.h"
+
 namespace gradaccum::testing {
 
 std::string read_text(const std::string& path) {
@@ -82,6 +86,36 @@ CliResult run_cli(const std::string& args, const std::string& cwd) {
   r.err = read_text(err_path);
   std::filesystem::remove_all(dir);
   return r;
+}
+
+Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t steps,
+                             const torch::Device& device) {
+  torch::manual_seed(0);
+  auto x = torch::randn({samples, 16}, torch::kDouble);
+  auto y = torch::randn({samples, 1}, torch::kDouble);
+  TensorDataset data(x, y);
+  torch::manual_seed(1);
+  models::Regressor model(models::seed000_mlp());
+  core::TrainerOptions o;
+  o.per_device_train_batch_size = b;
+  o.gradient_accumulation_steps = n;
+  o.max_steps = steps;
+  o.optimizer.learning_rate = 1e-2;
+  o.max_grad_norm = 0.5;
+  o.warmup_steps = 2;
+  o.dtype = torch::kDouble;
+  o.device = device;
+  struct Collect final : core::TrainingObserver {
+    void on_step(const core::StepRecord& r) override {
+      t.loss.push_back(r.loss);
+      t.grad_norm.push_back(r.grad_norm);
+    }
+    Trajectory t;
+  } collect;
+  core::Trainer trainer(o, model, data, nullptr, collect);
+  trainer.run();
+  collect.t.weights = flat_params(model.module()).cpu();
+  return collect.t;
 }
 
 }  // namespace gradaccum::testing

@@ -143,6 +143,19 @@ inline double relative_difference(double a, double b) {
   return std::abs(a - b) / std::max(std::abs(b), 1e-300);
 }
 
+// Per-step loss and grad norm, and the final weights (on the CPU), of one training run.
+struct Trajectory {
+  std::vector<double> loss, grad_norm;
+  torch::Tensor weights;
+};
+
+// Seed 000's MLP (16 → 32 → GELU → 1) trained by core::Trainer in float64 on `device` with
+// b × n on `samples` fixed random samples for `steps` optimizer steps (AdamW, lr 1e-2, 2 warm-up
+// steps, clipping at 0.5 so the first steps are clipped). The same data and initial weights for
+// every decomposition and device.
+Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t steps,
+                             const torch::Device& device = torch::kCPU);
+
 }  // namespace gradaccum::testing
 
 // `expr` throws a gradaccum::Error whose one-line message contains `needle`.
