@@ -1,6 +1,6 @@
 // Process groups from c10d: rendezvous through a TCPStore on MASTER_ADDR:PORT,
-// then Gloo, or NCCL when the build has GRADACCUM_WITH_NCCL (CMake option of the
-// same name) and the training device is CUDA.
+// then Gloo, or NCCL when the build has GRADACCUM_WITH_CUDA (CMake options
+// GRADACCUM_WITH_CUDA or GRADACCUM_WITH_NCCL) and the training device is CUDA.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -23,7 +23,7 @@ struct Connection {
 // Connects this rank; every collective of the returned group fails after
 // `timeout` instead of hanging. Throws gradaccum::Error naming the address when
 // the rendezvous cannot be reached in time. `device` is the training device: a
-// CUDA device gets NCCL in a GRADACCUM_WITH_NCCL build (untested: no GPU here),
+// CUDA device gets NCCL in a GRADACCUM_WITH_CUDA build (not yet run on a GPU),
 // anything else Gloo.
 Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout, c10::Device device);
 
