@@ -52,7 +52,7 @@ fi
 echo "setup: venv $venv: torch $("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')"
 
 # GPT-2's BPE (its ranks in tiktoken's format, gpt2.tiktoken) for `gradaccum
-# tokenize`, the language-model data and the tokenizer tests. The registry of npm is no longer
+# tokenize`, the language-model data and the tokenizer tests. npm's registry is no longer
 # reachable, so it comes from PyPI: openai-whisper ships the file as
 # whisper/assets/gpt2.tiktoken. Version 20250625 exists on PyPI only as a
 # source distribution (a .tar.gz, no wheel); pip downloads it (hash-checked,

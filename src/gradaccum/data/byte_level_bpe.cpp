@@ -9,6 +9,21 @@
 #include "gradaccum/data/utf8.h"
 
 namespace gradaccum::data {
+namespace {
+
+// The largest id of (token, id) pairs, each checked to fit the merge table's int32 ids.
+template <typename Pairs>
+TokenId largest_id(const Pairs& pairs, const std::string& source) {
+  TokenId max_id = -1;
+  for (const auto& [token, id] : pairs) {
+    GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(),
+             "{}: token id {} out of range", source, id);
+    max_id = std::max(max_id, id);
+  }
+  return max_id;
+}
+
+}  // namespace
 
 const std::array<char32_t, 256>& byte_to_unicode() {
   static const std::array<char32_t, 256> table = [] {
@@ -30,14 +45,7 @@ ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab
   std::unordered_map<char32_t, int> unicode_to_byte;
   for (int b = 0; b < 256; ++b) unicode_to_byte[byte_to_unicode()[b]] = b;
 
-  TokenId max_id = -1;
-  for (const auto& [token, id] : vocab) {
-    GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(),
-             "{}: token id {} out of range", source_, id);
-    max_id = std::max(max_id, id);
-  }
-  id_bytes_.resize(static_cast<std::size_t>(max_id + 1));
-  id_known_.assign(id_bytes_.size(), false);
+  size_id_tables(largest_id(vocab, source_));
   for (const auto& [token, id] : vocab) {
     std::string bytes;
     for (char32_t c : decode_utf8(token)) {
@@ -78,14 +86,7 @@ ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab
 ByteLevelBpe::ByteLevelBpe(const std::vector<std::pair<std::string_view, TokenId>>& tokens,
                            const std::vector<IdMerge>& merges, std::string source)
     : source_(std::move(source)) {
-  TokenId max_id = -1;
-  for (const auto& [bytes, id] : tokens) {
-    GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(),
-             "{}: token id {} out of range", source_, id);
-    max_id = std::max(max_id, id);
-  }
-  id_bytes_.resize(static_cast<std::size_t>(max_id + 1));
-  id_known_.assign(id_bytes_.size(), false);
+  size_id_tables(largest_id(tokens, source_));
   byte_token_.fill(-1);
   ids_.reserve(tokens.size());
   for (const auto& [bytes, id] : tokens) {
@@ -108,6 +109,11 @@ ByteLevelBpe::ByteLevelBpe(const std::vector<std::pair<std::string_view, TokenId
     merges_.insert_or_assign(pair_key(m.left, m.right),
                              MergeResult{static_cast<std::int32_t>(rank), m.merged});
   }
+}
+
+void ByteLevelBpe::size_id_tables(TokenId max_id) {
+  id_bytes_.resize(static_cast<std::size_t>(max_id + 1));
+  id_known_.assign(id_bytes_.size(), false);
 }
 
 ByteLevelBpe::ByteLevelBpe(const ByteLevelBpe& other)

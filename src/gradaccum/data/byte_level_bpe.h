@@ -61,6 +61,8 @@ class ByteLevelBpe {
   std::size_t id_count() const { return id_bytes_.size(); }
 
  private:
+  // Sizes id_bytes_ and id_known_ for ids 0..max_id, none known yet.
+  void size_id_tables(TokenId max_id);
   struct MergeResult {
     std::int32_t rank;
     TokenId merged;

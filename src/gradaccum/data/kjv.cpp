@@ -10,6 +10,7 @@
 
 #include "gradaccum/core/check.h"
 #include "gradaccum/data/data_split.h"
+#include "gradaccum/data/text_lines.h"
 
 namespace gradaccum::data {
 namespace {
@@ -78,14 +79,7 @@ std::string verse_reference(const Verse& v) {
 std::vector<Verse> parse_kjv_listing(std::string_view listing, const std::string& source) {
   std::vector<Verse> verses;
   int previous_book = 0;
-  int64_t number = 0;
-  for (std::size_t pos = 0; pos < listing.size();) {
-    std::size_t end = listing.find('\n', pos);
-    if (end == std::string_view::npos) end = listing.size();
-    std::string_view line = listing.substr(pos, end - pos);
-    pos = end + 1;
-    ++number;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  for_each_line(listing, [&](int64_t number, std::string_view line) {
     // "<book><chapter>:<verse> <text>"; book names never end in a digit ("1Sm").
     const auto space = line.find(' ');
     const auto reference = line.substr(0, space);
@@ -106,7 +100,7 @@ std::vector<Verse> parse_kjv_listing(std::string_view listing, const std::string
     v.text = std::string(line.substr(space + 1));
     v.testament = static_cast<std::size_t>(book) < kOldTestamentBooks ? 0 : 1;
     verses.push_back(std::move(v));
-  }
+  });
   return verses;
 }
 

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/data/text_lines.h"
 
 namespace gradaccum::data {
 namespace {
@@ -28,20 +29,6 @@ std::string read_file(const std::string& path) {
   // A UTF-8 byte order mark (Windows editors) is not part of the first document.
   if (bytes.rfind("\xEF\xBB\xBF", 0) == 0) bytes.erase(0, 3);
   return bytes;
-}
-
-// Calls f(line_number, line) for each line, without "\n" or "\r\n".
-template <typename F>
-void for_each_line(const std::string& bytes, F&& f) {
-  int64_t number = 0;
-  for (std::size_t pos = 0; pos < bytes.size();) {
-    std::size_t end = bytes.find('\n', pos);
-    if (end == std::string::npos) end = bytes.size();
-    std::string_view line(bytes.data() + pos, end - pos);
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    f(++number, line);
-    pos = end + 1;
-  }
 }
 
 bool is_blank(std::string_view line) {

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/data/text_lines.h"
 
 namespace gradaccum::data {
 namespace {
@@ -83,16 +84,10 @@ std::vector<TiktokenToken> parse_tiktoken_ranks(std::string_view text, const std
   std::vector<std::string_view> base64_of;  // each token's text on its line
   tokens.reserve(text.size() / 16 + 1);
   base64_of.reserve(tokens.capacity());
-  std::size_t line_no = 0;
   std::string bytes;
-  for (std::size_t pos = 0; pos < text.size();) {
-    std::size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view line = text.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty()) continue;
+  for_each_line(text, [&](int64_t number, std::string_view line) {
+    const auto line_no = static_cast<std::size_t>(number);
+    if (line.empty()) return;
     const std::size_t space = line.find(' ');
     GA_CHECK(space != std::string_view::npos && space + 1 < line.size(),
              "tokenizer file {} line {}: no rank: expected \"<base64 token> <rank>\", got {}",
@@ -119,7 +114,7 @@ std::vector<TiktokenToken> parse_tiktoken_ranks(std::string_view text, const std
         source, line_no, rank, kGpt2EndOfText);
     tokens.push_back({bytes, rank, line_no});
     base64_of.push_back(token);
-  }
+  });
   GA_CHECK(!tokens.empty(), "tokenizer file {} has no tokens", source);
 
   // Repeats: report the earliest line that repeats a token or a rank.
