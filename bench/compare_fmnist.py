@@ -68,13 +68,13 @@ def child_usage(run):
     return res
 
 
-def run_engine(args, b, n, out_dir):
+def run_engine(args, b, n, out_dir, extra=()):
     if os.path.exists(out_dir):
         shutil.rmtree(out_dir)
     cmd = ["flock", LOCK, os.path.join(args.build, "gradaccum"), "train",
            "--set", f"per_device_train_batch_size={b}", "--set", f"gradient_accumulation_steps={n}",
            "--set", f"max_steps={args.max_steps}", "--set", "data.eval_limit=-1",
-           "--set", f"threads={args.threads}", "--set", f"output_dir={out_dir}"]
+           "--set", f"threads={args.threads}", "--set", f"output_dir={out_dir}", *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out_dir, "summary.json")) as f:
         summary = json.load(f)

@@ -7,12 +7,16 @@
 //
 //   lm_throughput [--threads 2] [--warmup-steps 2] [--steps 10]
 //                 [--mixed-precision no|bf16] [--loss-chunk-tokens K] [--profile]
+//                 [--custom-kernels all|none|LIST] [--bf16-cpu-matmuls auto|float32|libtorch]
+//
+// --custom-kernels and --bf16-cpu-matmuls are the config keys custom_kernels
+// (core/custom_kernels.h) and bf16_cpu_matmuls of `gradaccum train`.
 //
 // --mixed-precision bf16 sets TrainerOptions::mixed_precision: the forward
 // and the loss run under bfloat16 autocast, the backward outside it; weights,
 // gradients and AdamW stay float32 (docs/mixed_precision.md). On a CPU without
 // AVX-512 the bf16 matmuls run as float32 GEMMs on bfloat16-rounded operands, as
-// in `gradaccum train` (core/float32_bf16_matmuls.h), and the GEMM peak is
+// in `gradaccum train` (core/float32_cpu_matmuls.h), and the GEMM peak is
 // probed in float32; the Python peer keeps libtorch's bfloat16 GEMM.
 //
 // Before and after training, the same process measures the GEMM rate it can
@@ -57,7 +61,8 @@
 
 #include "bench_support.h"
 #include "gradaccum/core/check.h"
-#include "gradaccum/core/float32_bf16_matmuls.h"
+#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
@@ -121,6 +126,8 @@ struct Options {
   int64_t steps = 10;
   core::MixedPrecision precision = core::MixedPrecision::none;
   int64_t loss_chunk_tokens = 0;
+  std::string custom_kernels = "all";
+  std::string bf16_cpu_matmuls = "auto";
   bool profile = false;
 };
 
@@ -144,6 +151,13 @@ Options parse_options(int argc, char** argv) {
       o.steps = parse_count("lm_throughput", key, value);
     } else if (key == "--loss-chunk-tokens") {
       o.loss_chunk_tokens = parse_count("lm_throughput", key, value);
+    } else if (key == "--custom-kernels") {
+      gradaccum::core::parse_custom_kernels(value);
+      o.custom_kernels = value;
+    } else if (key == "--bf16-cpu-matmuls") {
+      GA_CHECK(value == "auto" || value == "float32" || value == "libtorch",
+               "lm_throughput: --bf16-cpu-matmuls is auto, float32 or libtorch, not {}", value);
+      o.bf16_cpu_matmuls = value;
     } else if (key == "--mixed-precision") {
       o.precision = core::parse_mixed_precision(value);
       GA_CHECK(
@@ -215,7 +229,6 @@ GemmPeak gemm_peak(torch::ScalarType dtype) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gradaccum::io::retain_freed_heap();       // as gradaccum's main does
   Options opts;
   try {
     opts = parse_options(argc, argv);
@@ -223,15 +236,18 @@ int main(int argc, char** argv) {
     std::cerr << e.what() << "\n";
     return 2;
   }
+  // As `gradaccum train` does with its custom_kernels setting.
+  core::set_custom_kernels(opts.custom_kernels);
+  if (core::custom_kernel_enabled(core::CustomKernel::heap_retention)) gradaccum::io::retain_freed_heap();
   const int64_t threads = opts.threads, warmup = opts.warmup, steps = opts.steps;
   const bool profile = opts.profile;
   const core::MixedPrecision precision = opts.precision;
   const torch::Device device(torch::kCPU);
-  // bf16 on a CPU without AVX-512 runs its matmuls as float32 GEMMs, as `gradaccum train`
-  // does by default (bf16_cpu_matmuls: auto, core/float32_bf16_matmuls.h).
-  const bool float32_bf16_matmuls = core::routes_bf16_matmuls_through_float32(
-      "auto", precision, device, core::cpu_has_avx512());
-  if (float32_bf16_matmuls) core::route_cpu_bf16_matmuls_through_float32();
+  // bf16 on a CPU without bfloat16 instructions runs its matmuls as float32 GEMMs, as
+  // `gradaccum train` does by default (bf16_cpu_matmuls: auto, core/float32_cpu_matmuls.h).
+  const bool float32_bf16_matmuls = core::routes_cpu_matmuls_through_float32(
+      opts.bf16_cpu_matmuls, precision, device, core::cpu_has_native_bf16(), core::cpu_has_native_fp16());
+  if (float32_bf16_matmuls) core::route_cpu_autocast_matmuls_through_float32();
   // The dtype of the model's matmuls: autocast's under bf16, unless routed to float32.
   const torch::ScalarType gemm_dtype =
       core::uses_autocast(precision, device) && !float32_bf16_matmuls
@@ -333,7 +349,7 @@ int main(int argc, char** argv) {
         t_forward / n, t_backward / n, t_step / n);
   }
   fmt::print(
-      "{{\"program\": \"{}\", \"cpu_kernels\": \"{}\", \"mixed_precision\": \"{}\", \"gemm_dtype\": \"{}\", "
+      "{{\"program\": \"{}\", \"custom_kernels\": \"{}\", \"cpu_kernels\": \"{}\", \"mixed_precision\": \"{}\", \"gemm_dtype\": \"{}\", "
       "\"threads\": {}, \"loss_chunk_tokens\": {}, \"vocab\": {}, \"context\": {}, \"n_embd\": {}, "
       "\"n_layer\": {}, \"n_head\": {}, \"micro_batch\": {}, \"accum\": {}, \"parameters\": {}, "
       "\"matmul_parameters\": {}, \"flops_per_token\": {:.0f}, \"warmup_steps\": {}, \"steps\": {}, "
@@ -343,7 +359,8 @@ int main(int argc, char** argv) {
       "\"gemm_square_gflops_before_after\": [{:.2f}, {:.2f}], \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
       "\"peak_rss_mb\": {:.1f}{}}}\n",
-      profile ? "gradaccum-profile" : "gradaccum", at::get_cpu_capability(),
+      profile ? "gradaccum-profile" : "gradaccum", core::custom_kernels_description(),
+      at::get_cpu_capability(),
       core::to_string(precision),
       gemm_dtype == torch::kBFloat16 ? "bfloat16" : "float32", threads,
       opts.loss_chunk_tokens, kVocab, kContext, kEmbd,

@@ -7,6 +7,9 @@
 // the optimizer step amortized over 16 micro-steps.
 //
 //   mlp_microstep [--threads 1] [--warmup-steps 20] [--repeats 7] [--steps 50] [--raw | --unfused]
+//                 [--custom-kernels all|none|LIST]
+//
+// --custom-kernels is `gradaccum train`'s custom_kernels (core/custom_kernels.h).
 //
 // The engine trains seed000_mlp(), a models::GeluMlp, which on these sizes is
 // one fused autograd node. --unfused trains the plain Sequential of libtorch
@@ -33,7 +36,9 @@
 #include <fmt/ranges.h>
 
 #include "bench_support.h"
+#include "gradaccum/core/custom_kernels.h"
 #include "gradaccum/core/trainer.h"
+#include "gradaccum/io/heap_retention.h"
 #include "gradaccum/data/gather_rows.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/models/networks.h"
@@ -78,6 +83,13 @@ class StepClock final : public core::TrainingObserver {
 int64_t flag(int argc, char** argv, const char* name, int64_t fallback) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], name) == 0) return std::stoll(argv[i + 1]);
+  }
+  return fallback;
+}
+
+std::string string_flag(int argc, char** argv, const char* name, const char* fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
   }
   return fallback;
 }
@@ -130,6 +142,13 @@ int main(int argc, char** argv) {
   const int64_t steps = flag(argc, argv, "--steps", 50);
   constexpr int64_t kMicroBatch = 1;
   constexpr int64_t kAccumulation = 16;
+  try {
+    core::set_custom_kernels(string_flag(argc, argv, "--custom-kernels", "all"));
+  } catch (const gradaccum::Error& e) {
+    fmt::print(stderr, "mlp_microstep: {}\n", e.what());
+    return 2;
+  }
+  if (core::custom_kernel_enabled(core::CustomKernel::heap_retention)) gradaccum::io::retain_freed_heap();
 
   at::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(42);
@@ -167,11 +186,12 @@ int main(int argc, char** argv) {
         static_cast<double>(micro));
   }
   fmt::print(
-      "{{\"program\": \"{}\", \"threads\": {}, \"micro_batch\": {}, \"accum\": {}, "
+      "{{\"program\": \"{}\", \"custom_kernels\": \"{}\", \"threads\": {}, \"micro_batch\": {}, \"accum\": {}, "
       "\"warmup_steps\": {}, \"repeats\": {}, \"steps_per_repeat\": {}, "
       "\"us_per_micro_step\": {:.2f}, \"us_per_micro_step_min\": {:.2f}, \"repeats_us\": [{:.2f}], "
       "\"final_loss\": {}, \"peak_rss_mb\": {:.1f}}}\n",
-      raw ? "libtorch-raw" : unfused ? "gradaccum-unfused" : "gradaccum", threads, kMicroBatch, kAccumulation, warmup, repeats, steps, median(us_per_micro_step),
+      raw ? "libtorch-raw" : unfused ? "gradaccum-unfused" : "gradaccum",
+      core::custom_kernels_description(), threads, kMicroBatch, kAccumulation, warmup, repeats, steps, median(us_per_micro_step),
       *std::min_element(us_per_micro_step.begin(), us_per_micro_step.end()),
       fmt::join(us_per_micro_step, ", "),
       raw ? std::string("null") : fmt::format("{:.6f}", final_loss), gradaccum::io::peak_rss_mb());

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/custom_kernels.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/trainable.h"
 
@@ -144,6 +145,22 @@ inline double relative_difference(double a, double b) {
 }
 
 // Per-step loss and grad norm, and the final weights (on the CPU), of one training run.
+// Sets the process-wide custom kernel switch (core/custom_kernels.h) to `spec` for its
+// lifetime and restores the previous setting after.
+class CustomKernelsScope {
+ public:
+  explicit CustomKernelsScope(const std::string& spec)
+      : previous_(core::custom_kernels_description()) {
+    core::set_custom_kernels(spec);
+  }
+  ~CustomKernelsScope() { core::set_custom_kernels(previous_); }
+  CustomKernelsScope(const CustomKernelsScope&) = delete;
+  CustomKernelsScope& operator=(const CustomKernelsScope&) = delete;
+
+ private:
+  std::string previous_;
+};
+
 struct Trajectory {
   std::vector<double> loss, grad_norm;
   torch::Tensor weights;

@@ -10,7 +10,6 @@
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/cli/verify_command.h"
 #include "gradaccum/core/check.h"
-#include "gradaccum/io/heap_retention.h"
 
 namespace {
 // c10::Error messages carry a C++ backtrace after the first line.
@@ -18,8 +17,6 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Keep the memory a step frees for the next step instead of re-faulting it (heap_retention.h).
-  gradaccum::io::retain_freed_heap();
   CLI::App app{"gradaccum: exact, fast gradient accumulation on libtorch"};
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("gradaccum {}\nlibtorch: {}\nkernels: {}", GRADACCUM_VERSION,

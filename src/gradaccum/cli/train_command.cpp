@@ -14,7 +14,9 @@
 #include "gradaccum/cli/progress.h"
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/check.h"
-#include "gradaccum/core/float32_bf16_matmuls.h"
+#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/core/float32_cpu_matmuls.h"
+#include "gradaccum/io/heap_retention.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
@@ -193,14 +195,19 @@ int run_train(const TrainArgs& args) {
   const bool rank0 = env.rank == 0;
 
   const int threads = configure_threads(config.threads, env.local_world_size);
-  if (core::routes_bf16_matmuls_through_float32(config.bf16_cpu_matmuls,
-                                                 config.trainer.mixed_precision,
-                                                 config.trainer.device,
-                                                 core::cpu_has_avx512())) {
-    core::route_cpu_bf16_matmuls_through_float32();
-    if (rank0) {
+  core::set_custom_kernels(config.custom_kernels);
+  // Keep the memory a step frees for the next step instead of re-faulting it (heap_retention.h).
+  if (core::custom_kernel_enabled(core::CustomKernel::heap_retention)) io::retain_freed_heap();
+  if (core::routes_cpu_matmuls_through_float32(config.bf16_cpu_matmuls, config.trainer.mixed_precision,
+                                               config.trainer.device, core::cpu_has_native_bf16(),
+                                               core::cpu_has_native_fp16())) {
+    core::route_cpu_autocast_matmuls_through_float32();
+    if (rank0 && config.trainer.mixed_precision == core::MixedPrecision::bf16) {
       fmt::print(stderr, "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands "
                          "(bf16_cpu_matmuls: {})\n", config.bf16_cpu_matmuls);
+    } else if (rank0) {
+      fmt::print(stderr, "fp16 matmuls: float32 GEMMs on float16-rounded operands "
+                         "(this CPU has no AVX512-FP16)\n");
     }
   }
   GA_CHECK(!config.trainer.device.is_cuda() || torch::cuda::is_available(),
@@ -269,7 +276,8 @@ int run_train(const TrainArgs& args) {
     observers.add(*progress);
     fmt::print("threads: {}, dtype: {}, device: {}, world size: {}, output: {}\n", threads,
                config.dtype, config.device, world, config.output_dir);
-    fmt::print("libtorch: {}\nkernels: {}\n", libtorch_description(), kernels_description());
+    fmt::print("libtorch: {}\nkernels: {}; custom: {}\n", libtorch_description(), kernels_description(),
+               core::custom_kernels_description());
     if (!workload.description.empty()) fmt::print("data: {}\n", workload.description);
   }
   const bool optimizer_per_rank = sharded != nullptr;

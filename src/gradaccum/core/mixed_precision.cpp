@@ -32,10 +32,7 @@ torch::ScalarType autocast_dtype(MixedPrecision precision) {
 }
 
 bool uses_autocast(MixedPrecision precision, const torch::Device& device) {
-  if (precision == MixedPrecision::none) return false;
-  // fp16 on the CPU is emulated (mixed_precision.h): libtorch 2.x autocasts it, but its CPU
-  // fp16 GEMM is a ~20x slower fallback without AVX512-FP16 (docs/mixed_precision.md).
-  return !(precision == MixedPrecision::fp16 && device.is_cpu());
+  return precision != MixedPrecision::none && (device.is_cpu() || device.is_cuda());
 }
 
 AutocastScope::AutocastScope(MixedPrecision precision, const torch::Device& device) {
@@ -55,19 +52,6 @@ AutocastScope::~AutocastScope() {
   at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
   // The cache holds 16-bit copies of the weights, valid only until they change.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-}
-
-Fp16GradientRounding::Fp16GradientRounding(const std::vector<torch::Tensor>& params) {
-  for (const auto& p : params) {
-    auto hook = p.register_hook([](const torch::Tensor& grad) {
-      return grad.to(torch::kHalf).to(grad.scalar_type());
-    });
-    hooks_.emplace_back(p, hook);
-  }
-}
-
-Fp16GradientRounding::~Fp16GradientRounding() {
-  for (auto& [p, hook] : hooks_) p.remove_hook(hook);
 }
 
 }  // namespace gradaccum::core

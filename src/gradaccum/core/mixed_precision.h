@@ -9,16 +9,11 @@
 //
 //   bf16: autocast to bfloat16 (CPU and CUDA). bfloat16 has float32's exponent
 //         range, so no loss scaling is needed.
-//   fp16: autocast to float16 on CUDA, with a dynamic loss scaler
-//         (optim/loss_scaler.h). On the CPU fp16 is emulated (written for
-//         libtorch 1.13, which had no CPU fp16 autocast; 2.x has it, but with a
-//         ~20x slower fp16 GEMM on CPUs without AVX512-FP16): the forward runs in float32 and every micro-step's
-//         (scaled) parameter gradient is rounded to float16 before it is added
-//         to the fp32 buffer — the cast CUDA autocast performs at exactly that
-//         point. That reproduces fp16's range (overflow to inf, flush to zero:
-//         what the scaler exists for) at the accumulation boundary, but not
-//         fp16 rounding inside the network. It is for testing the scaler's
-//         logic and tracking curves on machines without a GPU, not for speed.
+//   fp16: autocast to float16 (CPU and CUDA), with a dynamic loss scaler
+//         (optim/loss_scaler.h). A CPU without AVX512-FP16 multiplies float16
+//         matrices ~20x slower than float32 ones; there `gradaccum train` routes
+//         autocast's matmuls to float32 GEMMs on float16-rounded operands
+//         (core/float32_cpu_matmuls.h), which keeps fp16's rounding and range.
 #pragma once
 
 #include <torch/torch.h>
@@ -37,8 +32,8 @@ std::string to_string(MixedPrecision precision);
 // The 16-bit dtype of `precision`'s autocast regions (undefined for none).
 torch::ScalarType autocast_dtype(MixedPrecision precision);
 
-// True when `precision` on `device` runs real autocast (false for none, and for
-// fp16 on CPU, which is emulated).
+// True when `precision` on `device` runs autocast: bf16 or fp16 on a CPU or a
+// CUDA device.
 bool uses_autocast(MixedPrecision precision, const torch::Device& device);
 
 // Enables autocast for `device`'s type with `precision`'s dtype for its
@@ -57,20 +52,6 @@ class AutocastScope {
   c10::DeviceType device_type_ = c10::DeviceType::CPU;
   bool previous_enabled_ = false;
   torch::ScalarType previous_dtype_ = torch::kBFloat16;
-};
-
-// CPU emulation of fp16 gradients (see above): registers a hook on each
-// parameter that rounds every incoming gradient to float16 and back before it
-// is accumulated. Hooks are removed when the object dies.
-class Fp16GradientRounding {
- public:
-  explicit Fp16GradientRounding(const std::vector<torch::Tensor>& params);
-  ~Fp16GradientRounding();
-  Fp16GradientRounding(const Fp16GradientRounding&) = delete;
-  Fp16GradientRounding& operator=(const Fp16GradientRounding&) = delete;
-
- private:
-  std::vector<std::pair<torch::Tensor, unsigned>> hooks_;
 };
 
 }  // namespace gradaccum::core

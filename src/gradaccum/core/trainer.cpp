@@ -82,7 +82,6 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
   }
   if (options_.mixed_precision == MixedPrecision::fp16) {
     scaler_.emplace(options_.loss_scaler);
-    if (options_.device.is_cpu()) fp16_rounding_ = std::make_unique<Fp16GradientRounding>(params_);
     double items_per_sample = 1.0;
     if (const auto lengths = train_data_.sample_lengths(); lengths.defined() && lengths.numel() > 0) {
       items_per_sample = std::max(1.0, lengths.to(torch::kDouble).mean().item<double>() - 1.0);

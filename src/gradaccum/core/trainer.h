@@ -126,7 +126,6 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LossNormalizer normalizer_;
   std::optional<optim::LossScaler> scaler_;  // fp16 only
-  std::unique_ptr<Fp16GradientRounding> fp16_rounding_;  // fp16 on CPU only
   // fp16: each micro-step's loss sum is multiplied by scale / fp16_items_,
   // with fp16_items_ a power of two near a micro-batch's item count, so the
   // scaled gradients have the magnitude a mean loss times the scale would give

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/custom_kernels.h"
 #include "gradaccum/data/fashion_mnist.h"
 
 namespace gradaccum::io {
@@ -71,8 +72,9 @@ lr_scheduler_type: cosine         # constant | linear | cosine
 warmup_steps: 0
 warmup_ratio: 0.0
 max_grad_norm: 1.0                # 0 disables clipping
-mixed_precision: "no"             # no | bf16 | fp16 (autocast; fp16 on CPU is emulated, see docs)
+mixed_precision: "no"             # no | bf16 | fp16 (autocast, docs/mixed_precision.md)
 bf16_cpu_matmuls: auto            # auto | float32 | libtorch: bf16 matmuls on CPU (docs/mixed_precision.md)
+custom_kernels: all               # all | none | a comma-separated list (core/custom_kernels.h)
 loss_scaler:                      # fp16's dynamic loss scaler (torch.cuda.amp.GradScaler's knobs)
   init_scale: 65536.0
   growth_factor: 2.0
@@ -361,6 +363,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
           "mixed_precision", "\"no\" with dtype: float64 (mixed precision keeps float32 parameters)",
           c.mixed_precision);
   c.bf16_cpu_matmuls = one_of(root, "bf16_cpu_matmuls", {"auto", "float32", "libtorch"});
+  c.custom_kernels = get_string(root, "custom_kernels");
+  core::parse_custom_kernels(c.custom_kernels);  // names an unknown kernel
   c.model.gradient_checkpointing = get_bool(root, "gradient_checkpointing");
   c.model.loss_chunk_tokens = get_int(root, "loss_chunk_tokens");
   require(c.model.loss_chunk_tokens >= 0, "loss_chunk_tokens", ">= 0 (0 = automatic)",

@@ -45,7 +45,8 @@ struct TrainConfig {
   std::string dtype = "float32";
   std::string device = "cpu";
   std::string mixed_precision = "no";
-  std::string bf16_cpu_matmuls = "auto";  // core/float32_bf16_matmuls.h
+  std::string bf16_cpu_matmuls = "auto";  // core/float32_cpu_matmuls.h
+  std::string custom_kernels = "all";     // core/custom_kernels.h
   int64_t logging_steps = 1;
   int64_t dist_timeout_s = 60;        // collectives and rendezvous fail after this
   int64_t ddp_bucket_cap_mb = 25;     // gradient bucket size

@@ -11,7 +11,8 @@
 #include <utility>
 
 #include "gradaccum/core/check.h"
-#include "gradaccum/core/float32_bf16_matmuls.h"
+#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/core/host_reads.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/softmax_cross_entropy.h"
@@ -32,17 +33,17 @@ std::string sizes_text(torch::IntArrayRef sizes) {
 struct Precision {
   torch::ScalarType matmul;   // the chunk projections (autocast's dtype under autocast)
   torch::ScalarType softmax;  // log-sum-exp, softmax and the sums: float32 or float64
-  // bfloat16 projections computed as float32 GEMMs on bfloat16 values, the result
-  // rounded to bfloat16, as core/float32_bf16_matmuls.h routes autocast's own.
+  // 16-bit projections computed as float32 GEMMs on 16-bit values, the result
+  // rounded to 16 bits, as core/float32_cpu_matmuls.h routes autocast's own.
   bool float32_gemms = false;
 
-  // A projection operand: in the matmul dtype, or its bfloat16 values in float32.
+  // A projection operand: in the matmul dtype, or its 16-bit values in float32.
   torch::Tensor operand(const torch::Tensor& t) const {
-    return float32_gemms ? t.to(torch::kBFloat16).to(torch::kFloat) : t.to(matmul);
+    return float32_gemms ? t.to(matmul).to(torch::kFloat) : t.to(matmul);
   }
   // A projection's result, as the matmul dtype's GEMM would return it.
   torch::Tensor result(const torch::Tensor& t) const {
-    return float32_gemms ? t.to(torch::kBFloat16) : t;
+    return float32_gemms ? t.to(matmul) : t;
   }
 };
 
@@ -57,8 +58,8 @@ Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight)
   }
   // Autocast lowers float16/bfloat16/float32 matmuls and leaves float64 alone.
   if (autocast && inputs != torch::kDouble) p.matmul = lower;
-  p.float32_gemms = hidden.is_cpu() && p.matmul == torch::kBFloat16 &&
-                    core::cpu_bf16_matmuls_route_through_float32();
+  p.float32_gemms = hidden.is_cpu() && (p.matmul == torch::kBFloat16 || p.matmul == torch::kHalf) &&
+                    core::cpu_autocast_matmuls_route_through_float32();
   return p;
 }
 
@@ -66,7 +67,10 @@ Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight)
 // the kernel computes in the softmax dtype (float32 for float32 and bfloat16
 // logits, float64 for float64).
 bool fused_softmax(const torch::Tensor& logits, const Precision& p) {
-  if (!softmax_cross_entropy_supports(logits)) return false;
+  if (!core::custom_kernel_enabled(core::CustomKernel::softmax_cross_entropy) ||
+      !softmax_cross_entropy_supports(logits)) {
+    return false;
+  }
   const auto dtype = logits.scalar_type();
   return p.softmax == (dtype == torch::kDouble ? torch::kDouble : torch::kFloat);
 }

@@ -4,6 +4,7 @@
 #include <c10/util/BFloat16.h>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/custom_kernels.h"
 #include "gradaccum/models/vector_exp.h"
 
 namespace gradaccum::models {
@@ -122,17 +123,12 @@ class FusedGeluTanh : public torch::autograd::Function<FusedGeluTanh> {
 }  // namespace
 
 bool gelu_tanh_fuses(const torch::Tensor& x) {
-  return x.defined() && x.is_cpu() && x.is_contiguous() &&
-         (x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16);
+  return core::custom_kernel_enabled(core::CustomKernel::gelu_tanh) && x.defined() && x.is_cpu() &&
+         x.is_contiguous() && (x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16);
 }
 
 torch::Tensor gelu_tanh(const torch::Tensor& x) {
   if (gelu_tanh_fuses(x)) return FusedGeluTanh::apply(x);
-  // libtorch 1.13's CPU GELU and its backward take ~2.5x longer on bfloat16 than the two
-  // casts and the float32 kernels together.
-  if (x.is_cpu() && (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf)) {
-    return torch::gelu(x.to(torch::kFloat), "tanh").to(x.scalar_type());
-  }
   return torch::gelu(x, "tanh");
 }
 

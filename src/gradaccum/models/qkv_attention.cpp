@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/core/custom_kernels.h"
 #include "gradaccum/io/blas_gemm.h"
 #include "gradaccum/models/decoder.h"
 #include "gradaccum/models/vector_exp.h"
@@ -288,10 +289,34 @@ bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::
   const auto dtype = qkv.scalar_type();
   const bool autocast = at::autocast::is_autocast_enabled(at::kCPU);
   const bool dtype_fuses =
-      autocast ? dtype == torch::kBFloat16 && at::autocast::get_autocast_dtype(at::kCPU) == torch::kBFloat16
+      autocast ? (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
+                     at::autocast::get_autocast_dtype(at::kCPU) == dtype
                : dtype == torch::kFloat || dtype == torch::kDouble;
-  return qkv.is_cpu() && allowed.is_cpu() && dtype_fuses && qkv.is_contiguous() &&
-         allowed.is_contiguous() && io::blas_gemm_available();
+  return core::custom_kernel_enabled(core::CustomKernel::qkv_attention) && qkv.is_cpu() &&
+         allowed.is_cpu() && dtype_fuses && qkv.is_contiguous() && allowed.is_contiguous() &&
+         io::blas_gemm_available();
+}
+
+torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
+  check_shapes(qkv, n_head, allowed);
+  const int64_t batch = qkv.size(0), time = qkv.size(1), channels = qkv.size(2) / 3;
+  const int64_t head_dim = channels / n_head;
+  auto parts = qkv.split(channels, /*dim=*/2);
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({batch, time, n_head, head_dim}).transpose(1, 2);
+  };
+  // An additive mask holding the dtype's lowest value where a key is not allowed, not a
+  // boolean one: a row without any allowed key then attends uniformly (the convention
+  // above), where a boolean mask would make it NaN or zero depending on the backend.
+  const auto dtype = qkv.scalar_type();
+  const double lowest = dtype == torch::kDouble ? std::numeric_limits<double>::lowest()
+                        : dtype == torch::kBFloat16
+                            ? static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest())
+                        : dtype == torch::kHalf ? static_cast<double>(std::numeric_limits<c10::Half>::lowest())
+                                                : static_cast<double>(std::numeric_limits<float>::lowest());
+  const auto bias = torch::zeros(allowed.sizes(), qkv.options()).masked_fill_(allowed.logical_not(), lowest);
+  auto y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), bias);
+  return y.transpose(1, 2).contiguous().view({batch, time, channels});
 }
 
 torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head,
@@ -312,12 +337,11 @@ torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head,
 
 torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
   check_shapes(qkv, n_head, allowed);
-  if (!qkv_attention_fuses(qkv, n_head, allowed)) return qkv_attention_reference(qkv, n_head, allowed);
-  if (qkv.scalar_type() == torch::kBFloat16) {
-    // Under bf16 autocast: float32 arithmetic on the bfloat16 inputs, the result rounded
-    // back (autocast's matmuls would return bfloat16 too). On this CPU float32 GEMMs
-    // (OpenBLAS) outrun bfloat16 ones (oneDNN), and the softmax is float32 either way.
-    return FusedQkvAttention::apply(qkv.to(torch::kFloat), allowed, n_head).to(torch::kBFloat16);
+  if (!qkv_attention_fuses(qkv, n_head, allowed)) return qkv_attention_sdpa(qkv, n_head, allowed);
+  if (qkv.scalar_type() == torch::kBFloat16 || qkv.scalar_type() == torch::kHalf) {
+    // Under 16-bit autocast: float32 arithmetic on the 16-bit inputs, the result rounded
+    // back (autocast's matmuls would return 16 bits too); the softmax is float32 either way.
+    return FusedQkvAttention::apply(qkv.to(torch::kFloat), allowed, n_head).to(qkv.scalar_type());
   }
   return FusedQkvAttention::apply(qkv, allowed, n_head);
 }

@@ -39,18 +39,23 @@ namespace gradaccum::models {
 //
 // Exactly qkv_attention_reference() (the libtorch expression), to rounding;
 // tests/qkv_attention_test.cpp holds them to each other. The fused path runs
-// when qkv_attention_fuses() says so; otherwise this is the reference.
+// when qkv_attention_fuses() says so; otherwise this is qkv_attention_sdpa().
 // Differentiating the result twice (create_graph) is refused with
 // gradaccum::Error on the fused path.
 torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed);
 
-// The fused path's conditions: CPU, contiguous qkv and allowed, a BLAS that
+// The fused path's conditions: custom_kernels has qkv_attention
+// (core/custom_kernels.h), CPU, contiguous qkv and allowed, a BLAS that
 // exports sgemm_/dgemm_, and either float32 or float64 qkv without CPU
-// autocast, or bfloat16 qkv under bfloat16 CPU autocast (what c_attn returns
-// there). The bfloat16 case computes in float32 on the bfloat16 values and
-// rounds the result to bfloat16: float32 GEMMs run faster than bfloat16 ones
-// on CPUs without AMX, and autocast keeps softmax in float32 anyway.
+// autocast, or bfloat16 (float16) qkv under bfloat16 (float16) CPU autocast
+// (what c_attn returns there). The 16-bit case computes in float32 on the
+// 16-bit values and rounds the result to 16 bits: the softmax is float32 under
+// autocast anyway.
 bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed);
+
+// The same function through libtorch's at::scaled_dot_product_attention (its
+// fused kernels on every device), `allowed` given to it as an additive mask.
+torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed);
 
 // The same function as libtorch operators (split, matmul, masked_softmax,
 // matmul); any device, dtype and autocast.

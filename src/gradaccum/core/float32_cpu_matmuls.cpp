@@ -1,7 +1,8 @@
-#include "gradaccum/core/float32_bf16_matmuls.h"
+#include "gradaccum/core/float32_cpu_matmuls.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Version.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -14,42 +15,44 @@ namespace {
 
 std::atomic<bool> g_installed{false};
 
-// The value autocast would pass to a bfloat16 op, widened back to float32.
+// The value autocast would pass to a 16-bit op, widened back to float32.
 // Autocast leaves float64 (and non-floating) operands alone; so does this.
-at::Tensor bf16_values(const at::Tensor& t) {
+at::Tensor rounded_values(const at::Tensor& t, at::ScalarType lower) {
   if (!t.defined()) return t;
   const auto dtype = t.scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return t;
-  return t.to(at::kBFloat16).to(at::kFloat);
+  return t.to(lower).to(at::kFloat);
 }
 
-c10::optional<at::Tensor> bf16_values(const c10::optional<at::Tensor>& t) {
+c10::optional<at::Tensor> rounded_values(const c10::optional<at::Tensor>& t, at::ScalarType lower) {
   if (!t.has_value()) return t;
-  return bf16_values(*t);
+  return rounded_values(*t, lower);
 }
 
 // Arguments that are not tensors (scalars, sizes, groups) pass through.
 template <typename T>
-const T& bf16_values(const T& x) {
+const T& rounded_values(const T& x, at::ScalarType) {
   return x;
 }
 
-// The op's float32 result, rounded as autocast's bfloat16 op would return it.
-at::Tensor as_bf16(const at::Tensor& result) {
-  return result.scalar_type() == at::kFloat ? result.to(at::kBFloat16) : result;
+// The op's float32 result, rounded as autocast's 16-bit op would return it.
+at::Tensor as_lower(const at::Tensor& result, at::ScalarType lower) {
+  return result.scalar_type() == at::kFloat ? result.to(lower) : result;
 }
 
 // The replacement of autocast's kernel for `Op` (of type `Signature`): below
-// autocast, as autocast's own kernels run, Op on the operands' bfloat16 values
-// in float32, the result rounded to bfloat16.
+// autocast, as autocast's own kernels run, Op on the operands' 16-bit values
+// in float32, the result rounded to 16 bits.
 template <typename Signature, Signature* Op>
 struct Routed;
 
 template <typename... Args, at::Tensor (*Op)(Args...)>
 struct Routed<at::Tensor(Args...), Op> {
   static at::Tensor call(Args... args) {
+    // The region's dtype: thread-local, read where autocast's own kernels read it.
+    const auto lower = at::autocast::get_autocast_dtype(at::kCPU);
     c10::impl::ExcludeDispatchKeyGuard below_autocast(c10::DispatchKey::AutocastCPU);
-    return as_bf16(Op(bf16_values(args)...));
+    return as_lower(Op(rounded_values(args, lower)...), lower);
   }
 };
 
@@ -70,15 +73,36 @@ class SilentWarnings : public c10::WarningHandler {
 
 }  // namespace
 
-bool cpu_has_avx512() { return at::get_cpu_capability() == "AVX512"; }
-
-bool routes_bf16_matmuls_through_float32(const std::string& setting, MixedPrecision precision,
-                                         const torch::Device& device, bool cpu_has_avx512) {
-  if (precision != MixedPrecision::bf16 || !device.is_cpu()) return false;
-  return setting == "float32" || (setting == "auto" && !cpu_has_avx512);
+bool cpu_has_native_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+#else
+  return false;  // not known here: float32 GEMMs are the safe choice
+#endif
 }
 
-void route_cpu_bf16_matmuls_through_float32() {
+bool cpu_has_native_fp16() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx512fp16");
+#else
+  return false;
+#endif
+}
+
+bool routes_cpu_matmuls_through_float32(const std::string& bf16_setting, MixedPrecision precision,
+                                        const torch::Device& device, bool cpu_has_native_bf16,
+                                        bool cpu_has_native_fp16) {
+  if (!device.is_cpu()) return false;
+  switch (precision) {
+    case MixedPrecision::bf16:
+      return bf16_setting == "float32" || (bf16_setting == "auto" && !cpu_has_native_bf16);
+    case MixedPrecision::fp16: return !cpu_has_native_fp16;
+    case MixedPrecision::none: break;
+  }
+  return false;
+}
+
+void route_cpu_autocast_matmuls_through_float32() {
   static std::once_flag once;
   std::call_once(once, [] {
     SilentWarnings silent;
@@ -99,6 +123,6 @@ void route_cpu_bf16_matmuls_through_float32() {
   });
 }
 
-bool cpu_bf16_matmuls_route_through_float32() { return g_installed; }
+bool cpu_autocast_matmuls_route_through_float32() { return g_installed; }
 
 }  // namespace gradaccum::core

@@ -1,12 +1,12 @@
-// core/float32_bf16_matmuls.h: under bf16 CPU autocast, once routed, the matmuls and
-// convolutions equal float32 ops on bfloat16-rounded operands, rounded to bfloat16, in
-// value and in gradient. Its own executable (not gradaccum_tests): the routing changes
+// core/float32_cpu_matmuls.h: under bf16 (fp16) CPU autocast, once routed, the matmuls
+// and convolutions equal float32 ops on bfloat16- (float16-) rounded operands, rounded to
+// 16 bits, in value and in gradient. Its own executable (not gradaccum_tests): the routing changes
 // libtorch's dispatcher for the rest of the process, and the other tests compare with
 // libtorch's own autocast kernels.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "gradaccum/core/float32_bf16_matmuls.h"
+#include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/chunked_cross_entropy.h"
@@ -37,9 +37,9 @@ class Float32Bf16Matmuls : public ::testing::Test {
       AutocastScope autocast(MixedPrecision::bf16, kCpu);
       unrouted_error_ = relative_error(torch::mm(a_, b_), exact_);
     }
-    ASSERT_FALSE(gradaccum::core::cpu_bf16_matmuls_route_through_float32());
-    gradaccum::core::route_cpu_bf16_matmuls_through_float32();
-    gradaccum::core::route_cpu_bf16_matmuls_through_float32();  // idempotent
+    ASSERT_FALSE(gradaccum::core::cpu_autocast_matmuls_route_through_float32());
+    gradaccum::core::route_cpu_autocast_matmuls_through_float32();
+    gradaccum::core::route_cpu_autocast_matmuls_through_float32();  // idempotent
   }
   static torch::Tensor a_, b_, exact_;
   static double unrouted_error_;
@@ -48,7 +48,7 @@ torch::Tensor Float32Bf16Matmuls::a_, Float32Bf16Matmuls::b_, Float32Bf16Matmuls
 double Float32Bf16Matmuls::unrouted_error_ = 0.0;
 
 TEST_F(Float32Bf16Matmuls, MmIsTheFloat32ProductOfRoundedOperandsRounded) {
-  EXPECT_TRUE(gradaccum::core::cpu_bf16_matmuls_route_through_float32());
+  EXPECT_TRUE(gradaccum::core::cpu_autocast_matmuls_route_through_float32());
   AutocastScope autocast(MixedPrecision::bf16, kCpu);
   const auto y = torch::mm(a_, b_);
   EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
@@ -158,6 +158,41 @@ TEST_F(Float32Bf16Matmuls, Float64AndUnautocastedCallsAreUntouched) {
   const auto f = torch::mm(a_.slice(0, 0, 4), b_);  // no autocast: plain float32
   EXPECT_EQ(f.scalar_type(), torch::kFloat);
   EXPECT_FALSE(torch::equal(f, exact_.slice(0, 0, 4)));  // unrounded operands differ
+}
+
+// fp16: the same routing rounds to float16, the dtype of the autocast region it runs in,
+// and the weight gradient is rounded to float16 where autocast's cast would round it:
+// an overflow becomes inf there, which is what fp16's loss scaler detects.
+TEST_F(Float32Bf16Matmuls, Fp16RoundsToFloat16AndItsWeightGradientOverflowsToInf) {
+  torch::manual_seed(7);
+  auto half = [](const torch::Tensor& t) { return t.to(torch::kHalf).to(torch::kFloat); };
+  const auto x = torch::randn({6, 32});
+  auto w = torch::randn({10, 32}, torch::requires_grad());
+  auto b = torch::randn({10}, torch::requires_grad());
+  torch::Tensor y;
+  {
+    AutocastScope autocast(MixedPrecision::fp16, kCpu);
+    y = torch::linear(x, w, b);
+  }
+  EXPECT_EQ(y.scalar_type(), torch::kHalf);
+  EXPECT_TRUE(torch::equal(y, torch::linear(half(x), half(w), half(b)).to(torch::kHalf)));
+  // bfloat16 rounding would differ: float16 keeps 11 significant bits, bfloat16 8.
+  EXPECT_FALSE(torch::equal(y.to(torch::kFloat), torch::linear(rounded(x), rounded(w), rounded(b))));
+  // A gradient of 1e5 per output is beyond float16's 65504: it becomes inf at the cast, and
+  // w's gradient is not finite (inf, or nan where infinities of both signs meet).
+  (y.to(torch::kFloat) * 1e5).sum().backward();
+  EXPECT_FALSE(torch::isfinite(w.grad()).any().item<bool>());
+  EXPECT_TRUE(torch::isinf(b.grad()).all().item<bool>());
+  // At 1e-2 every gradient element is finite and equals the float16-rounded float32 one.
+  w.mutable_grad() = torch::Tensor();
+  {
+    AutocastScope autocast(MixedPrecision::fp16, kCpu);
+    (torch::linear(x, w, b).to(torch::kFloat) * 1e-2).sum().backward();
+  }
+  auto w2 = w.detach().clone().requires_grad_(true);
+  (torch::linear(half(x), half(w2), half(b)).to(torch::kHalf).to(torch::kFloat) * 1e-2).sum().backward();
+  EXPECT_TRUE(torch::isfinite(w.grad()).all().item<bool>());
+  EXPECT_TRUE(torch::equal(w.grad(), w2.grad()));
 }
 
 }  // namespace

@@ -1,0 +1,61 @@
+// 16-bit CPU autocast on CPUs without 16-bit dot-product instructions.
+//
+// libtorch multiplies bfloat16 and float16 matrices with oneDNN, which is fast
+// only where the CPU multiplies that type itself (AVX512-BF16 or AMX-BF16 for
+// bfloat16, AVX512-FP16 or AMX-FP16 for float16). Elsewhere its GEMM emulates
+// them. Measured with torch 2.15 on one core of an AMD EPYC (AVX512-BF16, no
+// AVX512-FP16), 1024³, the ISA capped through ONEDNN_MAX_CPU_ISA
+// (bench/bf16_matmul_rates.py): bfloat16 193.7 GFLOP/s vs float32 82.8 with
+// AVX512-BF16, 37.8 vs 89.8 with AVX-512 but no BF16, 0.9 vs 85.5 with AVX2;
+// float16 2.5 vs 49 (512³). 16-bit hardware (AMX, AVX512-BF16/FP16, GPUs)
+// multiplies 16-bit values and sums in float32.
+//
+// route_cpu_autocast_matmuls_through_float32() makes CPU autocast do that for the
+// ops that it runs in 16 bits (linear, matmul, mm, addmm, bmm, baddbmm, conv1d,
+// conv2d): each floating operand is rounded to autocast's dtype (bfloat16 or
+// float16, whichever the region has) as autocast would, the op runs in float32
+// on those values, and the result is rounded to that dtype. Autograd records
+// the casts, so the backward rounds the gradients to 16 bits where autocast's
+// would be 16-bit (a float16 weight gradient overflows to inf or flushes to
+// zero exactly there: what fp16's loss scaler exists for), and runs its
+// products in float32 too. Results equal 16-bit hardware's up to the float32
+// summation order.
+//
+// Why hand-written: PyTorch has no switch for this. The routing replaces those
+// ops' AutocastCPU kernels in libtorch's dispatcher, process-wide and for the
+// rest of the process, and only ever from float32-producing 16-bit autocast.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "gradaccum/core/mixed_precision.h"
+
+namespace gradaccum::core {
+
+// Whether a run routes, on a CPU device only:
+//   bf16: when `bf16_setting` (the config key bf16_cpu_matmuls) is "float32", or
+//         "auto" on a CPU without bfloat16 instructions (`cpu_has_native_bf16`,
+//         cpu_has_native_bf16()); never for "libtorch";
+//   fp16: on a CPU without float16 instructions (`cpu_has_native_fp16`).
+bool routes_cpu_matmuls_through_float32(const std::string& bf16_setting, MixedPrecision precision,
+                                        const torch::Device& device, bool cpu_has_native_bf16,
+                                        bool cpu_has_native_fp16);
+
+// Whether the CPU has AVX512-BF16 or AMX-BF16 (false off x86): where oneDNN's
+// bfloat16 GEMMs outrun float32 ones.
+bool cpu_has_native_bf16();
+
+// Whether the CPU has AVX512-FP16 (false off x86; the compiler here cannot ask
+// for AMX-FP16, which comes with AVX512-FP16 on every CPU that has it).
+bool cpu_has_native_fp16();
+
+// Installs the routing once per process; later calls do nothing. Affects only
+// code that runs under CPU autocast (bfloat16 or float16).
+void route_cpu_autocast_matmuls_through_float32();
+
+// Whether route_cpu_autocast_matmuls_through_float32() has run in this process.
+bool cpu_autocast_matmuls_route_through_float32();
+
+}  // namespace gradaccum::core
