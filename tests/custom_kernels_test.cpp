@@ -1,8 +1,8 @@
 // core/custom_kernels.h: the one switch over the hand-written kernels. Its
 // parsing and errors; with it off every kernel's gate is closed and libtorch's
 // own path computes the same function (attention through
-// at::scaled_dot_product_attention, AdamW through at::_fused_adamw_); and a
-// float64 training run is the same with the kernels on or off.
+// at::scaled_dot_product_attention); and a float64 training run is the same
+// with the kernels on or off.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -24,20 +24,20 @@ using gradaccum::testing::max_relative_difference;
 TEST(CustomKernels, SpecsParseAndUnknownNamesAreOneLineErrors) {
   EXPECT_EQ(core::parse_custom_kernels("none").size(), 0u);
   EXPECT_EQ(core::parse_custom_kernels("all").size(), core::custom_kernel_names().size());
-  EXPECT_EQ(core::custom_kernel_names().size(), 6u);
+  EXPECT_EQ(core::custom_kernel_names().size(), 5u);
   const auto two = core::parse_custom_kernels(" gelu_mlp , qkv_attention");
   ASSERT_EQ(two.size(), 2u);
   EXPECT_EQ(two[0], CustomKernel::gelu_mlp);
   EXPECT_EQ(two[1], CustomKernel::qkv_attention);
   EXPECT_ONE_LINE_ERROR(core::parse_custom_kernels("qkv_attention,flash"),
                         "custom_kernels: unknown kernel 'flash' (all | none | names from: qkv_attention, "
-                        "gelu_tanh, softmax_cross_entropy, fused_adamw, gelu_mlp, heap_retention)");
+                        "gelu_tanh, softmax_cross_entropy, gelu_mlp, heap_retention)");
   EXPECT_ONE_LINE_ERROR(core::parse_custom_kernels(""), "unknown kernel ''");
 }
 
 TEST(CustomKernels, TheSwitchSetsExactlyTheNamedKernelsAndTheScopeRestores) {
   ASSERT_EQ(core::custom_kernels_description(),
-            "qkv_attention, gelu_tanh, softmax_cross_entropy, fused_adamw, gelu_mlp, heap_retention");
+            "qkv_attention, gelu_tanh, softmax_cross_entropy, gelu_mlp, heap_retention");
   {
     CustomKernelsScope scope("gelu_tanh,heap_retention");
     EXPECT_EQ(core::custom_kernels_description(), "gelu_tanh, heap_retention");
@@ -87,8 +87,8 @@ TEST(CustomKernels, OffEveryGateClosesAndLibtorchComputesTheSameFunction) {
   EXPECT_LT(max_relative_difference(models::gelu_tanh(act), fused_gelu), 1e-6);
 }
 
-// Seed 000's MLP in float64 (the fused MLP node and the engine's AdamW loop on, then
-// libtorch's layers and at::_fused_adamw_): the same trajectory to float64 rounding.
+// Seed 000's MLP in float64 (the fused MLP node, then libtorch's layers): the same
+// trajectory to float64 rounding.
 TEST(CustomKernels, AFloat64RunIsTheSameWithTheKernelsOnOrOff) {
   const auto on = gradaccum::testing::train_seed000_mlp(4, 2, 64, 6);
   gradaccum::testing::Trajectory off;

@@ -24,7 +24,7 @@ std::string_view trim(std::string_view s) {
 
 const std::vector<std::string_view>& custom_kernel_names() {
   static const std::vector<std::string_view> names{"qkv_attention", "gelu_tanh", "softmax_cross_entropy",
-                                                       "fused_adamw",   "gelu_mlp",  "heap_retention"};
+                                                       "gelu_mlp", "heap_retention"};
   return names;
 }
 

