@@ -4,6 +4,7 @@
 #include <ATen/autocast_mode.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -297,14 +298,28 @@ bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::
          io::blas_gemm_available();
 }
 
+namespace {
+
+// qkv [B, T, 3C] → q, k, v as [B, H, T, D] views.
+std::array<torch::Tensor, 3> split_heads(const torch::Tensor& qkv, int64_t n_head) {
+  const int64_t batch = qkv.size(0), time = qkv.size(1), channels = qkv.size(2) / 3;
+  const auto parts = qkv.split(channels, /*dim=*/2);
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({batch, time, n_head, channels / n_head}).transpose(1, 2);
+  };
+  return {heads(parts[0]), heads(parts[1]), heads(parts[2])};
+}
+
+// y [B, H, T, D] → [B, T, C], heads concatenated.
+torch::Tensor merge_heads(const torch::Tensor& y) {
+  return y.transpose(1, 2).contiguous().view({y.size(0), y.size(2), y.size(1) * y.size(3)});
+}
+
+}  // namespace
+
 torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
   check_shapes(qkv, n_head, allowed);
-  const int64_t batch = qkv.size(0), time = qkv.size(1), channels = qkv.size(2) / 3;
-  const int64_t head_dim = channels / n_head;
-  auto parts = qkv.split(channels, /*dim=*/2);
-  auto heads = [&](const torch::Tensor& t) {
-    return t.view({batch, time, n_head, head_dim}).transpose(1, 2);
-  };
+  const auto [q, k, v] = split_heads(qkv, n_head);
   // An additive mask holding the dtype's lowest value where a key is not allowed, not a
   // boolean one: a row without any allowed key then attends uniformly (the convention
   // above), where a boolean mask would make it NaN or zero depending on the backend.
@@ -315,24 +330,15 @@ torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const
                         : dtype == torch::kHalf ? static_cast<double>(std::numeric_limits<c10::Half>::lowest())
                                                 : static_cast<double>(std::numeric_limits<float>::lowest());
   const auto bias = torch::zeros(allowed.sizes(), qkv.options()).masked_fill_(allowed.logical_not(), lowest);
-  auto y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), bias);
-  return y.transpose(1, 2).contiguous().view({batch, time, channels});
+  return merge_heads(at::scaled_dot_product_attention(q, k, v, bias));
 }
 
 torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head,
                                       const torch::Tensor& allowed) {
   check_shapes(qkv, n_head, allowed);
-  const int64_t batch = qkv.size(0), time = qkv.size(1), channels = qkv.size(2) / 3;
-  const int64_t head_dim = channels / n_head;
-  auto parts = qkv.split(channels, /*dim=*/2);
-  // [B, T, C] → [B, H, T, D]
-  auto heads = [&](const torch::Tensor& t) {
-    return t.view({batch, time, n_head, head_dim}).transpose(1, 2);
-  };
-  auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  auto y = torch::matmul(masked_softmax(scores, allowed), v);  // [B, H, T, D]
-  return y.transpose(1, 2).contiguous().view({batch, time, channels});
+  const auto [q, k, v] = split_heads(qkv, n_head);
+  const auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
+  return merge_heads(torch::matmul(masked_softmax(scores, allowed), v));
 }
 
 torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
