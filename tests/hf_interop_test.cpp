@@ -1,0 +1,140 @@
+// Hugging Face transformers itself as the reference: GPT-2 and BLOOM models,
+// causal LM and sequence classifier, in shapes other than the defaults, saved
+// by transformers' save_pretrained (tests/hf/save_pretrained_models.py, run with
+// the venv's Python when this suite starts) load into gradaccum's models
+// (model.hf_checkpoint's loader) and give transformers' logits on a padded
+// batch: ≤ 1e-12 relative in float64, ≤ 1e-5 in float32. (transformers' BLOOM
+// runs its attention softmax in float32 whatever the dtype; the float64
+// reference runs it in float64, see the script.) A GPT-2 with an untied
+// head, which HF allows and gradaccum does not, is refused with a one-line error.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "gradaccum/io/safetensors.h"
+#include "gradaccum/models/bloom.h"
+#include "gradaccum/models/gpt2.h"
+#include "gradaccum/models/hf_checkpoint.h"
+#include "gradaccum/models/sequence_classifier.h"
+#include "test_support.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace gradaccum;
+using gradaccum::testing::max_relative_difference;
+
+std::string venv_python() {
+  const char* env = std::getenv("GRADACCUM_VENV");
+  return std::string(env != nullptr && *env != '\0' ? env : "/opt/gradaccum/venv") + "/bin/python";
+}
+
+class HfInterop : public ::testing::Test {
+ protected:
+  // transformers writes the checkpoints once for the whole suite (~10 s).
+  static void SetUpTestSuite() {
+    dir_ = gradaccum::testing::make_temp_dir("hf-interop");
+    const std::string script = std::string(GRADACCUM_TEST_DATA) + "/../hf/save_pretrained_models.py";
+    const std::string command = "'" + venv_python() + "' -B '" + script + "' '" + dir_ + "' > '" + dir_ +
+                                "/log' 2>&1";
+    status_ = std::system(command.c_str());
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  void SetUp() override {
+    ASSERT_EQ(status_, 0) << "tests/hf/save_pretrained_models.py failed (transformers in the venv "
+                          << venv_python() << "?); see its log in " << dir_ << "/log";
+  }
+
+  static nlohmann::json cases() {
+    std::ifstream in(dir_ + "/cases.json");
+    return nlohmann::json::parse(in);
+  }
+
+  static std::string dir_;
+  static int status_;
+};
+std::string HfInterop::dir_;
+int HfInterop::status_ = -1;
+
+// gradaccum's model for a checkpoint of `architecture` with `labels` (0 = causal LM).
+std::shared_ptr<torch::nn::Module> build(const nlohmann::json& config, const std::string& architecture,
+                                         int64_t labels, const std::string& what) {
+  if (architecture == "gpt2") {
+    const auto c = models::gpt2_config_from_hf(config, what);
+    if (labels == 0) return models::Gpt2LmHeadModel(c).ptr();
+    return models::SequenceClassificationModel(models::as_decoder(models::Gpt2Model(c)), labels).ptr();
+  }
+  const auto c = models::bloom_config_from_hf(config, what);
+  if (labels == 0) return models::BloomForCausalLm(c).ptr();
+  return models::SequenceClassificationModel(models::as_decoder(models::BloomModel(c)), labels).ptr();
+}
+
+torch::Tensor forward(torch::nn::Module& module, const torch::Tensor& ids, const torch::Tensor& mask) {
+  torch::NoGradGuard no_grad;
+  if (auto* lm = dynamic_cast<models::CausalLmHeadImpl*>(&module)) return lm->forward(ids, mask);
+  auto* classifier = dynamic_cast<models::SequenceClassificationModelImpl*>(&module);
+  EXPECT_NE(classifier, nullptr);
+  return classifier->forward(ids, mask);
+}
+
+TEST_F(HfInterop, SavePretrainedModelsLoadAndGiveTransformersLogits) {
+  int compared = 0;
+  for (const auto& c : cases()) {
+    if (c.contains("refused")) continue;
+    const std::string name = c["name"], architecture = c["architecture"];
+    const int64_t labels = c["labels"];
+    const std::string case_dir = dir_ + "/" + name;
+    const auto checkpoint = models::read_hf_checkpoint(case_dir);
+    EXPECT_EQ(models::hf_model_type(checkpoint.config, name), architecture);
+    EXPECT_EQ(models::hf_num_labels(checkpoint.config, name), labels == 0 ? 0 : labels) << name;
+    const auto reference = io::load_safetensors(case_dir + "/reference.safetensors");
+    auto tensor = [&](const std::string& key) {
+      for (const auto& [k, t] : reference) {
+        if (k == key) return t;
+      }
+      ADD_FAILURE() << name << ": no " << key;
+      return torch::Tensor();
+    };
+    const auto ids = tensor("input_ids"), mask = tensor("attention_mask");
+    // Positions where both implementations define the logits: the real tokens (a padding
+    // query that sees no real key is handled differently by HF and gradaccum).
+    const auto real = labels == 0 ? mask.to(torch::kBool) : torch::ones({ids.size(0)}, torch::kBool);
+    for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+      auto model = build(checkpoint.config, architecture, labels, name);
+      model->to(dtype);
+      models::load_hf_tensors(*model, checkpoint.tensors, architecture, name);
+      const auto logits = forward(*model, ids, mask);
+      const auto expected = tensor(dtype == torch::kDouble ? "logits64" : "logits32");
+      ASSERT_EQ(logits.sizes(), expected.sizes()) << name;
+      EXPECT_TRUE(torch::isfinite(logits.index({real})).all().item<bool>()) << name;
+      EXPECT_TRUE(torch::isfinite(expected.index({real})).all().item<bool>()) << name;
+      const double difference = max_relative_difference(logits.to(torch::kDouble).index({real}),
+                                                        expected.to(torch::kDouble).index({real}));
+      EXPECT_LE(difference, dtype == torch::kDouble ? 1e-12 : 1e-5)
+          << name << " in " << (dtype == torch::kDouble ? "float64" : "float32");
+      EXPECT_GT(expected.index({real}).abs().max().item<double>(), 0.1) << name;  // of substance
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 2 * 6);
+}
+
+TEST_F(HfInterop, AnUntiedGpt2HeadIsRefusedWithTheKeyNamed) {
+  int refused = 0;
+  for (const auto& c : cases()) {
+    if (!c.contains("refused")) continue;
+    const std::string name = c["name"], expected = c["refused"];
+    const auto checkpoint = models::read_hf_checkpoint(dir_ + "/" + name);
+    EXPECT_ONE_LINE_ERROR(build(checkpoint.config, c["architecture"], c["labels"], name), expected);
+    ++refused;
+  }
+  EXPECT_EQ(refused, 1);
+}
+
+}  // namespace
