@@ -3,7 +3,9 @@
 // by transformers' save_pretrained (tests/hf/save_pretrained_models.py, run with
 // the venv's Python when this suite starts) load into gradaccum's models
 // (model.hf_checkpoint's loader) and give transformers' logits on a padded
-// batch: ≤ 1e-12 relative in float64, ≤ 1e-5 in float32. (transformers' BLOOM
+// batch: ≤ 1e-12 relative in float64, ≤ 1e-5 in float32; and checkpoints that
+// gradaccum writes load with transformers' from_pretrained, all keys matched,
+// with the same float64 logits. (transformers' BLOOM
 // runs its attention softmax in float32 whatever the dtype; the float64
 // reference runs it in float64, see the script.) A GPT-2 with an untied
 // head, which HF allows and gradaccum does not, is refused with a one-line error.
@@ -12,6 +14,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <vector>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -34,6 +39,13 @@ std::string venv_python() {
   return std::string(env != nullptr && *env != '\0' ? env : "/opt/gradaccum/venv") + "/bin/python";
 }
 
+// The last lines of a log, for a failure message (the suite's directory is removed after it).
+std::string tail_of(const std::string& path) {
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return text.size() > 2000 ? text.substr(text.size() - 2000) : text;
+}
+
 class HfInterop : public ::testing::Test {
  protected:
   // transformers writes the checkpoints once for the whole suite (~10 s).
@@ -48,7 +60,7 @@ class HfInterop : public ::testing::Test {
 
   void SetUp() override {
     ASSERT_EQ(status_, 0) << "tests/hf/save_pretrained_models.py failed (transformers in the venv "
-                          << venv_python() << "?); see its log in " << dir_ << "/log";
+                          << venv_python() << "?):\n" << tail_of(dir_ + "/log");
   }
 
   static nlohmann::json cases() {
@@ -135,6 +147,90 @@ TEST_F(HfInterop, AnUntiedGpt2HeadIsRefusedWithTheKeyNamed) {
     ++refused;
   }
   EXPECT_EQ(refused, 1);
+}
+
+// The other direction: what gradaccum writes (write_hf_checkpoint, as a run's final/ does)
+// loads with transformers' AutoModelFor*.from_pretrained with no missing, unexpected or
+// mismatched key, and transformers' float64 logits equal gradaccum's to 1e-12.
+TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits) {
+  const std::string root = dir_ + "/ours";
+  fs::create_directories(root);
+  struct Case {
+    std::string name, architecture;
+    int64_t labels;
+  };
+  const std::vector<Case> made = {{"gpt2-lm", "gpt2", 0}, {"gpt2-cls", "gpt2", 4},
+                                  {"bloom-lm", "bloom", 0}, {"bloom-cls", "bloom", 3}};
+  nlohmann::json listed = nlohmann::json::array();
+  for (size_t i = 0; i < made.size(); ++i) {
+    const auto& c = made[i];
+    nlohmann::json config;
+    std::shared_ptr<torch::nn::Module> model;
+    if (c.architecture == "gpt2") {
+      models::Gpt2Config g;
+      g.vocab_size = 57, g.n_positions = 24, g.n_embd = 30, g.n_layer = 3, g.n_head = 5, g.init_seed = 7 + i;
+      config = models::gpt2_hf_config(g, c.labels);
+      model = build(config, "gpt2", c.labels, c.name);
+    } else {
+      models::BloomConfig b;
+      b.vocab_size = 53, b.hidden_size = 24, b.n_layer = 2, b.n_head = 4, b.init_seed = 7 + i;
+      config = models::bloom_hf_config(b, c.labels);
+      model = build(config, "bloom", c.labels, c.name);
+    }
+    {
+      // Every weight redrawn: LayerNorm gains and biases start at 1 and 0, which would hide a
+      // swapped or transposed tensor.
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(static_cast<uint64_t>(40 + i));
+      for (const auto& item : model->named_parameters()) {
+        auto p = item.value();
+        const bool gain = item.key().find("ln") != std::string::npos && item.key().ends_with("weight");
+        p.copy_(gain ? 1.0 + 0.2 * torch::randn_like(p) : 0.3 * torch::randn_like(p));
+      }
+    }
+    // A classifier's final/ names the pad id its data pads with (cli/workload.cpp): HF finds
+    // the pooled token from it, gradaccum from the mask. Here the batch pads with 0.
+    if (c.labels > 0) config["pad_token_id"] = 0;
+    const std::string case_dir = root + "/" + c.name;
+    models::write_hf_checkpoint(case_dir, {config, models::hf_tensors(*model, c.architecture)});
+    // A padded batch: row 0 unpadded, row 1 right-padded, row 2 left-padded (pad id 0,
+    // real ids ≥ 4).
+    auto ids = torch::randint(4, 50, {3, 9}, torch::kLong);
+    auto mask = torch::ones({3, 9}, torch::kLong);
+    mask[1].slice(0, 6, 9).zero_();
+    mask[2].slice(0, 0, 2).zero_();
+    ids.masked_fill_(mask == 0, 0);
+    const auto positions = models::gpt2_position_ids(mask);
+    model->to(torch::kDouble);
+    const auto logits = forward(*model, ids, mask);
+    io::save_safetensors(case_dir + "/reference.safetensors", {{"input_ids", ids},
+                                                               {"attention_mask", mask},
+                                                               {"position_ids", positions},
+                                                               {"logits64", logits.contiguous()}});
+    listed.push_back({{"name", c.name}, {"labels", c.labels}});
+  }
+  std::ofstream(root + "/cases.json") << listed.dump();
+  const std::string script = std::string(GRADACCUM_TEST_DATA) + "/../hf/check_from_pretrained.py";
+  const int status = std::system(("'" + venv_python() + "' -B '" + script + "' '" + root + "' > '" + root +
+                                  "/log' 2>&1")
+                                     .c_str());
+  ASSERT_EQ(status, 0) << "tests/hf/check_from_pretrained.py failed:\n" << tail_of(root + "/log");
+  std::ifstream in(root + "/results.json");
+  const auto results = nlohmann::json::parse(in);
+  ASSERT_EQ(results.size(), made.size());
+  const std::map<std::string, std::string> classes = {{"gpt2-lm", "GPT2LMHeadModel"},
+                                                      {"gpt2-cls", "GPT2ForSequenceClassification"},
+                                                      {"bloom-lm", "BloomForCausalLM"},
+                                                      {"bloom-cls", "BloomForSequenceClassification"}};
+  for (const auto& c : made) {
+    const auto& r = results.at(c.name);
+    EXPECT_EQ(r["model_class"], classes.at(c.name));
+    EXPECT_TRUE(r["missing"].empty()) << c.name << ": " << r["missing"].dump();
+    EXPECT_TRUE(r["unexpected"].empty()) << c.name << ": " << r["unexpected"].dump();
+    EXPECT_TRUE(r["mismatched"].empty()) << c.name << ": " << r["mismatched"].dump();
+    EXPECT_LE(r["max_relative_difference"].get<double>(), 1e-12) << c.name;
+    EXPECT_GT(r["max_abs_logit"].get<double>(), 0.1) << c.name;
+  }
 }
 
 }  // namespace
