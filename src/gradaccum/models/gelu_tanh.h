@@ -22,12 +22,14 @@
 namespace gradaccum::models {
 
 // torch::gelu(x, "tanh") to float32 rounding (tests/gelu_tanh_test.cpp), same
-// dtype as x. Fused when gelu_tanh_fuses(x); otherwise libtorch's gelu, in
-// float32 for a bfloat16/float16 CPU input (rounded back once). Differentiating
-// the fused result twice (create_graph) throws gradaccum::Error.
+// dtype as x. Fused when gelu_tanh_fuses(x); otherwise libtorch's gelu in x's
+// dtype (libtorch 2.x's 16-bit CPU GELU is vectorized: the float32 detour that
+// 1.13 needed is gone). Differentiating the fused result twice (create_graph)
+// throws gradaccum::Error.
 torch::Tensor gelu_tanh(const torch::Tensor& x);
 
-// Contiguous CPU float32 or bfloat16.
+// custom_kernels has gelu_tanh (core/custom_kernels.h), and x is contiguous CPU
+// float32 or bfloat16.
 bool gelu_tanh_fuses(const torch::Tensor& x);
 
 }  // namespace gradaccum::models
