@@ -23,6 +23,7 @@
 
 #include "gradaccum/io/safetensors.h"
 #include "gradaccum/models/bloom.h"
+#include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/models/hf_checkpoint.h"
 #include "gradaccum/models/sequence_classifier.h"
@@ -151,7 +152,8 @@ TEST_F(HfInterop, AnUntiedGpt2HeadIsRefusedWithTheKeyNamed) {
 
 // The other direction: what gradaccum writes (write_hf_checkpoint, as a run's final/ does)
 // loads with transformers' AutoModelFor*.from_pretrained with no missing, unexpected or
-// mismatched key, and transformers' float64 logits equal gradaccum's to 1e-12.
+// mismatched key, and transformers' float64 logits and loss on a padded batch equal
+// gradaccum's (to 1e-12; the causal-LM loss to 1e-6, see below).
 TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits) {
   const std::string root = dir_ + "/ours";
   fs::create_directories(root);
@@ -162,6 +164,7 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
   const std::vector<Case> made = {{"gpt2-lm", "gpt2", 0}, {"gpt2-cls", "gpt2", 4},
                                   {"bloom-lm", "bloom", 0}, {"bloom-cls", "bloom", 3}};
   nlohmann::json listed = nlohmann::json::array();
+  std::map<std::string, double> losses;
   for (size_t i = 0; i < made.size(); ++i) {
     const auto& c = made[i];
     nlohmann::json config;
@@ -203,9 +206,23 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
     const auto positions = models::gpt2_position_ids(mask);
     model->to(torch::kDouble);
     const auto logits = forward(*model, ids, mask);
+    // Labels: the ids with padding ignored (causal LM), or a class per row; gradaccum's loss is
+    // the sum over what is scored divided by its count.
+    torch::Tensor labels;
+    double loss = 0.0;
+    if (c.labels == 0) {
+      labels = ids.masked_fill(mask == 0, models::kIgnoreIndex);
+      const auto sum = models::causal_lm_loss(logits, labels);
+      loss = (sum.sum / sum.count.to(torch::kDouble)).item<double>();
+    } else {
+      labels = torch::randint(c.labels, {3}, torch::kLong);
+      loss = torch::nn::functional::cross_entropy(logits, labels).item<double>();
+    }
+    losses[c.name] = loss;
     io::save_safetensors(case_dir + "/reference.safetensors", {{"input_ids", ids},
                                                                {"attention_mask", mask},
                                                                {"position_ids", positions},
+                                                               {"labels", labels},
                                                                {"logits64", logits.contiguous()}});
     listed.push_back({{"name", c.name}, {"labels", c.labels}});
   }
@@ -230,6 +247,13 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
     EXPECT_TRUE(r["mismatched"].empty()) << c.name << ": " << r["mismatched"].dump();
     EXPECT_LE(r["max_relative_difference"].get<double>(), 1e-12) << c.name;
     EXPECT_GT(r["max_abs_logit"].get<double>(), 0.1) << c.name;
+    // The same loss on the padded batch (HF: mean over labels != -100, or over rows).
+    // transformers' causal-LM loss casts the logits to float32 first (loss_utils.py,
+    // logits.float()), even for a float64 model: float32 accuracy there, float64 for the
+    // classifier's.
+    const double tolerance = c.labels == 0 ? 1e-6 : 1e-12;
+    EXPECT_NEAR(r["loss"].get<double>(), losses.at(c.name), tolerance * losses.at(c.name)) << c.name;
+    EXPECT_GT(losses.at(c.name), 0.1) << c.name;
   }
 }
 

@@ -93,17 +93,22 @@ class _Float64Softmax:
         return torch.nn.functional.softmax(x, dim=dim, dtype=dtype, **kwargs)
 
 
-def logits(model, arch, ids, mask, positions):
+def run(model, arch, ids, mask, positions, **kwargs):
+    """The model's output on the batch (kwargs: e.g. labels), float64 BLOOM softmax in float64."""
     with torch.no_grad():
         extra = {"position_ids": positions} if arch == "gpt2" else {}
         if arch == "bloom" and next(model.parameters()).dtype == torch.float64:
             import transformers.models.bloom.modeling_bloom as modeling_bloom
             saved, modeling_bloom.F = modeling_bloom.F, _Float64Softmax()
             try:
-                return model(input_ids=ids, attention_mask=mask, **extra).logits
+                return model(input_ids=ids, attention_mask=mask, **extra, **kwargs)
             finally:
                 modeling_bloom.F = saved
-        return model(input_ids=ids, attention_mask=mask, **extra).logits
+        return model(input_ids=ids, attention_mask=mask, **extra, **kwargs)
+
+
+def logits(model, arch, ids, mask, positions):
+    return run(model, arch, ids, mask, positions).logits
 
 
 def main():
