@@ -120,9 +120,7 @@ TEST(DataParallel, TwoRanksTimesTwoStepsEqualsOneRankAndTheFullBatch) {
 // what --nproc 2 gives (float64). torchrun serves the store itself
 // (TORCHELASTIC_USE_AGENT_STORE), so no rank may bind MASTER_PORT.
 TEST(DataParallel, TorchrunTwoRanksEqualNproc2PerStep) {
-  const char* venv_env = std::getenv("GRADACCUM_VENV");
-  const std::string torchrun =
-      std::string(venv_env != nullptr && *venv_env != '\0' ? venv_env : "/opt/gradaccum/venv") + "/bin/torchrun";
+  const std::string torchrun = gradaccum::testing::venv_program("torchrun");
   ASSERT_TRUE(fs::exists(torchrun)) << torchrun << " is missing: run scripts/setup.sh";
   const auto root = make_temp_dir("dp-torchrun");
   const std::string args = kRun + " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=2";

@@ -35,9 +35,12 @@ namespace fs = std::filesystem;
 using namespace gradaccum;
 using gradaccum::testing::max_relative_difference;
 
-std::string venv_python() {
-  const char* env = std::getenv("GRADACCUM_VENV");
-  return std::string(env != nullptr && *env != '\0' ? env : "/opt/gradaccum/venv") + "/bin/python";
+// Runs tests/hf/<script> DIR with the venv's Python, its output into DIR/log; the exit status.
+int run_hf_script(const std::string& script, const std::string& dir) {
+  const std::string path = std::string(GRADACCUM_TEST_DATA) + "/../hf/" + script;
+  const std::string command = "'" + gradaccum::testing::venv_program("python") + "' -B '" + path + "' '" +
+                              dir + "' > '" + dir + "/log' 2>&1";
+  return std::system(command.c_str());
 }
 
 // The last lines of a log, for a failure message (the suite's directory is removed after it).
@@ -52,16 +55,13 @@ class HfInterop : public ::testing::Test {
   // transformers writes the checkpoints once for the whole suite (~10 s).
   static void SetUpTestSuite() {
     dir_ = gradaccum::testing::make_temp_dir("hf-interop");
-    const std::string script = std::string(GRADACCUM_TEST_DATA) + "/../hf/save_pretrained_models.py";
-    const std::string command = "'" + venv_python() + "' -B '" + script + "' '" + dir_ + "' > '" + dir_ +
-                                "/log' 2>&1";
-    status_ = std::system(command.c_str());
+    status_ = run_hf_script("save_pretrained_models.py", dir_);
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
   void SetUp() override {
     ASSERT_EQ(status_, 0) << "tests/hf/save_pretrained_models.py failed (transformers in the venv "
-                          << venv_python() << "?):\n" << tail_of(dir_ + "/log");
+                          << gradaccum::testing::venv_program("python") << "?):\n" << tail_of(dir_ + "/log");
   }
 
   static nlohmann::json cases() {
@@ -227,10 +227,7 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
     listed.push_back({{"name", c.name}, {"labels", c.labels}});
   }
   std::ofstream(root + "/cases.json") << listed.dump();
-  const std::string script = std::string(GRADACCUM_TEST_DATA) + "/../hf/check_from_pretrained.py";
-  const int status = std::system(("'" + venv_python() + "' -B '" + script + "' '" + root + "' > '" + root +
-                                  "/log' 2>&1")
-                                     .c_str());
+  const int status = run_hf_script("check_from_pretrained.py", root);
   ASSERT_EQ(status, 0) << "tests/hf/check_from_pretrained.py failed:\n" << tail_of(root + "/log");
   std::ifstream in(root + "/results.json");
   const auto results = nlohmann::json::parse(in);

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -68,6 +69,11 @@ std::string make_temp_dir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
+}
+
+std::string venv_program(const std::string& name) {
+  const char* env = std::getenv("GRADACCUM_VENV");
+  return std::string(env != nullptr && *env != '\0' ? env : "/opt/gradaccum/venv") + "/bin/" + name;
 }
 
 CliResult run_cli(const std::string& args, const std::string& cwd) {

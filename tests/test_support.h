@@ -123,6 +123,10 @@ CliResult run_cli(const std::string& args, const std::string& cwd = "");
 // A fresh empty directory under the system temp dir.
 std::string make_temp_dir(const std::string& name);
 
+// A program of the project's Python venv (scripts/setup.sh): $GRADACCUM_VENV/bin/<name>,
+// /opt/gradaccum/venv/bin/<name> when the variable is unset or empty.
+std::string venv_program(const std::string& name);
+
 std::string read_text(const std::string& path);
 
 // The JSON objects of a JSON-lines file (metrics.jsonl), in order.

@@ -122,10 +122,7 @@ CommandResult run(const std::string& command, const fs::path& dir) {
 
 // The venv's Python, which runs the reference scripts (-B: no __pycache__ in
 // the source tree).
-std::string venv_python() {
-  const char* env = std::getenv("GRADACCUM_VENV");
-  return std::string(env != nullptr && *env != '\0' ? env : "/opt/gradaccum/venv") + "/bin/python";
-}
+std::string venv_python() { return gradaccum::testing::venv_program("python"); }
 
 bool have_tiktoken() {
   static const bool have =
