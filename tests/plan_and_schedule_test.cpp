@@ -15,6 +15,7 @@ namespace {
 using namespace gradaccum;
 using core::BatchGeometry;
 using core::LastWindow;
+using core::SampleOrder;
 using core::WindowPlan;
 
 std::vector<int64_t> to_vector(const torch::Tensor& t) {
@@ -121,6 +122,25 @@ TEST(WindowPlan, DropAndTooSmallDatasets) {
   EXPECT_EQ(WindowPlan(5, BatchGeometry::from_accumulation(2, 4), LastWindow::partial, 1).windows_per_epoch(), 1);
   EXPECT_THROW(WindowPlan(5, BatchGeometry::from_accumulation(2, 4), LastWindow::drop, 1), Error);
   EXPECT_THROW(WindowPlan(0, BatchGeometry::from_accumulation(2, 4), LastWindow::partial, 1), Error);
+}
+
+TEST(WindowPlan, SequentialOrderTakesTheSamplesAsStoredEveryEpoch) {
+  const WindowPlan plan(10, BatchGeometry::from_accumulation(2, 2, 2), LastWindow::partial, 1, SampleOrder::sequential);
+  for (int64_t epoch : {0, 3}) {
+    const auto permutation = plan.permutation(epoch);
+    EXPECT_TRUE(torch::equal(permutation, torch::arange(10, torch::kLong))) << epoch;
+    // Window 1 = samples 8, 9 (partial): micro-step 0 gives rank 0 sample 8..9, rank 1 nothing.
+    const auto last = plan.window(permutation, epoch, 1);
+    EXPECT_EQ(last.micro_steps(), 1);
+    EXPECT_TRUE(torch::equal(last.micro_batch(0, 0), torch::tensor({8, 9}, torch::kLong)));
+    EXPECT_EQ(last.micro_batch(0, 1).numel(), 0);
+    // Window 0, micro-step 1, rank 1 = chunk 3 = samples 6, 7.
+    EXPECT_TRUE(torch::equal(plan.window(permutation, epoch, 0).micro_batch(1, 1),
+                             torch::tensor({6, 7}, torch::kLong)));
+  }
+  // The random order is not the identity (the sequential one is not the default).
+  const WindowPlan random(10, BatchGeometry::from_accumulation(2, 2, 2), LastWindow::partial, 1);
+  EXPECT_FALSE(torch::equal(random.permutation(0), torch::arange(10, torch::kLong)));
 }
 
 TEST(LrSchedule, WarmupThenConstantLinearCosine) {

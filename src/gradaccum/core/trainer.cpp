@@ -58,7 +58,7 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
       observer_(observer),
       sync_(sync != nullptr ? *sync : local_sync_),
       plan_(train_data.size(), options_.geometry(sync_.world_size()), options_.last_window,
-            options_.seed),
+            options_.seed, options_.sample_order),
       total_steps_(total_optimizer_steps(options_, plan_)),
       normalizer_(options_.loss_normalization, plan_.geometry().accumulation_steps()) {
   if (options_.group_by_length) {

@@ -51,6 +51,7 @@ struct TrainerOptions {
   int64_t eval_steps = 0;  // 0: evaluate at the end only
   int64_t per_device_eval_batch_size = 256;
   bool group_by_length = false;  // sort each window's samples by length (see WindowPlan)
+  SampleOrder sample_order = SampleOrder::random;  // train_sampling_strategy
   int64_t save_steps = 0;  // > 0: a checkpoint every save_steps optimizer steps
   NanPolicy nan_policy = NanPolicy::abort;
   torch::ScalarType dtype = torch::kFloat;

@@ -35,8 +35,12 @@ int64_t Window::samples_of_rank(int64_t rank) const {
 }
 
 WindowPlan::WindowPlan(int64_t dataset_size, BatchGeometry geometry, LastWindow last_window,
-                       uint64_t seed)
-    : dataset_size_(dataset_size), geometry_(geometry), last_window_(last_window), seed_(seed) {
+                       uint64_t seed, SampleOrder order)
+    : dataset_size_(dataset_size),
+      geometry_(geometry),
+      last_window_(last_window),
+      seed_(seed),
+      order_(order) {
   GA_CHECK(dataset_size > 0, "the training dataset is empty");
   GA_CHECK(windows_per_epoch() > 0,
            "the training dataset has {} samples, fewer than one global batch of {} with "
@@ -59,6 +63,7 @@ uint64_t WindowPlan::epoch_seed(uint64_t seed, int64_t epoch) {
 }
 
 torch::Tensor WindowPlan::permutation(int64_t epoch) const {
+  if (order_ == SampleOrder::sequential) return torch::arange(dataset_size_, torch::kLong);
   auto generator = at::detail::createCPUGenerator(epoch_seed(seed_, epoch));
   return torch::randperm(dataset_size_, generator, torch::TensorOptions().dtype(torch::kLong));
 }

@@ -17,6 +17,11 @@ namespace gradaccum::core {
 
 enum class LastWindow { partial, drop };
 
+// The order of the samples in each epoch (HF's train_sampling_strategy):
+// a seeded permutation, or the dataset's own order (to replay a fixed
+// sequence of batches, e.g. against another trainer reading the same file).
+enum class SampleOrder { random, sequential };
+
 // The samples of one window and how they are cut into micro-batches.
 // The window's samples are cut into chunks of b in order; chunk c goes to rank
 // c % W at micro-step c / W. A partial window therefore has fewer micro-steps,
@@ -47,13 +52,15 @@ class Window {
 
 class WindowPlan {
  public:
-  WindowPlan(int64_t dataset_size, BatchGeometry geometry, LastWindow last_window, uint64_t seed);
+  WindowPlan(int64_t dataset_size, BatchGeometry geometry, LastWindow last_window, uint64_t seed,
+             SampleOrder order = SampleOrder::random);
 
   const BatchGeometry& geometry() const { return geometry_; }
   int64_t dataset_size() const { return dataset_size_; }
   // Optimizer steps per epoch: floor(n / B), plus one for a partial remainder.
   int64_t windows_per_epoch() const;
-  // The permutation of epoch `epoch`: a pure function of (seed, epoch, n).
+  // The permutation of epoch `epoch`: a pure function of (seed, epoch, n);
+  // 0, 1, …, n-1 in every epoch with SampleOrder::sequential.
   torch::Tensor permutation(int64_t epoch) const;
   // Window k of an epoch whose permutation is given (to draw it once per epoch).
   Window window(const torch::Tensor& permutation, int64_t epoch, int64_t k) const;
@@ -75,6 +82,7 @@ class WindowPlan {
   BatchGeometry geometry_;
   LastWindow last_window_;
   uint64_t seed_;
+  SampleOrder order_;
   torch::Tensor lengths_;  // undefined: no grouping
 };
 

@@ -84,6 +84,7 @@ gradient_checkpointing: false     # GPT-2/BLOOM: recompute block activations in 
 loss_chunk_tokens: 0              # causal LMs: the fused LM head + loss works on chunks of this many tokens (0 = automatic, ~64 MiB of logits)
 loss_normalization: window        # window (exact mean) | sum | micro_batch (naive)
 last_window: partial              # partial | drop
+train_sampling_strategy: random   # random (a seeded permutation per epoch) | sequential (the data's order)
 logging_steps: 1
 eval_steps: 0
 save_steps: 0                     # > 0: a checkpoint every save_steps optimizer steps (and at the end)
@@ -388,6 +389,9 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   t.last_window = one_of(root, "last_window", {"partial", "drop"}) == "partial"
                       ? core::LastWindow::partial
                       : core::LastWindow::drop;
+  t.sample_order = one_of(root, "train_sampling_strategy", {"random", "sequential"}) == "random"
+                       ? core::SampleOrder::random
+                       : core::SampleOrder::sequential;
   c.logging_steps = get_int(root, "logging_steps");
   require(c.logging_steps >= 1, "logging_steps", ">= 1", std::to_string(c.logging_steps));
   t.eval_steps = get_int(root, "eval_steps");
