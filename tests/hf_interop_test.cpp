@@ -11,7 +11,8 @@
 // head, which HF allows and gradaccum does not, is refused with a one-line error.
 // (2) Trajectories: `gradaccum train` equals transformers' Trainer step for step from the
 // same initial weights on the same padded batches, and its naive mode equals HF Accelerate's
-// accumulate() loop (tests/hf/trainer_parity.py says how the peers run).
+// accumulate() loop (tests/hf/trainer_parity.py says how the peers run). (3) `gradaccum eval`
+// gives transformers' perplexity on a checkpoint gradaccum wrote.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -379,6 +380,60 @@ TEST_F(HfTrainerParity, TheMeanPerMicroBatchLoopIsAccelerateNotTheTrainer) {
               norm_gap);
   EXPECT_GT(loss_gap, 1e-4);
   EXPECT_GT(norm_gap, 1e-2);
+}
+
+// `gradaccum eval` on a checkpoint a gradaccum run wrote (final/, after 3 steps on KJV verses)
+// gives transformers' loss, perplexity and token count on the same text: GPT-2 (documents cut
+// at its 32 positions) and BLOOM, both in float32, to 1e-5 relative.
+TEST(HfEval, GradaccumEvalGivesTransformersPerplexity) {
+  const auto dir = gradaccum::testing::make_temp_dir("hf-eval");
+  const std::string common =
+      "--set model.n_layer=1 --set model.n_embd=16 --set model.n_head=2 --set model.n_positions=32 "
+      "--set data.type=kjv --set data.max_length=16 --set data.train_limit=96 --set data.eval_limit=-1 "
+      "--set max_steps=3 --set threads=2 --set learning_rate=1e-2 --set seed=7 "
+      "--set per_device_train_batch_size=8 --set gradient_accumulation_steps=4";
+  nlohmann::json checkpoints = nlohmann::json::array();
+  for (const std::string type : {"gpt2", "bloom"}) {
+    gradaccum::testing::train_steps(common + " --set model.type=" + type, dir + "/" + type);
+    checkpoints.push_back(dir + "/" + type + "/final");
+  }
+  std::ofstream(dir + "/checkpoints.json") << checkpoints.dump();
+  // A blank line (skipped), a one-token line (nothing to predict), a line longer than GPT-2's
+  // 32 positions, and lines of different lengths batched together (--batch-size 3: padding).
+  std::ofstream(dir + "/eval.txt")
+      << "In the beginning God created the heaven and the earth.\n\n"
+      << "Amen\n"
+      << "Jesus wept.\n"
+      << "And the evening and the morning were the first day, and God saw every thing that he had made, "
+         "and, behold, it was very good; and the evening and the morning were the sixth day.\n"
+      << "Blessed are the meek: for they shall inherit the earth.\n";
+  ASSERT_EQ(run_hf_script("eval_perplexity.py", dir), 0) << "tests/hf/eval_perplexity.py failed:\n"
+                                                         << tail_of(dir + "/log");
+  std::ifstream in(dir + "/perplexity.json");
+  const auto reference = nlohmann::json::parse(in);
+  for (const auto& checkpoint : checkpoints) {
+    const auto result = gradaccum::testing::run_cli("eval --checkpoint " + checkpoint.get<std::string>() + " " +
+                                                    dir + "/eval.txt --batch-size 3");
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    const auto ours = nlohmann::json::parse(result.out);
+    const auto& theirs = reference.at(checkpoint.get<std::string>());
+    EXPECT_EQ(ours["tokens"], theirs["tokens"]) << checkpoint;
+    EXPECT_LE(gradaccum::testing::relative_difference(ours["loss"].get<double>(), theirs["loss"].get<double>()), 1e-5)
+        << checkpoint;
+    EXPECT_LE(gradaccum::testing::relative_difference(ours["perplexity"].get<double>(),
+                                                      theirs["perplexity"].get<double>()),
+              1e-5)
+        << checkpoint;
+    // Of substance: trained (3 steps), so below the uniform ln(50257) = 10.825 nats.
+    EXPECT_LT(ours["loss"].get<double>(), 10.8) << checkpoint;
+    EXPECT_GT(ours["tokens"].get<int64_t>(), 50) << checkpoint;
+  }
+  EXPECT_EQ(reference.at(checkpoints[0].get<std::string>())["model_class"], "GPT2LMHeadModel");
+  EXPECT_EQ(reference.at(checkpoints[1].get<std::string>())["model_class"], "BloomForCausalLM");
+  // The long line is cut at GPT-2's 32 positions and whole for BLOOM.
+  EXPECT_LT(reference.at(checkpoints[0].get<std::string>())["tokens"].get<int64_t>(),
+            reference.at(checkpoints[1].get<std::string>())["tokens"].get<int64_t>());
+  fs::remove_all(dir);
 }
 
 }  // namespace
