@@ -440,7 +440,7 @@ class MemoryHook final : public core::CheckpointHook {
     weights = gradaccum::models::module_tensors(*module_);
   }
   torch::optim::Optimizer* optimizer_ = nullptr;
-  std::vector<std::string> names_;
+  gradaccum::optim::NamedParameters names_;
   torch::nn::Module* module_ = nullptr;
   core::TrainingState saved;
   std::string optimizer;
@@ -474,7 +474,7 @@ TEST(CheckpointPreemption, StopInsideAWindowThenRestoreGivesIdenticalWeights) {
   core::Trainer first(options, *first_model, stopping, nullptr, quiet);
   MemoryHook hook;
   hook.optimizer_ = &first.optimizer();
-  hook.names_ = first.parameter_names();
+  hook.names_ = first.named_parameters();
   hook.module_ = &first_model->module();
   first.set_checkpointing(&hook, &stop);
   const auto partial_summary = first.run();
@@ -486,7 +486,7 @@ TEST(CheckpointPreemption, StopInsideAWindowThenRestoreGivesIdenticalWeights) {
   auto second_model = make_model();
   core::Trainer second(options, *second_model, data, nullptr, quiet);
   gradaccum::models::load_module_tensors(second_model->module(), hook.weights, "memory");
-  gradaccum::optim::load_optimizer_state(second.optimizer(), second.parameter_names(),
+  gradaccum::optim::load_optimizer_state(second.optimizer(), second.named_parameters(),
                                          gradaccum::io::parse_safetensors(hook.optimizer, "memory"),
                                          "memory");
   second.restore(hook.saved);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "gradaccum/optim/fused_adamw.h"
+#include "gradaccum/optim/optimizer_factory.h"
 #include "test_support.h"
 
 namespace {
@@ -89,3 +90,30 @@ TEST(FusedAdamW, NonContiguousParametersAndSparseGradients) {
 }
 
 }  // namespace
+
+// Weight decay reaches matrices and embeddings, not biases and gains (HF Trainer's split for
+// GPT-2/BLOOM): with zero gradients AdamW's only move is the decay, p ← p·(1 − lr·wd). SGD
+// too; the flags a sharded optimizer passes override the dimension rule.
+TEST(MakeOptimizer, WeightDecaySkipsBiasesAndNormGains) {
+  for (const std::string type : {"adamw", "sgd"}) {
+    auto matrix = torch::ones({2, 3}, torch::kDouble).requires_grad_();
+    auto bias = torch::ones({3}, torch::kDouble).requires_grad_();
+    auto flat = torch::ones({4}, torch::kDouble).requires_grad_();  // a shard of a matrix
+    gradaccum::optim::OptimizerSpec spec;
+    spec.type = type;
+    spec.learning_rate = 0.5;
+    spec.weight_decay = 0.1;
+    auto optimizer = gradaccum::optim::make_optimizer(spec, {matrix, bias, flat}, {true, false, true});
+    for (auto* p : {&matrix, &bias, &flat}) p->mutable_grad() = torch::zeros_like(*p);
+    optimizer->step();
+    EXPECT_DOUBLE_EQ(matrix.min().item<double>(), 1.0 - 0.5 * 0.1) << type;
+    EXPECT_DOUBLE_EQ(flat.max().item<double>(), 1.0 - 0.5 * 0.1) << type;
+    EXPECT_DOUBLE_EQ(bias.min().item<double>(), 1.0) << type;
+    EXPECT_EQ(optimizer->param_groups().size(), 2u) << type;
+  }
+  EXPECT_TRUE(gradaccum::optim::takes_weight_decay(torch::zeros({4, 1, 3, 3})));  // a conv kernel
+  EXPECT_FALSE(gradaccum::optim::takes_weight_decay(torch::zeros({4})));
+  // Without weight decay, one group as before.
+  gradaccum::optim::OptimizerSpec plain;
+  EXPECT_EQ(gradaccum::optim::make_optimizer(plain, {torch::zeros({2, 2}), torch::zeros({2})})->param_groups().size(), 1u);
+}

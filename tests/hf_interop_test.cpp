@@ -290,7 +290,7 @@ class HfTrainerParity : public ::testing::Test {
         "/train.jsonl --set data.tokenizer=" + tokenizer_ +
         " --set data.max_length=48 --set data.eval_fraction=0 --set train_sampling_strategy=sequential"
         " --set per_device_train_batch_size=4 --set gradient_accumulation_steps=4 --set max_steps=10"
-        " --set learning_rate=3e-3 --set weight_decay=0 --set lr_scheduler_type=cosine --set warmup_steps=2"
+        " --set learning_rate=3e-3 --set weight_decay=0.1 --set lr_scheduler_type=cosine --set warmup_steps=2"
         " --set max_grad_norm=1.0 --set threads=2 --set seed=5 --set dtype=" + dtype +
         " --set loss_normalization=" + normalization;
     return gradaccum::testing::train_steps(args, dir_ + "/run-" + dtype + "-" + normalization);

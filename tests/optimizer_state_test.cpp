@@ -18,6 +18,13 @@ using gradaccum::optim::optimizer_state;
 
 const std::vector<std::string> kNames = {"encoder.weight", "encoder.bias", "head.weight"};
 
+// The parameters under kNames.
+gradaccum::optim::NamedParameters named(const std::vector<torch::Tensor>& params) {
+  gradaccum::optim::NamedParameters out;
+  for (size_t i = 0; i < params.size(); ++i) out.emplace_back(kNames[i], params[i]);
+  return out;
+}
+
 std::vector<torch::Tensor> make_params(uint64_t seed) {
   torch::manual_seed(seed);
   return {torch::randn({4, 3}).requires_grad_(), torch::randn({4}).requires_grad_(),
@@ -56,15 +63,15 @@ TEST_P(OptimizerStateRoundTrip, SafetensorsBytesRestoreTheStateBitForBit) {
   auto params = make_params(1);
   auto optimizer = make(GetParam(), params);
   take_steps(*optimizer, params, 3, 2);
-  const auto bytes = gradaccum::io::serialize_safetensors(optimizer_state(*optimizer, kNames));
+  const auto bytes = gradaccum::io::serialize_safetensors(optimizer_state(*optimizer, named(params)));
 
   std::vector<torch::Tensor> copies;
   for (const auto& p : params) copies.push_back(p.detach().clone().requires_grad_());
   auto restored = make(GetParam(), copies);
-  load_optimizer_state(*restored, kNames, gradaccum::io::parse_safetensors(bytes, "memory"), "memory");
+  load_optimizer_state(*restored, named(copies), gradaccum::io::parse_safetensors(bytes, "memory"), "memory");
 
-  const auto before = optimizer_state(*optimizer, kNames);
-  const auto after = optimizer_state(*restored, kNames);
+  const auto before = optimizer_state(*optimizer, named(params));
+  const auto after = optimizer_state(*restored, named(copies));
   ASSERT_EQ(before.size(), after.size());
   for (size_t i = 0; i < before.size(); ++i) {
     EXPECT_EQ(before[i].first, after[i].first);
@@ -90,24 +97,24 @@ TEST(OptimizerState, KeysAreParameterNamesAndFields) {
   auto adamw = make("adamw", params);
   take_steps(*adamw, params, 3, 2);
   std::set<std::string> keys;
-  for (const auto& [key, tensor] : optimizer_state(*adamw, kNames)) keys.insert(key);
+  for (const auto& [key, tensor] : optimizer_state(*adamw, named(params))) keys.insert(key);
   const std::set<std::string> expected = {
       "encoder.weight.step", "encoder.weight.exp_avg", "encoder.weight.exp_avg_sq",
       "encoder.bias.step",   "encoder.bias.exp_avg",   "encoder.bias.exp_avg_sq",
       "head.weight.step",    "head.weight.exp_avg",    "head.weight.exp_avg_sq"};
   EXPECT_EQ(keys, expected);
-  for (const auto& [key, tensor] : optimizer_state(*adamw, kNames)) {
+  for (const auto& [key, tensor] : optimizer_state(*adamw, named(params))) {
     if (key.ends_with(".step")) EXPECT_EQ(tensor.item<int64_t>(), 3) << key;
   }
   auto sgd = make("sgd", params);
-  EXPECT_TRUE(optimizer_state(*sgd, kNames).empty());  // never stepped: no state
+  EXPECT_TRUE(optimizer_state(*sgd, named(params)).empty());  // never stepped: no state
 }
 
 std::string load_error(const gradaccum::optim::NamedStateTensors& state) {
   auto params = make_params(1);
   auto adamw = make("adamw", params);
   try {
-    load_optimizer_state(*adamw, kNames, state, "ckpt/optimizer.safetensors");
+    load_optimizer_state(*adamw, named(params), state, "ckpt/optimizer.safetensors");
   } catch (const gradaccum::Error& e) {
     return e.what();
   }

@@ -15,7 +15,7 @@ for dtype float64 and float32, and OUT/trainer-stock.json (below).
 Both runs: micro-batch 4 x 4 accumulation, 10 optimizer steps, samples in file order (the
 Trainer's train_sampling_strategy "sequential", gradaccum's the same), each micro-batch
 right-padded to its longest row with <|endoftext|> (50256), labels -100 on the padding, AdamW
-(torch's), cosine schedule with 2 warm-up steps, clipping at global norm 1.0. Documents are
+(torch's; weight decay 0.1 on all but biases and LayerNorm weights, the Trainer's split), cosine schedule with 2 warm-up steps, clipping at global norm 1.0. Documents are
 tokenized with tiktoken's GPT-2 encoding read offline from GPT2_TIKTOKEN (the file gradaccum reads),
 encode_ordinary, first MAX_LENGTH tokens.
 
@@ -58,6 +58,7 @@ STEPS = 10
 MAX_LENGTH = 48
 PAD = 50256
 LR = 3e-3
+WEIGHT_DECAY = 0.1
 WARMUP = 2
 MAX_GRAD_NORM = 1.0
 SEED = 5
@@ -141,7 +142,8 @@ def run_trainer(out, rows, dtype, name, stock=False):
 
     args = TrainingArguments(
         output_dir=os.path.join(out, "trainer-run-" + name), per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=ACCUMULATION, max_steps=1 if stock else STEPS, learning_rate=LR, weight_decay=0.0,
+        gradient_accumulation_steps=ACCUMULATION, max_steps=1 if stock else STEPS, learning_rate=LR,
+        weight_decay=WEIGHT_DECAY,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw_torch", lr_scheduler_type="cosine",
         warmup_steps=WARMUP, max_grad_norm=MAX_GRAD_NORM, train_sampling_strategy="sequential",
         use_cpu=True, logging_steps=1, save_strategy="no", report_to=[], seed=SEED,
@@ -160,10 +162,15 @@ def run_trainer(out, rows, dtype, name, stock=False):
 def run_accelerate(out, rows, dtype):
     from accelerate import Accelerator
     from transformers import get_cosine_schedule_with_warmup
+    from transformers.trainer_pt_utils import get_parameter_names
 
     accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATION, cpu=True)
     model = load(out, dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    # Weight decay as HF's no_trainer examples group it: not on biases and LayerNorm weights.
+    decayed = set(get_parameter_names(model, [torch.nn.LayerNorm], ["bias", "layernorm", "rmsnorm"]))
+    groups = [{"params": [p for n, p in model.named_parameters() if n in decayed], "weight_decay": WEIGHT_DECAY},
+              {"params": [p for n, p in model.named_parameters() if n not in decayed], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
     schedule = get_cosine_schedule_with_warmup(optimizer, WARMUP, STEPS)
     loader = torch.utils.data.DataLoader(Rows(rows), batch_size=MICRO_BATCH, shuffle=False, collate_fn=collate)
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)

@@ -67,9 +67,9 @@ class CheckpointWriter final : public core::CheckpointHook {
         resolved_config_(std::move(resolved_config)),
         seed_(seed) {}
 
-  void set_optimizer(torch::optim::Optimizer& optimizer, std::vector<std::string> parameter_names) {
+  void set_optimizer(torch::optim::Optimizer& optimizer, optim::NamedParameters parameters) {
     optimizer_ = &optimizer;
-    parameter_names_ = std::move(parameter_names);
+    parameters_ = std::move(parameters);
   }
 
   void save(const core::TrainingState& state, core::SaveReason /*reason*/) override {
@@ -80,7 +80,7 @@ class CheckpointWriter final : public core::CheckpointHook {
       contents.model_config = model_.hf_config;
     }
     if (rank0_ || optimizer_per_rank_) {
-      contents.optimizer = dist::named_optimizer_state(*optimizer_, parameter_names_);
+      contents.optimizer = dist::named_optimizer_state(*optimizer_, parameters_);
     }
     contents.optimizer_per_rank = optimizer_per_rank_;
     contents.resolved_config = resolved_config_;
@@ -98,7 +98,7 @@ class CheckpointWriter final : public core::CheckpointHook {
   std::string resolved_config_;
   uint64_t seed_;
   torch::optim::Optimizer* optimizer_ = nullptr;
-  std::vector<std::string> parameter_names_;
+  optim::NamedParameters parameters_;
   std::string last_;
 };
 
@@ -286,7 +286,7 @@ int run_train(const TrainArgs& args) {
   if (checkpoint) {
     const auto& dir = checkpoint->directory;
     built.load_weights(checkpoint->model, dir + "/model.safetensors");
-    dist::load_named_optimizer_state(trainer.optimizer(), trainer.parameter_names(),
+    dist::load_named_optimizer_state(trainer.optimizer(), trainer.named_parameters(),
                                      checkpoint->optimizer, dir);
     if (checkpoint->rng_state.defined()) {
       auto generator = at::detail::getDefaultCPUGenerator();
@@ -310,7 +310,7 @@ int run_train(const TrainArgs& args) {
   io::CheckpointStore store(store_options);
   CheckpointWriter writer(store, built, rank0, optimizer_per_rank, config.resolved_yaml,
                           config.trainer.seed);
-  writer.set_optimizer(trainer.optimizer(), trainer.parameter_names());
+  writer.set_optimizer(trainer.optimizer(), trainer.named_parameters());
   install_stop_handlers();
   trainer.set_checkpointing(&writer, &g_stop_requested, stop_agreement.get());
 

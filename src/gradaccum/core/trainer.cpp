@@ -24,13 +24,12 @@ std::vector<torch::Tensor> trainable_parameters(torch::nn::Module& module) {
 }
 }  // namespace
 
-std::vector<std::string> Trainer::parameter_names() const {
-  // named_parameters() lists what parameters() does, in the same order (trainable_parameters).
-  std::vector<std::string> names;
+optim::NamedParameters Trainer::named_parameters() const {
+  optim::NamedParameters named;
   for (const auto& item : model_.module().named_parameters()) {
-    if (item.value().requires_grad()) names.push_back(item.key());
+    if (item.value().requires_grad()) named.emplace_back(item.key(), item.value());
   }
-  return names;
+  return named;
 }
 
 BatchGeometry TrainerOptions::geometry(int64_t world_size) const {

@@ -24,6 +24,7 @@
 #include "gradaccum/optim/loss_scaler.h"
 #include "gradaccum/optim/lr_schedule.h"
 #include "gradaccum/optim/optimizer_factory.h"
+#include "gradaccum/optim/optimizer_state.h"
 
 namespace gradaccum::core {
 
@@ -101,9 +102,9 @@ class Trainer {
   const WindowPlan& plan() const { return plan_; }
   int64_t total_steps() const { return total_steps_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
-  // The names (the module's) of the parameters the optimizer steps, in its order: the keys of
-  // its state in a checkpoint (optim/optimizer_state.h).
-  std::vector<std::string> parameter_names() const;
+  // The parameters the optimizer steps under the module's names: the keys of its state in a
+  // checkpoint (optim/optimizer_state.h).
+  optim::NamedParameters named_parameters() const;
 
  private:
   core::Batch fetch(const torch::Tensor& indices) const;

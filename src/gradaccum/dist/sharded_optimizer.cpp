@@ -35,6 +35,7 @@ ShardedOptimizer::ShardedOptimizer(c10::intrusive_ptr<c10d::Backend> group,
   end_ = std::min(total, begin_ + shard_size_);
 
   std::vector<torch::Tensor> shards;
+  std::vector<bool> decayed;  // flat shards: the weight-decay rule asks their parameters
   int64_t offset = 0;
   for (size_t k = 0; k < all_.size(); ++k) {
     const int64_t n = all_[k].numel();
@@ -45,10 +46,11 @@ ShardedOptimizer::ShardedOptimizer(c10::intrusive_ptr<c10d::Backend> group,
       auto shard = all_[k].detach().view({-1}).slice(0, a - offset, b - offset);
       pieces_.push_back({k, a - offset, b - offset, shard});
       shards.push_back(shard);
+      decayed.push_back(optim::takes_weight_decay(all_[k]));
     }
     offset += n;
   }
-  if (!shards.empty()) local_ = optim::make_optimizer(spec, shards);
+  if (!shards.empty()) local_ = optim::make_optimizer(spec, shards, decayed);
 }
 
 torch::Tensor ShardedOptimizer::step(LossClosure closure) {
@@ -138,38 +140,36 @@ int64_t ShardedOptimizer::state_elements() const {
   return n;
 }
 
-std::vector<std::string> ShardedOptimizer::shard_names(const std::vector<std::string>& param_names) const {
-  GA_CHECK(param_names.size() == all_.size(), "the sharded optimizer has {} parameters, not {}",
-           all_.size(), param_names.size());
-  std::vector<std::string> names;
+optim::NamedParameters ShardedOptimizer::named_shards(const optim::NamedParameters& params) const {
+  GA_CHECK(params.size() == all_.size(), "the sharded optimizer has {} parameters, not {}", all_.size(),
+           params.size());
+  optim::NamedParameters shards;
   for (const auto& piece : pieces_) {
-    names.push_back(fmt::format("{}[{}:{}]", param_names[piece.param], piece.begin, piece.end));
+    shards.emplace_back(fmt::format("{}[{}:{}]", params[piece.param].first, piece.begin, piece.end), piece.shard);
   }
-  return names;
+  return shards;
 }
 
 optim::NamedStateTensors named_optimizer_state(const torch::optim::Optimizer& optimizer,
-                                               const std::vector<std::string>& param_names) {
+                                               const optim::NamedParameters& params) {
   if (const auto* sharded = dynamic_cast<const ShardedOptimizer*>(&optimizer)) {
     if (sharded->shard_optimizer() == nullptr) return {};
-    return optim::optimizer_state(*sharded->shard_optimizer(), sharded->shard_names(param_names));
+    return optim::optimizer_state(*sharded->shard_optimizer(), sharded->named_shards(params));
   }
-  return optim::optimizer_state(optimizer, param_names);
+  return optim::optimizer_state(optimizer, params);
 }
 
-void load_named_optimizer_state(torch::optim::Optimizer& optimizer,
-                                const std::vector<std::string>& param_names,
+void load_named_optimizer_state(torch::optim::Optimizer& optimizer, const optim::NamedParameters& params,
                                 const optim::NamedStateTensors& state, const std::string& what) {
   if (auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
     if (sharded->shard_optimizer() == nullptr) {
       GA_CHECK(state.empty(), "{}: optimizer state for a rank that owns no parameters", what);
       return;
     }
-    optim::load_optimizer_state(*sharded->shard_optimizer(), sharded->shard_names(param_names),
-                                state, what);
+    optim::load_optimizer_state(*sharded->shard_optimizer(), sharded->named_shards(params), state, what);
     return;
   }
-  optim::load_optimizer_state(optimizer, param_names, state, what);
+  optim::load_optimizer_state(optimizer, params, state, what);
 }
 
 }  // namespace gradaccum::dist

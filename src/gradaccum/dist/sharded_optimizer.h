@@ -45,9 +45,9 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
   // The optimizer that steps this rank's range (nullptr when the range is empty): its state is
   // the rank's shard, which each rank saves and loads itself.
   torch::optim::Optimizer* shard_optimizer() const { return local_.get(); }
-  // The names of shard_optimizer()'s parameters, "<param>[begin:end]" (elements of the flattened
-  // parameter), given the names of the parameters this optimizer was built with.
-  std::vector<std::string> shard_names(const std::vector<std::string>& param_names) const;
+  // shard_optimizer()'s parameters under the names "<param>[begin:end]" (elements of the
+  // flattened parameter), given the parameters this optimizer was built with, named.
+  optim::NamedParameters named_shards(const optim::NamedParameters& params) const;
 
  private:
   // A piece of one parameter inside this rank's range.
@@ -66,13 +66,12 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
   std::unique_ptr<torch::optim::Optimizer> local_;
 };
 
-// optim::optimizer_state of the optimizer a trainer holds: a ShardedOptimizer's shard under
-// shard_names(), any other optimizer under `param_names` (its parameters' names, in order).
+// optim::optimizer_state of the optimizer a trainer holds over `params`: a ShardedOptimizer's
+// shard under named_shards(), any other optimizer under the parameters' names.
 optim::NamedStateTensors named_optimizer_state(const torch::optim::Optimizer& optimizer,
-                                               const std::vector<std::string>& param_names);
+                                               const optim::NamedParameters& params);
 // optim::load_optimizer_state into either kind, named as named_optimizer_state() names it.
-void load_named_optimizer_state(torch::optim::Optimizer& optimizer,
-                                const std::vector<std::string>& param_names,
+void load_named_optimizer_state(torch::optim::Optimizer& optimizer, const optim::NamedParameters& params,
                                 const optim::NamedStateTensors& state, const std::string& what);
 
 }  // namespace gradaccum::dist

@@ -32,6 +32,8 @@ class FusedAdamW : public torch::optim::AdamW {
  public:
   FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults)
       : torch::optim::AdamW(std::move(params), std::move(defaults)) {}
+  FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::AdamWOptions defaults)
+      : torch::optim::AdamW(std::move(groups), std::move(defaults)) {}
 
   torch::Tensor step(LossClosure closure = nullptr) override;
 };

@@ -22,8 +22,17 @@ struct OptimizerSpec {
   double adam_epsilon = 1e-8;
 };
 
+// Whether weight decay applies to `param`: to matrices and embeddings (2 or more dimensions),
+// not to biases and normalization gains. The same split as HF's Trainer for GPT-2 and BLOOM
+// (which decides by module type and name), nanoGPT and llm.c (by dimension).
+bool takes_weight_decay(const torch::Tensor& param);
+
+// With weight decay, two param groups: the parameters that take it (decayed[i], by default
+// takes_weight_decay(params[i])) and the others with weight_decay 0; a sharded optimizer passes
+// the answers for the parameters its flat shards come from.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec,
-                                                        std::vector<torch::Tensor> params);
+                                                        std::vector<torch::Tensor> params,
+                                                        std::vector<bool> decayed = {});
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 

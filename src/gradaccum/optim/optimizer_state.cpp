@@ -24,21 +24,28 @@ std::vector<torch::Tensor> parameters_of(const torch::optim::Optimizer& optimize
   return params;
 }
 
-void check_names(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names) {
-  GA_CHECK(params.size() == names.size(),
-           "checkpoint: the optimizer has {} parameters but {} names were given", params.size(),
-           names.size());
+// The name of each of the optimizer's parameters, in parameters_of() order.
+std::vector<std::string> names_of(const std::vector<torch::Tensor>& params, const NamedParameters& named) {
+  std::map<const c10::TensorImpl*, const std::string*> by_identity;
+  for (const auto& [name, p] : named) by_identity.emplace(p.unsafeGetTensorImpl(), &name);
+  std::vector<std::string> names;
+  for (const auto& p : params) {
+    const auto it = by_identity.find(p.unsafeGetTensorImpl());
+    GA_CHECK(it != by_identity.end(), "checkpoint: the optimizer holds a parameter of shape {} that has no name",
+             fmt::join(p.sizes(), "x"));
+    names.push_back(*it->second);
+  }
+  return names;
 }
 
 const char* const kAdamWFields[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 
 }  // namespace
 
-NamedStateTensors optimizer_state(const torch::optim::Optimizer& optimizer,
-                                  const std::vector<std::string>& names) {
+NamedStateTensors optimizer_state(const torch::optim::Optimizer& optimizer, const NamedParameters& named) {
   const auto kind = kind_of(optimizer);
   const auto params = parameters_of(optimizer);
-  check_names(params, names);
+  const auto names = names_of(params, named);
   NamedStateTensors state;
   for (size_t i = 0; i < params.size(); ++i) {
     const auto it = optimizer.state().find(params[i].unsafeGetTensorImpl());
@@ -59,11 +66,11 @@ NamedStateTensors optimizer_state(const torch::optim::Optimizer& optimizer,
   return state;
 }
 
-void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const NamedParameters& named,
                           const NamedStateTensors& state, const std::string& what) {
   const auto kind = kind_of(optimizer);
   const auto params = parameters_of(optimizer);
-  check_names(params, names);
+  const auto names = names_of(params, named);
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < names.size(); ++i) index.emplace(names[i], i);
 

@@ -23,17 +23,18 @@
 namespace gradaccum::optim {
 
 using NamedStateTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+// Parameters under their names (a module's named_parameters()); the optimizer's parameters
+// are matched by identity, so its param groups may hold them in any order.
+using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
 
-// `names[i]` names the optimizer's i-th parameter (its param groups' parameters in order).
-// The tensors are the state itself, not copies. Throws gradaccum::Error for an optimizer
-// state of a kind this file does not list.
-NamedStateTensors optimizer_state(const torch::optim::Optimizer& optimizer,
-                                  const std::vector<std::string>& names);
+// The tensors are the state itself, not copies. Every parameter of the optimizer must be in
+// `params`. Throws gradaccum::Error for an optimizer state of a kind this file does not list.
+NamedStateTensors optimizer_state(const torch::optim::Optimizer& optimizer, const NamedParameters& params);
 
 // Replaces the optimizer's state with `state` (as optimizer_state() names it), copied to each
 // parameter's device and dtype. Every tensor must belong to a named parameter and have its
 // shape; `what` names the source in the one-line gradaccum::Error otherwise.
-void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const NamedParameters& params,
                           const NamedStateTensors& state, const std::string& what);
 
 }  // namespace gradaccum::optim
