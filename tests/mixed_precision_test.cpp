@@ -101,16 +101,20 @@ models::Regressor make_mlp(uint64_t seed) {
                                                  torch::nn::Linear(8, 2)));
 }
 
-// Wraps a model: multiplies every loss sum by `factor`, and at the micro-steps
+// Wraps a model: multiplies every loss sum by `factor`, at the micro-steps
 // listed in `inf_at` (0-based over the whole run) makes the gradient flowing
-// out of the loss infinite while the loss itself stays finite.
+// out of the loss infinite while the loss itself stays finite, and at those in
+// `nan_at` makes the loss itself NaN.
 class Planted final : public core::Trainable {
  public:
-  Planted(core::Trainable& inner, std::vector<int64_t> inf_at, double factor = 1.0)
-      : inner_(inner), inf_at_(std::move(inf_at)), factor_(factor) {}
+  Planted(core::Trainable& inner, std::vector<int64_t> inf_at, double factor = 1.0, std::vector<int64_t> nan_at = {})
+      : inner_(inner), inf_at_(std::move(inf_at)), factor_(factor), nan_at_(std::move(nan_at)) {}
   core::LossSum loss(const core::Batch& batch) override {
     auto l = inner_.loss(batch);
     if (factor_ != 1.0) l.sum = l.sum * factor_;
+    if (std::find(nan_at_.begin(), nan_at_.end(), micro_step_) != nan_at_.end()) {
+      l.sum = l.sum * std::numeric_limits<float>::quiet_NaN();
+    }
     if (std::find(inf_at_.begin(), inf_at_.end(), micro_step_) != inf_at_.end()) {
       l.sum.register_hook([](const torch::Tensor& g) { return g * std::numeric_limits<float>::infinity(); });
     }
@@ -124,6 +128,7 @@ class Planted final : public core::Trainable {
   core::Trainable& inner_;
   std::vector<int64_t> inf_at_;
   double factor_;
+  std::vector<int64_t> nan_at_;
   int64_t micro_step_ = 0;
 };
 
@@ -202,6 +207,36 @@ TEST(Fp16LossScaler, PlantedInfSkipsTheStepHalvesTheScaleAndTouchesNothing) {
   EXPECT_NE(r[0].lr, r[1].lr);
   EXPECT_EQ(r[1].lr, r[2].lr);
   EXPECT_EQ(r[2].step, 3);
+}
+
+// nan_policy: skip after an fp16 overflow: the skipped step logs the rate it would have used,
+// the schedule's position (which the overflow did not advance), not the window count's; the
+// schedule then advances past it. Steps: 1 (schedule 0), 2 overflow (1, not advanced), 3 (1),
+// 4 (2), 5 NaN loss, skipped (3), 6 (4).
+TEST(Fp16LossScaler, ANanSkipAfterAnOverflowLogsTheScheduleRateItSkipped) {
+  Problem p;
+  TensorDataset data(p.x, p.y);
+  auto inner = make_mlp(1);
+  Planted model(inner, {3}, 1.0, {8});  // micro-step 8 = the first micro-step of step 5
+  core::Trainer* trainer = nullptr;
+  Snapshots snapshots(inner.module(), &trainer);
+  auto options = fp16_options(1024.0, 1000);
+  options.nan_policy = core::NanPolicy::skip;
+  core::Trainer t(options, model, data, nullptr, snapshots);
+  trainer = &t;
+  t.run();
+  const auto& r = snapshots.records;
+  ASSERT_EQ(r.size(), 6u);
+  const optim::LrSchedule schedule(optim::ScheduleType::linear, 1e-2, 0, 6);
+  const double expected[] = {schedule.at(0), schedule.at(1), schedule.at(1), schedule.at(2), schedule.at(3), schedule.at(4)};
+  for (size_t i = 0; i < r.size(); ++i) EXPECT_DOUBLE_EQ(r[i].lr, expected[i]) << "step " << i + 1;
+  EXPECT_TRUE(r[1].skipped);
+  EXPECT_TRUE(r[4].skipped);
+  EXPECT_FALSE(std::isfinite(r[4].loss));
+  EXPECT_EQ(r[4].loss_scale, 512.0);  // the scale in force, as on every fp16 step
+  EXPECT_TRUE(torch::equal(snapshots.weights[4], snapshots.weights[3]));
+  EXPECT_EQ(snapshots.optimizer_steps[4], 3);
+  EXPECT_EQ(snapshots.optimizer_steps[5], 4);
 }
 
 TEST(Fp16LossScaler, CleanStepsGrowTheScaleOncePerIntervalOfOptimizerSteps) {

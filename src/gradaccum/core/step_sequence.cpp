@@ -60,11 +60,17 @@ void StepSequence::resume_at(int64_t step, int64_t schedule_step) {
   optim::set_learning_rate(optimizer_, schedule_.at(schedule_step_));
 }
 
-void StepSequence::skip() {
+StepResult StepSequence::skip() {
+  StepResult result;
+  result.lr = schedule_.at(schedule_step_);
+  result.grad_norm = torch::zeros({}, torch::kDouble);
+  result.grad_norm_clipped = result.grad_norm;
+  if (scaler_ != nullptr) result.loss_scale = scaler_->scale();
   release_gradients();
   ++step_;
   ++schedule_step_;
   optim::set_learning_rate(optimizer_, schedule_.at(schedule_step_));
+  return result;
 }
 
 }  // namespace gradaccum::core

@@ -44,8 +44,9 @@ class StepSequence {
   StepResult apply();
   // Counts step `step()` without changing the parameters (a window skipped for
   // a non-finite loss): the gradients are released and the schedule advances,
-  // since the window's data was consumed.
-  void skip();
+  // since the window's data was consumed. The result holds the rate the step
+  // would have used, zero norms and (fp16) the scale in force.
+  StepResult skip();
   // Continues a resumed run.
   void resume_at(int64_t step, int64_t schedule_step);
   int64_t step() const { return step_; }

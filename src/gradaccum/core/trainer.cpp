@@ -263,22 +263,14 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
         window.epoch(), window.index());
   };
 
+  const bool skip = options_.nan_policy == NanPolicy::skip &&
+                    !torch::isfinite(window_loss.loss).item<bool>();  // the extra sync skip mode costs
+  // (fp16: inf check) → clip → step → zero grads → schedule; or the skip's zero grads → schedule.
+  const StepResult step = skip ? steps_->skip() : steps_->apply();
   StepRecord record;
-  StepResult step;
-  if (options_.nan_policy == NanPolicy::skip &&
-      !torch::isfinite(window_loss.loss).item<bool>()) {  // the extra sync skip mode costs
-    record.lr = steps_->schedule().at(steps_->step());
-    steps_->skip();
-    record.skipped = true;
-    auto zero = torch::zeros({}, torch::kDouble);
-    step.grad_norm = zero;
-    step.grad_norm_clipped = zero;
-  } else {
-    step = steps_->apply();  // (fp16: inf check) → clip → step → zero grads → schedule
-    record.lr = step.lr;
-    record.skipped = step.overflow;
-    record.loss_scale = step.loss_scale;
-  }
+  record.lr = step.lr;
+  record.skipped = skip || step.overflow;
+  record.loss_scale = step.loss_scale;
 
   // The one host synchronization of the step.
   auto host = torch::stack({window_loss.loss, window_loss.count, step.grad_norm.to(window_loss.loss.device()),
