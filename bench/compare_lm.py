@@ -1,7 +1,12 @@
 #!/opt/gradaccum/venv/bin/python
-"""Language-model throughput: gradaccum (bench/lm_throughput) vs the Python loop (bench/py/lm_throughput.py).
+"""Language-model throughput: gradaccum (bench/lm_throughput) vs the Python loops (bench/py/lm_throughput.py).
 
-Runs `--runs` processes of each program alternately (which goes first alternates per round).
+The peers (`--peers`, default eager): the plain PyTorch eager loop, the same under torch.compile,
+HF Accelerate's accumulate() loop and Lightning Fabric's no_backward_sync loop, all on the same
+torch, model, initial weights (drawn identically in every program; the first window's loss
+shows it), data order, b x N and threads. `--shape gpt2-124m` runs GPT-2 small's shape at 2 x 8.
+
+Runs `--runs` processes of each program in turn (the order rotates per round).
 The driver takes the shared benchmark lock (/tmp/gradaccum-bench.lock, the lock `flock`
 uses) once and holds it for the whole comparison (other users queue many short locked runs;
 released between processes, the comparison would interleave with them for hours). Before
@@ -17,7 +22,8 @@ autocast, GEMM peak measured in bfloat16).
 
   /opt/gradaccum/venv/bin/python bench/compare_lm.py [--build build-bench] [--runs 3] [--threads 2]
       [--steps 10] [--warmup-steps 2] [--mixed-precision no|bf16] [--max-load 1.5] [--max-busy 0.3]
-      [--max-wait 900] [--profile-runs 1]
+      [--max-wait 900] [--profile-runs 1] [--peers eager,compile,accelerate,fabric]
+      [--shape small|gpt2-124m]
 """
 import argparse
 import fcntl
@@ -88,6 +94,9 @@ def main():
     ap.add_argument("--max-load", type=float, default=1.5)
     ap.add_argument("--max-busy", type=float, default=0.3)
     ap.add_argument("--max-wait", type=float, default=900)
+    ap.add_argument("--peers", default="eager",
+                    help="comma-separated Python loops: eager, compile, accelerate, fabric")
+    ap.add_argument("--shape", choices=["small", "gpt2-124m"], default="small")
     ap.add_argument("--profile-runs", type=int, default=1,
                     help="then this many processes of lm_throughput --profile (the Trainer's loop "
                          "written out with timers around forward, backward and the step)")
@@ -95,18 +104,17 @@ def main():
     # Both programs on the CPU kernels gradaccum would pick (bench/cpu_kernels.py).
     kernels = match_cpu_kernels(os.path.join(args.build, "gradaccum"))
     print(f"# CPU kernels for every process: {kernels}", file=sys.stderr, flush=True)
-    common = ["--threads", str(args.threads), "--steps", str(args.steps),
-              "--warmup-steps", str(args.warmup_steps), "--mixed-precision", args.mixed_precision]
+    common = ["--threads", str(args.threads), "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps),
+              "--mixed-precision", args.mixed_precision, "--shape", args.shape]
     engine = [os.path.join(args.build, "bench", "lm_throughput")] + common
-    programs = {
-        "gradaccum": engine,
-        "python": [sys.executable, os.path.join(HERE, "py", "lm_throughput.py")] + common,
-    }
+    programs = {"gradaccum": engine}
+    for peer in args.peers.split(","):
+        programs["python-" + peer] = [sys.executable, os.path.join(HERE, "py", "lm_throughput.py"), "--loop", peer] + common
     results = {name: [] for name in programs}
     lock = open(LOCK, "a")
     fcntl.flock(lock, fcntl.LOCK_EX)  # released when the driver exits
     for r in range(args.runs):
-        names = list(programs) if r % 2 == 0 else list(reversed(programs))
+        names = list(programs)[r % len(programs):] + list(programs)[:r % len(programs)]
         for name in names:
             res = run(programs[name], args)
             results[name].append(res)
@@ -127,7 +135,7 @@ def main():
     rows = [("processes (quiet)", lambda v: f"{len(v)} ({sum(x['quiet'] for x in v)})"),
             ("mixed precision / GEMM dtype", lambda v: f"{v[0]['mixed_precision']} / {v[0]['gemm_dtype']}"),
             ("tokens/s", lambda v: spread([x["tokens_per_s"] for x in v], "{:.0f}")),
-            ("s per optimizer step (4096 tokens)", lambda v: spread([x["s_per_step"] for x in v], "{:.3f}")),
+            ("s per optimizer step", lambda v: spread([x["s_per_step"] for x in v], "{:.3f}")),
             ("model GFLOP/s", lambda v: spread([x["model_gflops"] for x in v], "{:.2f}")),
             ("GEMM GFLOP/s, model shapes", lambda v: spread([x["gemm_model_gflops"] for x in v], "{:.2f}")),
             ("GEMM GFLOP/s, 2048³", lambda v: spread([x["gemm_square_gflops"] for x in v], "{:.2f}")),
@@ -143,10 +151,14 @@ def main():
     for label, cell in rows:
         print(f"| {label} | " + " | ".join(cell(results[n]) for n in programs) + " |")
     e = statistics.median(x["tokens_per_s"] for x in results["gradaccum"])
-    p = statistics.median(x["tokens_per_s"] for x in results["python"])
-    print(f"\ngradaccum / Python tokens/s (medians): {e / p:.3f}")
+    e_rss = statistics.median(x["peak_rss_mb"] for x in results["gradaccum"])
+    print()
+    for name in list(programs)[1:]:
+        p = statistics.median(x["tokens_per_s"] for x in results[name])
+        p_rss = statistics.median(x["peak_rss_mb"] for x in results[name])
+        print(f"gradaccum / {name}: tokens/s {e / p:.3f}, peak RSS {e_rss / p_rss:.3f} (medians)")
     print("\nseconds per optimizer step (medians; engine: lm_throughput --profile):")
-    for name, runs in (("gradaccum-profile", profiles), ("python", results["python"])):
+    for name, runs in [("gradaccum-profile", profiles)] + [(n, results[n]) for n in list(programs)[1:]]:
         if runs:
             keys = runs[0]["profile_s_per_step"].keys()
             print(f"  {name}: " + ", ".join(

@@ -5,7 +5,7 @@
 // accumulation steps, AdamW lr 1e-3, cosine schedule, clipping at 1.0, exact
 // window normalization (the engine's real accumulation path).
 //
-//   lm_throughput [--threads 2] [--warmup-steps 2] [--steps 10]
+//   lm_throughput [--shape small|gpt2-124m] [--threads 2] [--warmup-steps 2] [--steps 10]
 //                 [--mixed-precision no|bf16] [--loss-chunk-tokens K] [--profile]
 //                 [--custom-kernels all|none|LIST] [--bf16-cpu-matmuls auto|float32|libtorch]
 //
@@ -82,20 +82,21 @@ namespace core = gradaccum::core;
 namespace models = gradaccum::models;
 using Clock = std::chrono::steady_clock;
 
-constexpr int64_t kVocab = 8192;
-constexpr int64_t kContext = 128;
-constexpr int64_t kEmbd = 192;
-constexpr int64_t kLayers = 4;
-constexpr int64_t kHeads = 3;
-constexpr int64_t kMicroBatch = 8;
-constexpr int64_t kAccumulation = 4;
+// The model and batch (--shape): `small`, the 3.4M GPT of the project's benchmarks, or
+// `gpt2-124m`, GPT-2 small's shape (vocab 50257, 768 wide, 12 layers and heads; 124M
+// parameters) with a context of 256 so that a step stays under a minute on 2 cores, at 2 × 8.
+struct Shape {
+  int64_t vocab, context, embd, layers, heads, micro_batch, accumulation;
+};
+constexpr Shape kSmall{8192, 128, 192, 4, 3, 8, 4};
+constexpr Shape kGpt2Small{50257, 256, 768, 12, 12, 2, 8};
 
 // Rows of random token ids [n, T] from a seeded generator; labels = inputs.
 class RandomTokens final : public core::Dataset {
  public:
-  explicit RandomTokens(int64_t n) {
+  RandomTokens(int64_t n, const Shape& shape) {
     auto generator = at::detail::createCPUGenerator(1234);
-    ids_ = torch::randint(kVocab, {n, kContext}, generator, torch::kLong);
+    ids_ = torch::randint(shape.vocab, {n, shape.context}, generator, torch::kLong);
   }
   int64_t size() const override { return ids_.size(0); }
   core::Batch get(const torch::Tensor& indices, torch::ScalarType) const override {
@@ -129,6 +130,8 @@ struct Options {
   std::string custom_kernels = "all";
   std::string bf16_cpu_matmuls = "auto";
   bool profile = false;
+  std::string shape_name = "small";
+  Shape shape = kSmall;
 };
 
 // Throws gradaccum::Error on an unknown option, a missing value or fp16 (on
@@ -158,6 +161,11 @@ Options parse_options(int argc, char** argv) {
       GA_CHECK(value == "auto" || value == "float32" || value == "libtorch",
                "lm_throughput: --bf16-cpu-matmuls is auto, float32 or libtorch, not {}", value);
       o.bf16_cpu_matmuls = value;
+    } else if (key == "--shape") {
+      GA_CHECK(value == "small" || value == "gpt2-124m", "lm_throughput: --shape is small or gpt2-124m, not {}",
+               value);
+      o.shape_name = value;
+      o.shape = value == "small" ? kSmall : kGpt2Small;
     } else if (key == "--mixed-precision") {
       o.precision = core::parse_mixed_precision(value);
       GA_CHECK(
@@ -205,12 +213,12 @@ struct GemmPeak {
   std::string per_shape;
 };
 
-GemmPeak gemm_peak(torch::ScalarType dtype) {
-  const int64_t tokens = kMicroBatch * kContext;
+GemmPeak gemm_peak(torch::ScalarType dtype, const Shape& m) {
+  const int64_t tokens = m.micro_batch * m.context;
   const std::vector<GemmShape> shapes = {
-      {"c_attn", kEmbd, 3 * kEmbd, kLayers}, {"attn.c_proj", kEmbd, kEmbd, kLayers},
-      {"c_fc", kEmbd, 4 * kEmbd, kLayers},   {"mlp.c_proj", 4 * kEmbd, kEmbd, kLayers},
-      {"lm_head", kEmbd, kVocab, 1}};
+      {"c_attn", m.embd, 3 * m.embd, m.layers}, {"attn.c_proj", m.embd, m.embd, m.layers},
+      {"c_fc", m.embd, 4 * m.embd, m.layers},   {"mlp.c_proj", 4 * m.embd, m.embd, m.layers},
+      {"lm_head", m.embd, m.vocab, 1}};
   GemmPeak peak;
   double mix_flops = 0.0, mix_time = 0.0;
   for (const auto& s : shapes) {
@@ -258,31 +266,32 @@ int main(int argc, char** argv) {
 
   // The GEMM rate this process reaches, probed before and after training; the
   // peak is the faster probe (the rate is bimodal on this machine).
-  const GemmPeak before = gemm_peak(gemm_dtype);
+  const Shape& m = opts.shape;
+  const GemmPeak before = gemm_peak(gemm_dtype, m);
 
   models::Gpt2Config config;
-  config.vocab_size = kVocab;
-  config.n_positions = kContext;
-  config.n_embd = kEmbd;
-  config.n_layer = kLayers;
-  config.n_head = kHeads;
+  config.vocab_size = m.vocab;
+  config.n_positions = m.context;
+  config.n_embd = m.embd;
+  config.n_layer = m.layers;
+  config.n_head = m.heads;
   models::Gpt2LmHeadModel net(config);
   models::CausalLm model(net, opts.loss_chunk_tokens);
   int64_t parameters = 0;
   for (const auto& p : net->parameters()) parameters += p.numel();
-  const int64_t matmul_parameters = parameters - kContext * kEmbd;  // without wpe
+  const int64_t matmul_parameters = parameters - m.context * m.embd;  // without wpe
   const double flops_per_token = 6.0 * static_cast<double>(matmul_parameters) +
-                                 12.0 * static_cast<double>(kLayers * kContext * kEmbd);
+                                 12.0 * static_cast<double>(m.layers * m.context * m.embd);
 
   const int64_t total_steps = warmup + steps;
-  RandomTokens data(total_steps * kMicroBatch * kAccumulation);
-  const int64_t tokens_per_step = kMicroBatch * kAccumulation * kContext;
+  RandomTokens data(total_steps * m.micro_batch * m.accumulation, m);
+  const int64_t tokens_per_step = m.micro_batch * m.accumulation * m.context;
 
   StepClock clock;
   Clock::time_point start;
   double t_forward = 0.0, t_backward = 0.0, t_step = 0.0;  // --profile, timed steps only
   if (!profile) {
-    auto options = gradaccum::bench::adamw_trainer_options(kMicroBatch, kAccumulation, total_steps);
+    auto options = gradaccum::bench::adamw_trainer_options(m.micro_batch, m.accumulation, total_steps);
     options.mixed_precision = precision;
     core::Trainer trainer(options, model, data, nullptr, clock);
     start = Clock::now();
@@ -297,14 +306,14 @@ int main(int argc, char** argv) {
         *optimizer, params,
         gradaccum::optim::LrSchedule(gradaccum::optim::ScheduleType::cosine, 1e-3, 0, total_steps),
         1.0);
-    core::LossNormalizer normalizer(core::LossNormalization::window, kAccumulation);
+    core::LossNormalizer normalizer(core::LossNormalization::window, m.accumulation);
     start = Clock::now();
     for (int64_t step = 0; step < total_steps; ++step) {
       const bool timed = step >= warmup;
       normalizer.begin_window();
-      for (int64_t s = 0; s < kAccumulation; ++s) {
-        const int64_t first = (step * kAccumulation + s) * kMicroBatch;
-        auto batch = data.get(torch::arange(first, first + kMicroBatch, torch::kLong), torch::kFloat);
+      for (int64_t s = 0; s < m.accumulation; ++s) {
+        const int64_t first = (step * m.accumulation + s) * m.micro_batch;
+        auto batch = data.get(torch::arange(first, first + m.micro_batch, torch::kLong), torch::kFloat);
         const auto t0 = Clock::now();
         core::LossSum micro;
         {
@@ -329,7 +338,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  const GemmPeak after = gemm_peak(gemm_dtype);
+  const GemmPeak after = gemm_peak(gemm_dtype, m);
   const double gemm_model = std::max(before.model, after.model);
   const double gemm_square = std::max(before.square, after.square);
 
@@ -349,7 +358,7 @@ int main(int argc, char** argv) {
         t_forward / n, t_backward / n, t_step / n);
   }
   fmt::print(
-      "{{\"program\": \"{}\", \"custom_kernels\": \"{}\", \"cpu_kernels\": \"{}\", \"mixed_precision\": \"{}\", \"gemm_dtype\": \"{}\", "
+      "{{\"program\": \"{}\", \"shape\": \"{}\", \"custom_kernels\": \"{}\", \"cpu_kernels\": \"{}\", \"mixed_precision\": \"{}\", \"gemm_dtype\": \"{}\", "
       "\"threads\": {}, \"loss_chunk_tokens\": {}, \"vocab\": {}, \"context\": {}, \"n_embd\": {}, "
       "\"n_layer\": {}, \"n_head\": {}, \"micro_batch\": {}, \"accum\": {}, \"parameters\": {}, "
       "\"matmul_parameters\": {}, \"flops_per_token\": {:.0f}, \"warmup_steps\": {}, \"steps\": {}, "
@@ -359,12 +368,12 @@ int main(int argc, char** argv) {
       "\"gemm_square_gflops_before_after\": [{:.2f}, {:.2f}], \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
       "\"peak_rss_mb\": {:.1f}{}}}\n",
-      profile ? "gradaccum-profile" : "gradaccum", core::custom_kernels_description(),
+      profile ? "gradaccum-profile" : "gradaccum", opts.shape_name, core::custom_kernels_description(),
       at::get_cpu_capability(),
       core::to_string(precision),
       gemm_dtype == torch::kBFloat16 ? "bfloat16" : "float32", threads,
-      opts.loss_chunk_tokens, kVocab, kContext, kEmbd,
-      kLayers, kHeads, kMicroBatch, kAccumulation, parameters, matmul_parameters, flops_per_token,
+      opts.loss_chunk_tokens, m.vocab, m.context, m.embd,
+      m.layers, m.heads, m.micro_batch, m.accumulation, parameters, matmul_parameters, flops_per_token,
       warmup, steps, tokens_per_s, median(step_s), *std::min_element(step_s.begin(), step_s.end()),
       model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9, before.per_shape, before.model / 1e9,
       after.model / 1e9, before.square / 1e9, after.square / 1e9, model_flops / gemm_model,

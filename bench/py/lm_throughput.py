@@ -11,7 +11,22 @@ loss = mean cross-entropy of the shifted tokens / N, backward; every N micro-ste
 clip_grad_norm_(1.0), AdamW (lr 1e-3, cosine schedule), zero_grad(set_to_none=True).
 
   /opt/gradaccum/venv/bin/python bench/py/lm_throughput.py [--threads 2] [--warmup-steps 2] [--steps 10]
-      [--mixed-precision no|bf16]
+      [--mixed-precision no|bf16] [--shape small|gpt2-124m] [--loop eager|compile|accelerate|fabric]
+
+--shape: `small` (above) or `gpt2-124m`, GPT-2 small's shape (vocab 50257, 768 wide, 12 layers and
+heads, 124M parameters) with context 256 at micro-batch 2 x N = 8, as bench/lm_throughput.cpp.
+
+--loop: how the accumulation loop is written, the stacks users run (fp32 only but eager):
+  eager       the loop above, plain PyTorch
+  compile     the same with model = torch.compile(model) (Inductor on CPU; the warm-up steps
+              absorb the compilation)
+  accelerate  HF Accelerate's documented loop (seed 004): Accelerator(gradient_accumulation_steps=N),
+              accelerator.prepare, `with accelerator.accumulate(model)`, accelerator.backward(mean
+              loss) (which divides by N), accelerator.clip_grad_norm_ and the step when
+              accelerator.sync_gradients
+  fabric      Lightning Fabric's (seed 001): Fabric(accelerator="cpu", devices=1), fabric.setup,
+              `with fabric.no_backward_sync(model, enabled=not last)`, fabric.backward(loss / N),
+              fabric.clip_gradients, step
 
 --mixed-precision bf16: the forward and the loss run under torch.autocast("cpu",
 dtype=torch.bfloat16), the backward outside it (PyTorch's AMP recipe); parameters, gradients
@@ -39,8 +54,16 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cpu_kernels import loaded_kernels  # noqa: E402  (bench/cpu_kernels.py)
 
-VOCAB, CONTEXT, EMBD, LAYERS, HEADS = 8192, 128, 192, 4, 3
-MICRO_BATCH, ACCUM = 8, 4
+SHAPES = {  # vocab, context, n_embd, n_layer, n_head, micro-batch, accumulation
+    "small": (8192, 128, 192, 4, 3, 8, 4),
+    "gpt2-124m": (50257, 256, 768, 12, 12, 2, 8),
+}
+VOCAB, CONTEXT, EMBD, LAYERS, HEADS, MICRO_BATCH, ACCUM = SHAPES["small"]
+
+
+def use_shape(name):
+    global VOCAB, CONTEXT, EMBD, LAYERS, HEADS, MICRO_BATCH, ACCUM
+    VOCAB, CONTEXT, EMBD, LAYERS, HEADS, MICRO_BATCH, ACCUM = SHAPES[name]
 
 
 class Attention(torch.nn.Module):
@@ -128,13 +151,130 @@ def gemm_rate(m, k, n, dtype, budget_s):
     return 2.0 * m * k * n / statistics.median(times)
 
 
+def shifted_loss(logits, ids):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+
+
+def cosine(opt, peak_lr, step, total_steps):
+    for group in opt.param_groups:  # cosine schedule over the run's steps
+        group["lr"] = peak_lr * 0.5 * (1.0 + math.cos(math.pi * (step + 1) / total_steps))
+
+
+def micro_batch(ids_all, step, s):
+    first = (step * ACCUM + s) * MICRO_BATCH
+    return ids_all[first:first + MICRO_BATCH]
+
+
+def eager_loop(model, params, opt, ids_all, total_steps, warmup, bf16, peak_lr):
+    """Per micro-step loss = mean / N, backward; clip, AdamW, zero_grad(set_to_none) per window."""
+    ends, losses = [], []
+    t_fwd = t_bwd = t_step = 0.0
+    for step in range(total_steps):
+        timed = step >= warmup
+        window_loss = 0.0
+        for s in range(ACCUM):
+            ids = micro_batch(ids_all, step, s)
+            t0 = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = shifted_loss(model(ids), ids) / ACCUM
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            window_loss += loss.item()
+            if timed:
+                t_fwd += t1 - t0
+                t_bwd += t2 - t1
+        t0 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        cosine(opt, peak_lr, step, total_steps)
+        ends.append(time.perf_counter())
+        if timed:
+            t_step += ends[-1] - t0
+        losses.append(window_loss)
+    return ends, losses, t_fwd, t_bwd, t_step
+
+
+def accelerate_loop(model, params, opt, ids_all, total_steps, warmup, bf16, peak_lr):
+    from accelerate import Accelerator
+    accelerator = Accelerator(gradient_accumulation_steps=ACCUM, cpu=True)
+    model, opt = accelerator.prepare(model, opt)
+    ends, losses = [], []
+    t_fwd = t_bwd = t_step = 0.0
+    for step in range(total_steps):
+        timed = step >= warmup
+        window_loss = 0.0
+        for s in range(ACCUM):
+            ids = micro_batch(ids_all, step, s)
+            with accelerator.accumulate(model):
+                t0 = time.perf_counter()
+                loss = shifted_loss(model(ids), ids)
+                t1 = time.perf_counter()
+                accelerator.backward(loss)  # divides by gradient_accumulation_steps
+                t2 = time.perf_counter()
+                window_loss += loss.item() / ACCUM
+                if timed:
+                    t_fwd += t1 - t0
+                    t_bwd += t2 - t1
+                if accelerator.sync_gradients:
+                    t0 = time.perf_counter()
+                    accelerator.clip_grad_norm_(params, 1.0)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    cosine(opt, peak_lr, step, total_steps)
+                    if timed:
+                        t_step += time.perf_counter() - t0
+        ends.append(time.perf_counter())
+        losses.append(window_loss)
+    return ends, losses, t_fwd, t_bwd, t_step
+
+
+def fabric_loop(model, params, opt, ids_all, total_steps, warmup, bf16, peak_lr):
+    import lightning
+    fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="32-true")
+    model, opt = fabric.setup(model, opt)
+    ends, losses = [], []
+    t_fwd = t_bwd = t_step = 0.0
+    for step in range(total_steps):
+        timed = step >= warmup
+        window_loss = 0.0
+        for s in range(ACCUM):
+            ids = micro_batch(ids_all, step, s)
+            with fabric.no_backward_sync(model, enabled=s + 1 < ACCUM):
+                t0 = time.perf_counter()
+                loss = shifted_loss(model(ids), ids) / ACCUM
+                t1 = time.perf_counter()
+                fabric.backward(loss)
+                t2 = time.perf_counter()
+            window_loss += loss.item()
+            if timed:
+                t_fwd += t1 - t0
+                t_bwd += t2 - t1
+        t0 = time.perf_counter()
+        fabric.clip_gradients(model, opt, max_norm=1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        cosine(opt, peak_lr, step, total_steps)
+        ends.append(time.perf_counter())
+        if timed:
+            t_step += ends[-1] - t0
+        losses.append(window_loss)
+    return ends, losses, t_fwd, t_bwd, t_step
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--mixed-precision", choices=["no", "bf16"], default="no")
+    ap.add_argument("--shape", choices=list(SHAPES), default="small")
+    ap.add_argument("--loop", choices=["eager", "compile", "accelerate", "fabric"], default="eager")
     args = ap.parse_args()
+    if args.loop != "eager" and args.mixed_precision != "no":
+        ap.error("--loop other than eager runs fp32 only")
+    use_shape(args.shape)
     bf16 = args.mixed_precision == "bf16"
     gemm_dtype = torch.bfloat16 if bf16 else torch.float32  # the dtype of the model's matmuls
     torch.set_num_threads(args.threads)
@@ -170,37 +310,12 @@ def main():
     ids_all = torch.randint(VOCAB, (total_steps * MICRO_BATCH * ACCUM, CONTEXT), generator=g)
     peak_lr = 1e-3
     opt = torch.optim.AdamW(params, lr=peak_lr, weight_decay=0.0)
-
-    ends, losses = [], []
-    t_fwd = t_bwd = t_step = 0.0
+    run = {"eager": eager_loop, "compile": eager_loop, "accelerate": accelerate_loop, "fabric": fabric_loop}[args.loop]
+    if args.loop == "compile":
+        model = torch.compile(model)
     start = time.perf_counter()
-    for step in range(total_steps):
-        timed = step >= args.warmup_steps
-        window_loss = 0.0
-        for s in range(ACCUM):
-            first = (step * ACCUM + s) * MICRO_BATCH
-            ids = ids_all[first:first + MICRO_BATCH]
-            t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                logits = model(ids)
-                loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)) / ACCUM
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            window_loss += loss.item()
-            if timed:
-                t_fwd += t1 - t0
-                t_bwd += t2 - t1
-        t0 = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        for group in opt.param_groups:  # cosine schedule over the run's steps
-            group["lr"] = peak_lr * 0.5 * (1.0 + math.cos(math.pi * (step + 1) / total_steps))
-        ends.append(time.perf_counter())
-        if timed:
-            t_step += ends[-1] - t0
-        losses.append(window_loss)
+    ends, losses, t_fwd, t_bwd, t_step = run(model, params, opt, ids_all, total_steps, args.warmup_steps, bf16,
+                                             peak_lr)
 
     # Probed again after training; the peak is the faster probe of the two (the
     # probe's rate is bimodal on this machine, see BENCHMARKS.md).
@@ -214,7 +329,7 @@ def main():
     tokens_per_s = MICRO_BATCH * ACCUM * CONTEXT * args.steps / timed_s
     model_flops = tokens_per_s * flops_per_token
     print(json.dumps({
-        "program": "python", "cpu_kernels": loaded_kernels(), "mixed_precision": args.mixed_precision,
+        "program": "python-" + args.loop, "loop": args.loop, "shape": args.shape, "cpu_kernels": loaded_kernels(), "mixed_precision": args.mixed_precision,
         "gemm_dtype": "bfloat16" if bf16 else "float32", "threads": args.threads, "vocab": VOCAB, "context": CONTEXT,
         "n_embd": EMBD, "n_layer": LAYERS, "n_head": HEADS, "micro_batch": MICRO_BATCH,
         "accum": ACCUM, "parameters": parameters, "matmul_parameters": matmul_parameters,
