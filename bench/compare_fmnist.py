@@ -11,7 +11,11 @@ of step S), peak RSS (getrusage ru_maxrss) and the ratios gradaccum / Python.
 Before timing anything it checks that the Python peer draws the same data order as the
 engine (bench/window_order prints the engine's epoch permutations).
 
+`--peers eager,compile,accelerate,fabric` adds the same loop under torch.compile, HF Accelerate
+and Lightning Fabric (bench/py/train_fmnist.py --loop) as further programs in the rotation.
+
   /opt/gradaccum/venv/bin/python bench/compare_fmnist.py [--build build-bench] [--runs 5] [--max-steps 40]
+      [--peers eager]
 """
 import argparse
 import json
@@ -93,10 +97,10 @@ def run_engine(args, b, n, out_dir, extra=()):
     }
 
 
-def run_python(args, b, n):
+def run_python(args, b, n, loop="eager"):
     cmd = ["flock", LOCK, sys.executable, os.path.join(HERE, "py", "train_fmnist.py"),
            "--micro-batch", str(b), "--accum", str(n), "--max-steps", str(args.max_steps),
-           "--threads", str(args.threads), "--warmup-steps", str(args.warmup_steps)]
+           "--threads", str(args.threads), "--warmup-steps", str(args.warmup_steps), "--loop", loop]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -110,6 +114,7 @@ def main():
     ap.add_argument("--warmup-steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="also write every run's figures to this file")
+    ap.add_argument("--peers", default="eager", help="Python loops: eager, compile, accelerate, fabric")
     args = ap.parse_args()
     # Both programs on the CPU kernels gradaccum would pick (bench/cpu_kernels.py).
     kernels = match_cpu_kernels(os.path.join(args.build, "gradaccum"))
@@ -118,17 +123,20 @@ def main():
 
     check_data_order(args.build)
     splits = [tuple(int(v) for v in s.split("x")) for s in args.splits.split(",")]
-    results = {s: {"gradaccum": [], "python": []} for s in splits}
+    peers = ["python" if p == "eager" else "python-" + p for p in args.peers.split(",")]
+    programs = ["gradaccum"] + peers
+    results = {s: {p: [] for p in programs} for s in splits}
     work = tempfile.mkdtemp(prefix="gradaccum-bench-")
     for r in range(args.runs):
         for b, n in splits:
-            # Alternate which program goes first, so drifts of the machine hit both alike.
-            order = ["gradaccum", "python"] if r % 2 == 0 else ["python", "gradaccum"]
+            # Rotate which program goes first, so drifts of the machine hit all alike.
+            order = programs[r % len(programs):] + programs[:r % len(programs)]
             for program in order:
                 if program == "gradaccum":
                     res = child_usage(lambda: run_engine(args, b, n, os.path.join(work, f"run-{b}x{n}-{r}")))
                 else:
-                    res = child_usage(lambda: run_python(args, b, n))
+                    loop = "eager" if program == "python" else program[len("python-"):]
+                    res = child_usage(lambda: run_python(args, b, n, loop))
                 results[(b, n)][program].append(res)
                 print(f"run {r + 1}/{args.runs} {b}x{n} {program:9s}: {res['samples_per_s']:8.1f} samples/s, "
                       f"peak RSS {res['peak_rss_mb']:6.1f} MB, loss {res['first_loss']:.4f} -> "
@@ -139,19 +147,20 @@ def main():
     med = statistics.median
     print(f"\nmedians over {args.runs} processes each; {args.max_steps} steps of 64 samples, throughput after "
           f"{args.warmup_steps} warm-up steps; threads {args.threads}")
-    header = ("| b x N | gradaccum samples/s | Python samples/s | ratio | gradaccum peak RSS MB "
-              "| Python peak RSS MB | RSS ratio | gradaccum / Python minor faults (process) |")
-    print(header)
-    print("|" + "---|" * 8)
+    # One row per split and peer: samples/s, peak RSS and the ratios gradaccum / peer.
+    print("| b x N | peer | gradaccum samples/s | peer samples/s | ratio | gradaccum peak RSS MB "
+          "| peer peak RSS MB | RSS ratio | gradaccum / peer minor faults (process) |")
+    print("|" + "---|" * 9)
     rows = []
     for b, n in splits:
-        e, p = results[(b, n)]["gradaccum"], results[(b, n)]["python"]
-        es, ps = med([x["samples_per_s"] for x in e]), med([x["samples_per_s"] for x in p])
-        er, pr = med([x["peak_rss_mb"] for x in e]), med([x["peak_rss_mb"] for x in p])
-        ef, pf = med([x["minor_faults"] for x in e]), med([x["minor_faults"] for x in p])
-        print(f"| {b} x {n} | {es:.1f} | {ps:.1f} | {es / ps:.2f} | {er:.0f} | {pr:.0f} | {er / pr:.2f} "
-              f"| {ef:.0f} / {pf:.0f} |")
-        rows.append({"micro_batch": b, "accum": n, "gradaccum": e, "python": p})
+        e = results[(b, n)]["gradaccum"]
+        es, er, ef = (med([x[k] for x in e]) for k in ("samples_per_s", "peak_rss_mb", "minor_faults"))
+        for peer in peers:
+            p = results[(b, n)][peer]
+            ps, pr, pf = (med([x[k] for x in p]) for k in ("samples_per_s", "peak_rss_mb", "minor_faults"))
+            print(f"| {b} x {n} | {peer} | {es:.1f} | {ps:.1f} | {es / ps:.2f} | {er:.0f} | {pr:.0f} | {er / pr:.2f} "
+                  f"| {ef:.0f} / {pf:.0f} |")
+        rows.append({"micro_batch": b, "accum": n, **results[(b, n)]})
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "runs": rows}, f, indent=1)

@@ -292,6 +292,7 @@ int main(int argc, char** argv) {
   double t_forward = 0.0, t_backward = 0.0, t_step = 0.0;  // --profile, timed steps only
   if (!profile) {
     auto options = gradaccum::bench::adamw_trainer_options(m.micro_batch, m.accumulation, total_steps);
+    options.sample_order = core::SampleOrder::sequential;  // the rows in stored order, as the Python peers
     options.mixed_precision = precision;
     core::Trainer trainer(options, model, data, nullptr, clock);
     start = Clock::now();

@@ -7,6 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -396,6 +397,40 @@ TEST(Gpt2CausalLmLoss, TiedTableGradientIsDenseAndItsLookupPartSparse) {
   again.sum.backward();
   EXPECT_EQ(table.grad().layout(), torch::kStrided);
   EXPECT_LE(max_relative_difference(table.grad(), 2 * reference), 1e-12);
+}
+
+// An untied head (HF's tie_word_embeddings: false) is its own lm_head.weight: the fused
+// loss projects with it, its gradient and the embedding's (then only the lookup's, dense)
+// equal the plain loss's on full logits, and two windows' gradients add.
+TEST(Gpt2CausalLmLoss, UntiedHeadHasItsOwnWeightAndGradients) {
+  const auto data = pad(make_sequences(kLengths), false);
+  const auto labels = labels_ignoring_padding(data);
+  auto config = tiny_gpt2_config();
+  config.tie_word_embeddings = false;
+  auto make = [&] {
+    Gpt2LmHeadModel net(config);
+    net->to(torch::kDouble);
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(5);
+    net->lm_head->weight.normal_(0.0, 0.1);  // unlike the embedding it starts as
+    return CausalLm(net);
+  };
+  auto fused = make(), plain = make();
+  std::vector<std::string> names;
+  for (const auto& item : fused.module().named_parameters()) names.push_back(item.key());
+  EXPECT_NE(std::find(names.begin(), names.end(), "lm_head.weight"), names.end());
+  EXPECT_FALSE(fused.model()->tied());
+
+  fused.loss({data.ids, labels, data.mask, 8}).sum.backward();
+  auto logits = plain.model()->forward(data.ids, data.mask);
+  gradaccum::models::causal_lm_loss(logits, labels).sum.backward();
+  const auto table = fused.model()->transformer->token_embedding();
+  ASSERT_TRUE(table.grad().defined());
+  EXPECT_FALSE(table.grad().is_sparse());
+  EXPECT_LE(max_relative_difference(flat_grads(fused.module()), flat_grads(plain.module())), 1e-12);
+  // Rows never looked up get no gradient now: the head no longer reaches the table.
+  EXPECT_LT(table.grad().abs().sum(1).gt(0).sum().item<int64_t>(), config.vocab_size);
+  EXPECT_GT(fused.model()->lm_head->weight.grad().abs().sum(1).gt(0).sum().item<int64_t>(), config.vocab_size / 2);
 }
 
 }  // namespace

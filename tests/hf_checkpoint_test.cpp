@@ -493,8 +493,10 @@ TEST(HfCheckpointErrors, Gpt2ConfigMissingWrongOrUnsupportedFields) {
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("activation_function", "relu"), "d"),
                         "\"activation_function\" is \"relu\"");
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("n_inner", 10), "d"), "\"n_inner\" is 10");
-  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("tie_word_embeddings", false), "d"),
-                        "\"tie_word_embeddings\" is false; this model supports only true");
+  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("tie_word_embeddings", "no"), "d"),
+                        "\"tie_word_embeddings\" must be true or false, got \"no\"");
+  EXPECT_FALSE(gpt2_config_from_hf(with("tie_word_embeddings", false), "d").tie_word_embeddings);
+  EXPECT_TRUE(gpt2_config_from_hf(drop("tie_word_embeddings"), "d").tie_word_embeddings);
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("add_cross_attention", true), "d"),
                         "\"add_cross_attention\" is true");
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(nlohmann::json::array(), "d"),

@@ -7,8 +7,9 @@
 // gradaccum writes load with transformers' from_pretrained, all keys matched,
 // with the same float64 logits. (transformers' BLOOM
 // runs its attention softmax in float32 whatever the dtype; the float64
-// reference runs it in float64, see the script.) A GPT-2 with an untied
-// head, which HF allows and gradaccum does not, is refused with a one-line error.
+// reference runs it in float64, see the script.) Tied and untied LM heads
+// both; a GPT-2 that scales attention by the layer index, which HF allows and
+// gradaccum does not, is refused with a one-line error.
 // (2) Trajectories: `gradaccum train` equals transformers' Trainer step for step from the
 // same initial weights on the same padded batches, and its naive mode equals HF Accelerate's
 // accumulate() loop (tests/hf/trainer_parity.py says how the peers run). (3) `gradaccum eval`
@@ -142,10 +143,10 @@ TEST_F(HfInterop, SavePretrainedModelsLoadAndGiveTransformersLogits) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 2 * 6);
+  EXPECT_EQ(compared, 2 * 8);
 }
 
-TEST_F(HfInterop, AnUntiedGpt2HeadIsRefusedWithTheKeyNamed) {
+TEST_F(HfInterop, AGpt2ThatScalesAttentionByLayerIsRefusedWithTheKeyNamed) {
   int refused = 0;
   for (const auto& c : cases()) {
     if (!c.contains("refused")) continue;
@@ -169,7 +170,8 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
     int64_t labels;
   };
   const std::vector<Case> made = {{"gpt2-lm", "gpt2", 0}, {"gpt2-cls", "gpt2", 4},
-                                  {"bloom-lm", "bloom", 0}, {"bloom-cls", "bloom", 3}};
+                                  {"bloom-lm", "bloom", 0}, {"bloom-cls", "bloom", 3},
+                                  {"gpt2-lm-untied", "gpt2", 0}};
   nlohmann::json listed = nlohmann::json::array();
   std::map<std::string, double> losses;
   for (size_t i = 0; i < made.size(); ++i) {
@@ -179,6 +181,7 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
     if (c.architecture == "gpt2") {
       models::Gpt2Config g;
       g.vocab_size = 57, g.n_positions = 24, g.n_embd = 30, g.n_layer = 3, g.n_head = 5, g.init_seed = 7 + i;
+      g.tie_word_embeddings = c.name.find("untied") == std::string::npos;
       config = models::gpt2_hf_config(g, c.labels);
       model = build(config, "gpt2", c.labels, c.name);
     } else {
@@ -242,7 +245,8 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
   const std::map<std::string, std::string> classes = {{"gpt2-lm", "GPT2LMHeadModel"},
                                                       {"gpt2-cls", "GPT2ForSequenceClassification"},
                                                       {"bloom-lm", "BloomForCausalLM"},
-                                                      {"bloom-cls", "BloomForSequenceClassification"}};
+                                                      {"bloom-cls", "BloomForSequenceClassification"},
+                                                      {"gpt2-lm-untied", "GPT2LMHeadModel"}};
   for (const auto& c : made) {
     const auto& r = results.at(c.name);
     EXPECT_EQ(r["model_class"], classes.at(c.name));

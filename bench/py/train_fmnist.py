@@ -12,6 +12,16 @@ AdamW lr 2e-3 with a cosine schedule over the run's steps, clipping at 1.0).
 Run with the venv's interpreter (scripts/setup.sh), which has torch:
   /opt/gradaccum/venv/bin/python bench/py/train_fmnist.py --micro-batch 16 --accum 4 --max-steps 60 --threads 2
 Prints one JSON line; samples_per_s counts only the steps after --warmup-steps.
+
+--loop: how the accumulation loop is written (the stacks users run; the math is the same on full
+windows, which are all a run of --max-steps < 938 sees):
+  eager       the loop above, plain PyTorch
+  compile     the same with model = torch.compile(model) (Inductor on CPU; the warm-up steps
+              absorb the compilation)
+  accelerate  HF Accelerate's documented loop: `with accelerator.accumulate(model)`,
+              accelerator.backward(mean loss) (which divides by N), accelerator.clip_grad_norm_
+  fabric      Lightning Fabric's: `with fabric.no_backward_sync(model, enabled=not last)`,
+              fabric.backward(mean loss / N), fabric.clip_gradients
 """
 import argparse
 import gzip
@@ -93,6 +103,7 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--data-dir", default=DATA_DIR)
+    ap.add_argument("--loop", choices=["eager", "compile", "accelerate", "fabric"], default="eager")
     args = ap.parse_args()
     assert args.max_steps > args.warmup_steps >= 0
 
@@ -109,6 +120,17 @@ def main():
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cosine_lr(args.lr, 0, args.max_steps), betas=(0.9, 0.999),
                             eps=1e-8, weight_decay=0.0)
+    accelerator = fabric = None
+    if args.loop == "compile":
+        model = torch.compile(model)
+    elif args.loop == "accelerate":
+        from accelerate import Accelerator
+        accelerator = Accelerator(gradient_accumulation_steps=accum, cpu=True)
+        model, opt = accelerator.prepare(model, opt)
+    elif args.loop == "fabric":
+        import lightning
+        fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="32-true")
+        model, opt = fabric.setup(model, opt)
 
     step, epoch = 0, 0
     step_end_times, step_samples, losses, grad_norms = [], [], [], []
@@ -125,10 +147,26 @@ def main():
                 idx = idx_window[s:s + b]
                 x = images.index_select(0, idx).float().sub_(MEAN * 255.0).div_(STD * 255.0)
                 y = labels.index_select(0, idx)
-                loss_sum = F.cross_entropy(model(x), y, reduction="sum")
-                (loss_sum / total).backward()
+                if accelerator is not None:
+                    with accelerator.accumulate(model):
+                        loss = F.cross_entropy(model(x), y)
+                        accelerator.backward(loss)
+                    loss_sum = loss.detach() * idx.shape[0]
+                elif fabric is not None:
+                    with fabric.no_backward_sync(model, enabled=s + b < total):
+                        loss = F.cross_entropy(model(x), y) / accum
+                        fabric.backward(loss)
+                    loss_sum = loss.detach() * accum * idx.shape[0]
+                else:
+                    loss_sum = F.cross_entropy(model(x), y, reduction="sum")
+                    (loss_sum / total).backward()
                 window_loss += loss_sum.detach()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            if accelerator is not None:
+                grad_norm = accelerator.clip_grad_norm_(params, args.max_grad_norm)
+            elif fabric is not None:
+                grad_norm = fabric.clip_gradients(model, opt, max_norm=args.max_grad_norm)
+            else:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
             step += 1
@@ -144,7 +182,7 @@ def main():
     timed_samples = sum(step_samples[w:])
     timed_s = step_end_times[-1] - (step_end_times[w - 1] if w > 0 else 0.0)
     print(json.dumps({
-        "program": "python", "cpu_kernels": loaded_kernels(),
+        "program": "python-" + args.loop, "loop": args.loop, "cpu_kernels": loaded_kernels(),
         "micro_batch": b, "accum": accum, "steps": step, "threads": args.threads,
         "warmup_steps": w,
         "samples_per_s": timed_samples / timed_s,

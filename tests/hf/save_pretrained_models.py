@@ -38,12 +38,17 @@ CASES = [
     ("bloom-lm-2h24-3l", "bloom", 0, dict(vocab_size=45, hidden_size=24, n_layer=3, n_head=2)),
     ("bloom-cls-4h16", "bloom", 2, dict(vocab_size=40, hidden_size=16, n_layer=2, n_head=4,
                                         pad_token_id=3)),
-]
-# HF allows an untied GPT-2 head; gradaccum's GPT-2 ties it and says so.
-REFUSED = [
+    # Untied heads (their own lm_head.weight), which HF allows for both.
     ("gpt2-lm-untied", "gpt2", 0, dict(vocab_size=50, n_positions=16, n_embd=24, n_layer=2, n_head=3,
-                                       tie_word_embeddings=False),
-     '"tie_word_embeddings" is false; this model supports only true'),
+                                       tie_word_embeddings=False)),
+    ("bloom-lm-untied", "bloom", 0, dict(vocab_size=45, hidden_size=24, n_layer=2, n_head=3,
+                                         tie_word_embeddings=False)),
+]
+# HF allows GPT-2's attention scaled by 1 / (layer index + 1); gradaccum's GPT-2 does not, and says so.
+REFUSED = [
+    ("gpt2-lm-scaled-by-layer", "gpt2", 0, dict(vocab_size=50, n_positions=16, n_embd=24, n_layer=2, n_head=3,
+                                                scale_attn_by_inverse_layer_idx=True),
+     '"scale_attn_by_inverse_layer_idx" is true; this model supports only false'),
 ]
 PAD_DEFAULT = 0
 TIME = 9

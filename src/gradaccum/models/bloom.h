@@ -54,6 +54,7 @@ struct BloomConfig {
   // Seed of the initialization's own generator: equal configs give equal
   // weights, independent of the global RNG.
   uint64_t init_seed = 0;
+  bool tie_word_embeddings = true;  // the LM head is word_embeddings (false: its own lm_head.weight)
 };
 
 // ALiBi's per-head slopes, [n_head] float64. With p the largest power of two ≤
@@ -154,7 +155,7 @@ class BloomForCausalLmImpl : public CausalLmHeadImpl {
 
  private:
   explicit BloomForCausalLmImpl(BloomModel bloom)
-      : CausalLmHeadImpl(as_decoder(bloom)), bloom_(bloom) {}
+      : CausalLmHeadImpl(as_decoder(bloom), bloom->config().tie_word_embeddings), bloom_(bloom) {}
   BloomModel bloom_;  // the module registered as `transformer`, not registered twice
 };
 TORCH_MODULE(BloomForCausalLm);

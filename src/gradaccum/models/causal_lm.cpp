@@ -8,15 +8,24 @@
 
 namespace gradaccum::models {
 
-CausalLmHeadImpl::CausalLmHeadImpl(Decoder backbone) {
+CausalLmHeadImpl::CausalLmHeadImpl(Decoder backbone, bool tie_word_embeddings) {
   transformer = register_module("transformer", std::move(backbone));
+  if (!tie_word_embeddings) {
+    const auto embedding = transformer->token_embedding();
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(embedding.size(1), embedding.size(0)).bias(false)));
+    torch::NoGradGuard no_grad;
+    lm_head->weight.copy_(embedding);
+  }
+}
+
+torch::Tensor CausalLmHeadImpl::head_weight() {
+  return tied() ? transformer->token_embedding() : lm_head->weight;
 }
 
 torch::Tensor CausalLmHeadImpl::forward(const torch::Tensor& input_ids,
                                         const torch::Tensor& attention_mask) {
-  // Tied head: logits = hidden · embeddingᵀ (HF's lm_head shares the embedding's weight, no bias).
-  return torch::nn::functional::linear(transformer->hidden_states(input_ids, attention_mask),
-                                       transformer->token_embedding());
+  return torch::nn::functional::linear(transformer->hidden_states(input_ids, attention_mask), head_weight());
 }
 
 core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
@@ -60,11 +69,13 @@ core::LossSum CausalLm::loss(const core::Batch& batch) {
   // so the lookup may return its rows sparsely (decoder.h, TokenEmbeddingGrad). Only on
   // the CPU: adding a sparse gradient coalesces it, and on a GPU coalescing reads its
   // size on the host, a synchronization per micro-step (core/host_reads.h).
+  // An untied head leaves the lookup as the table's only gradient: dense then.
   auto& transformer = model_->transformer;
-  const auto table = transformer->token_embedding();
-  const auto lookup_grad = table.is_cpu() ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense;
+  const auto head = model_->head_weight();
+  const auto lookup_grad =
+      model_->tied() && head.is_cpu() ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense;
   return chunked_causal_lm_loss(
-      transformer->hidden_states(batch.input, batch.attention_mask, lookup_grad), table,
+      transformer->hidden_states(batch.input, batch.attention_mask, lookup_grad), head,
       batch.target, chunk_tokens());
 }
 

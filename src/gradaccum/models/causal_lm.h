@@ -17,16 +17,23 @@
 namespace gradaccum::models {
 
 // HF's *LMHeadModel / *ForCausalLM: a decoder registered as `transformer` and
-// an output projection tied to its token embedding, so the module has no
-// parameter of its own and its names are the decoder's (transformer.*). Gpt2's
-// and Bloom's LM head models are this module built from their configs.
+// an output projection without bias. Tied (HF's tie_word_embeddings, the
+// default), the projection is the token embedding, so the module has no
+// parameter of its own and its names are the decoder's (transformer.*);
+// untied, it is its own `lm_head.weight` [vocab, hidden], which starts as a
+// copy of the embedding (a checkpoint then overwrites it). Gpt2's and Bloom's
+// LM head models are this module built from their configs.
 class CausalLmHeadImpl : public torch::nn::Module {
  public:
-  explicit CausalLmHeadImpl(Decoder transformer);
-  // Logits [B, T, vocab_size] = hidden states · token_embeddingᵀ (no bias).
+  explicit CausalLmHeadImpl(Decoder transformer, bool tie_word_embeddings = true);
+  // Logits [B, T, vocab_size] = hidden states · head_weight()ᵀ.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  // The output projection [vocab, hidden]: the token embedding, or lm_head's weight.
+  torch::Tensor head_weight();
+  bool tied() const { return lm_head.is_empty(); }
 
   Decoder transformer{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // untied only
 };
 TORCH_MODULE(CausalLmHead);
 

@@ -13,7 +13,8 @@
 //
 // Gpt2Model is a Decoder (decoder.h); Gpt2LmHeadModel is the generic causal-LM
 // head (causal_lm.h) on it, tied to transformer.wte (no parameter of its own, as
-// HF's lm_head.weight is the same tensor as wte.weight).
+// HF's lm_head.weight is the same tensor as wte.weight), or with
+// tie_word_embeddings false its own lm_head.weight [vocab, n_embd].
 //
 // Differences from HF: the projections are torch::nn::Linear, whose weight is
 // [out, in]; HF's Conv1D stores [in, out]. A loader of HF checkpoints must
@@ -48,6 +49,7 @@ struct Gpt2Config {
   // Seed of the initialization's own generator: equal configs give equal
   // weights, independent of the global RNG.
   uint64_t init_seed = 0;
+  bool tie_word_embeddings = true;  // the LM head is wte (false: its own lm_head.weight)
 };
 
 // Causal multi-head self-attention with fused q, k, v projection.
@@ -127,7 +129,8 @@ class Gpt2LmHeadModelImpl : public CausalLmHeadImpl {
   Gpt2Model& gpt2() { return gpt2_; }
 
  private:
-  explicit Gpt2LmHeadModelImpl(Gpt2Model gpt2) : CausalLmHeadImpl(as_decoder(gpt2)), gpt2_(gpt2) {}
+  explicit Gpt2LmHeadModelImpl(Gpt2Model gpt2)
+      : CausalLmHeadImpl(as_decoder(gpt2), gpt2->config().tie_word_embeddings), gpt2_(gpt2) {}
   Gpt2Model gpt2_;  // the module registered as `transformer`, not registered twice
 };
 TORCH_MODULE(Gpt2LmHeadModel);

@@ -144,6 +144,13 @@ double optional_positive_number(const nlohmann::json& config, const char* key, d
   return x;
 }
 
+bool optional_bool(const nlohmann::json& config, const char* key, bool fallback, const std::string& what) {
+  const auto* value = field(config, key);
+  if (value == nullptr) return fallback;
+  GA_CHECK(value->is_boolean(), "{}: config.json \"{}\" must be true or false, got {}", what, key, value->dump());
+  return value->get<bool>();
+}
+
 // An optional setting our model supports only with one value.
 void require_if_present(const nlohmann::json& config, const char* key, const nlohmann::json& only,
                         const std::string& what) {
@@ -388,7 +395,7 @@ nlohmann::json gpt2_hf_config(const Gpt2Config& config, int64_t num_labels) {
       {"scale_attn_weights", true},
       {"scale_attn_by_inverse_layer_idx", false},
       {"reorder_and_upcast_attn", false},
-      {"tie_word_embeddings", true},
+      {"tie_word_embeddings", config.tie_word_embeddings},
       {"use_cache", true},
   };
   if (config.vocab_size == 50257) {  // GPT-2's BPE: <|endoftext|> is both
@@ -427,7 +434,7 @@ Gpt2Config gpt2_config_from_hf(const nlohmann::json& config, const std::string& 
              "{}: config.json \"n_inner\" is {}; this model supports only null or 4 * n_embd = {}",
              what, inner->dump(), 4 * c.n_embd);
   }
-  require_if_present(config, "tie_word_embeddings", true, what);
+  c.tie_word_embeddings = optional_bool(config, "tie_word_embeddings", true, what);
   require_if_present(config, "scale_attn_weights", true, what);
   require_if_present(config, "scale_attn_by_inverse_layer_idx", false, what);
   require_if_present(config, "add_cross_attention", false, what);
@@ -451,7 +458,7 @@ nlohmann::json bloom_hf_config(const BloomConfig& config, int64_t num_labels) {
       {"attention_dropout", 0.0},
       {"pretraining_tp", 1},
       {"slow_but_exact", false},
-      {"tie_word_embeddings", true},
+      {"tie_word_embeddings", config.tie_word_embeddings},
       {"use_cache", true},
   };
   if (config.vocab_size == 250880) {  // BLOOM's tokenizer: <s> 1, </s> 2, <pad> 3
@@ -479,7 +486,7 @@ BloomConfig bloom_config_from_hf(const nlohmann::json& config, const std::string
   c.initializer_range = optional_positive_number(config, "initializer_range", 0.02, what);
   c.init_seed = 0;
   require_if_present(config, "apply_residual_connection_post_layernorm", false, what);
-  require_if_present(config, "tie_word_embeddings", true, what);
+  c.tie_word_embeddings = optional_bool(config, "tie_word_embeddings", true, what);
   return c;
 }
 
