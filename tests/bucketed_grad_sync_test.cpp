@@ -1,6 +1,6 @@
 // The reducer on two in-process ranks (Gloo over a shared HashStore): every
 // .grad is a view into its bucket (the gradients are held once), a window of
-// two micro-steps ends with the sum over ranks in .grad, and a .grad set to
+// two micro-steps ends with the sum over ranks in .grad and in the loss totals, and a .grad set to
 // none or replaced between windows is pointed back at its view.
 #include <gtest/gtest.h>
 
@@ -36,6 +36,7 @@ void micro_step(BucketedGradSync& sync, std::vector<torch::Tensor>& params, int 
 struct RankRun {
   std::vector<const void*> storages;   // each .grad's storage after attaching
   std::vector<torch::Tensor> summed;   // .grad after the window
+  torch::Tensor totals;                // the window's loss totals after finish_window
   int64_t calls = 0;
   bool reattached_to_same_memory = false;
   double replaced_value = 0.0;         // a replaced .grad, after re-attaching
@@ -52,8 +53,11 @@ TEST(BucketedGradSync, GradientsAreBucketViewsAndHoldTheSumOverRanks) {
     micro_step(sync, params, rank, /*last=*/false);
     for (auto& p : params) run.storages.push_back(p.grad().storage().data());
     micro_step(sync, params, rank, /*last=*/true);
-    auto totals = torch::zeros({3}, torch::kDouble);
+    // This rank's [Σ loss sums, Σ counts, Σ naive terms] (and the stop flag the Trainer appends).
+    auto totals = torch::tensor({1.5 * (rank + 1), 10.0 * (rank + 1), 0.25 + rank, rank == 1 ? 1.0 : 0.0},
+                                torch::kDouble);
     sync.finish_window(totals);
+    run.totals = totals.clone();
     run.calls = sync.allreduce_calls();
     for (auto& p : params) run.summed.push_back(p.grad().clone());
 
@@ -78,6 +82,9 @@ TEST(BucketedGradSync, GradientsAreBucketViewsAndHoldTheSumOverRanks) {
       const auto expected = 6.0 * torch::arange(1, run.summed[k].numel() + 1, torch::kDouble);
       EXPECT_TRUE(torch::equal(run.summed[k].reshape(-1), expected)) << "rank " << rank << " param " << k;
     }
+    // The loss totals are summed over ranks in place, on every rank.
+    EXPECT_TRUE(torch::equal(run.totals, torch::tensor({4.5, 30.0, 1.5, 1.0}, torch::kDouble)))
+        << "rank " << rank << ": " << run.totals;
     EXPECT_TRUE(run.reattached_to_same_memory) << "rank " << rank;
     EXPECT_EQ(run.replaced_value, 5.0) << "rank " << rank;
   }

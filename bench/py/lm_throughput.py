@@ -40,6 +40,7 @@ without the position table). Forward, backward and the optimizer step are timed
 separately (host clock; on CPU every op has finished when it returns). Prints one JSON line.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -165,41 +166,75 @@ def micro_batch(ids_all, step, s):
     return ids_all[first:first + MICRO_BATCH]
 
 
-def eager_loop(model, params, opt, ids_all, total_steps, warmup, bf16, peak_lr):
-    """Per micro-step loss = mean / N, backward; clip, AdamW, zero_grad(set_to_none) per window."""
-    ends, losses = [], []
-    t_fwd = t_bwd = t_step = 0.0
-    for step in range(total_steps):
-        timed = step >= warmup
-        window_loss = 0.0
-        for s in range(ACCUM):
-            ids = micro_batch(ids_all, step, s)
-            t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = shifted_loss(model(ids), ids) / ACCUM
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            window_loss += loss.item()
-            if timed:
-                t_fwd += t1 - t0
-                t_bwd += t2 - t1
-        t0 = time.perf_counter()
+class Eager:
+    """The plain loop: loss = mean / N, loss.backward(), clip_grad_norm_."""
+
+    def __init__(self, model, opt, bf16):
+        self.model, self.opt, self.bf16 = model, opt, bf16
+
+    def accumulating(self, last):
+        return contextlib.nullcontext()
+
+    def loss(self, ids):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            return shifted_loss(self.model(ids), ids) / ACCUM
+
+    def backward(self, loss):
+        loss.backward()
+
+    def window_term(self, loss):
+        return loss.item()
+
+    def clip(self, params):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        cosine(opt, peak_lr, step, total_steps)
-        ends.append(time.perf_counter())
-        if timed:
-            t_step += ends[-1] - t0
-        losses.append(window_loss)
-    return ends, losses, t_fwd, t_bwd, t_step
 
 
-def accelerate_loop(model, params, opt, ids_all, total_steps, warmup, bf16, peak_lr):
-    from accelerate import Accelerator
-    accelerator = Accelerator(gradient_accumulation_steps=ACCUM, cpu=True)
-    model, opt = accelerator.prepare(model, opt)
+class Accelerate(Eager):
+    """HF Accelerate's loop: `with accelerator.accumulate(model)`, accelerator.backward(mean loss),
+    which divides by N, and accelerator.clip_grad_norm_ (its step runs when sync_gradients)."""
+
+    def __init__(self, model, opt, bf16):
+        from accelerate import Accelerator
+        self.accelerator = Accelerator(gradient_accumulation_steps=ACCUM, cpu=True)
+        super().__init__(*self.accelerator.prepare(model, opt), bf16)
+
+    def accumulating(self, last):
+        return self.accelerator.accumulate(self.model)
+
+    def loss(self, ids):
+        return shifted_loss(self.model(ids), ids)
+
+    def backward(self, loss):
+        self.accelerator.backward(loss)
+
+    def window_term(self, loss):
+        return loss.item() / ACCUM
+
+    def clip(self, params):
+        self.accelerator.clip_grad_norm_(params, 1.0)
+
+
+class Fabric(Eager):
+    """Lightning Fabric's loop: `with fabric.no_backward_sync(model, enabled=not last)`,
+    fabric.backward(loss / N), fabric.clip_gradients."""
+
+    def __init__(self, model, opt, bf16):
+        import lightning
+        self.fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="32-true")
+        super().__init__(*self.fabric.setup(model, opt), bf16)
+
+    def accumulating(self, last):
+        return self.fabric.no_backward_sync(self.model, enabled=not last)
+
+    def backward(self, loss):
+        self.fabric.backward(loss)
+
+    def clip(self, params):
+        self.fabric.clip_gradients(self.model, self.opt, max_norm=1.0)
+
+
+def run_loop(stack, params, ids_all, total_steps, warmup, peak_lr):
+    """N micro-steps per window through `stack`, then clip, AdamW, zero_grad(set_to_none), schedule."""
     ends, losses = [], []
     t_fwd = t_bwd = t_step = 0.0
     for step in range(total_steps):
@@ -207,55 +242,21 @@ def accelerate_loop(model, params, opt, ids_all, total_steps, warmup, bf16, peak
         window_loss = 0.0
         for s in range(ACCUM):
             ids = micro_batch(ids_all, step, s)
-            with accelerator.accumulate(model):
+            with stack.accumulating(last=s + 1 == ACCUM):
                 t0 = time.perf_counter()
-                loss = shifted_loss(model(ids), ids)
+                loss = stack.loss(ids)
                 t1 = time.perf_counter()
-                accelerator.backward(loss)  # divides by gradient_accumulation_steps
+                stack.backward(loss)
                 t2 = time.perf_counter()
-                window_loss += loss.item() / ACCUM
-                if timed:
-                    t_fwd += t1 - t0
-                    t_bwd += t2 - t1
-                if accelerator.sync_gradients:
-                    t0 = time.perf_counter()
-                    accelerator.clip_grad_norm_(params, 1.0)
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    cosine(opt, peak_lr, step, total_steps)
-                    if timed:
-                        t_step += time.perf_counter() - t0
-        ends.append(time.perf_counter())
-        losses.append(window_loss)
-    return ends, losses, t_fwd, t_bwd, t_step
-
-
-def fabric_loop(model, params, opt, ids_all, total_steps, warmup, bf16, peak_lr):
-    import lightning
-    fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="32-true")
-    model, opt = fabric.setup(model, opt)
-    ends, losses = [], []
-    t_fwd = t_bwd = t_step = 0.0
-    for step in range(total_steps):
-        timed = step >= warmup
-        window_loss = 0.0
-        for s in range(ACCUM):
-            ids = micro_batch(ids_all, step, s)
-            with fabric.no_backward_sync(model, enabled=s + 1 < ACCUM):
-                t0 = time.perf_counter()
-                loss = shifted_loss(model(ids), ids) / ACCUM
-                t1 = time.perf_counter()
-                fabric.backward(loss)
-                t2 = time.perf_counter()
-            window_loss += loss.item()
+            window_loss += stack.window_term(loss)
             if timed:
                 t_fwd += t1 - t0
                 t_bwd += t2 - t1
         t0 = time.perf_counter()
-        fabric.clip_gradients(model, opt, max_norm=1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        cosine(opt, peak_lr, step, total_steps)
+        stack.clip(params)
+        stack.opt.step()
+        stack.opt.zero_grad(set_to_none=True)
+        cosine(stack.opt, peak_lr, step, total_steps)
         ends.append(time.perf_counter())
         if timed:
             t_step += ends[-1] - t0
@@ -310,12 +311,11 @@ def main():
     ids_all = torch.randint(VOCAB, (total_steps * MICRO_BATCH * ACCUM, CONTEXT), generator=g)
     peak_lr = 1e-3
     opt = torch.optim.AdamW(params, lr=peak_lr, weight_decay=0.0)
-    run = {"eager": eager_loop, "compile": eager_loop, "accelerate": accelerate_loop, "fabric": fabric_loop}[args.loop]
     if args.loop == "compile":
         model = torch.compile(model)
+    stack = {"eager": Eager, "compile": Eager, "accelerate": Accelerate, "fabric": Fabric}[args.loop](model, opt, bf16)
     start = time.perf_counter()
-    ends, losses, t_fwd, t_bwd, t_step = run(model, params, opt, ids_all, total_steps, args.warmup_steps, bf16,
-                                             peak_lr)
+    ends, losses, t_fwd, t_bwd, t_step = run_loop(stack, params, ids_all, total_steps, args.warmup_steps, peak_lr)
 
     # Probed again after training; the peak is the faster probe of the two (the
     # probe's rate is bimodal on this machine, see BENCHMARKS.md).
