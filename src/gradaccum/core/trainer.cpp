@@ -15,13 +15,6 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::vector<torch::Tensor> trainable_parameters(torch::nn::Module& module) {
-  std::vector<torch::Tensor> params;
-  for (auto& p : module.parameters()) {
-    if (p.requires_grad()) params.push_back(p);
-  }
-  return params;
-}
 }  // namespace
 
 optim::NamedParameters Trainer::named_parameters() const {
@@ -67,7 +60,7 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
   }
   model_.module().to(options_.device, options_.dtype);
   model_.module().train();
-  params_ = trainable_parameters(model_.module());
+  for (auto& [name, p] : named_parameters()) params_.push_back(p);
   GA_CHECK(!params_.empty(), "the model has no trainable parameters");
   optimizer_ = optimizer ? std::move(optimizer) : optim::make_optimizer(options_.optimizer, params_);
   const int64_t warmup =
