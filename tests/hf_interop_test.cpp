@@ -28,7 +28,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gradaccum/data/tokenizer.h"
 #include "gradaccum/io/safetensors.h"
 #include "gradaccum/models/bloom.h"
 #include "gradaccum/models/causal_lm.h"
@@ -270,8 +269,7 @@ class HfTrainerParity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = gradaccum::testing::make_temp_dir("hf-trainer-parity");
-    const char* env = std::getenv("GRADACCUM_TOKENIZER_DIR");
-    tokenizer_ = env != nullptr && *env != '\0' ? env : data::kDefaultTokenizerDir;
+    tokenizer_ = gradaccum::testing::gpt2_tokenizer_dir();
     status_ = run_hf_script("trainer_parity.py", dir_, tokenizer_ + "/gpt2.tiktoken");
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "gradaccum/core/trainer.h"
+#include "gradaccum/data/tokenizer.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
 
@@ -74,6 +75,11 @@ std::string make_temp_dir(const std::string& name) {
 std::string venv_program(const std::string& name) {
   const char* env = std::getenv("GRADACCUM_VENV");
   return std::string(env != nullptr && *env != '\0' ? env : "/opt/gradaccum/venv") + "/bin/" + name;
+}
+
+std::string gpt2_tokenizer_dir() {
+  const char* env = std::getenv("GRADACCUM_TOKENIZER_DIR");
+  return env != nullptr && *env != '\0' ? env : data::kDefaultTokenizerDir;
 }
 
 CliResult run_cli(const std::string& args, const std::string& cwd) {

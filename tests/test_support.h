@@ -127,6 +127,10 @@ std::string make_temp_dir(const std::string& name);
 // /opt/gradaccum/venv/bin/<name> when the variable is unset or empty.
 std::string venv_program(const std::string& name);
 
+// The GPT-2 vocabulary's directory (gpt2.tiktoken, from scripts/setup.sh): $GRADACCUM_TOKENIZER_DIR,
+// data::kDefaultTokenizerDir when the variable is unset or empty.
+std::string gpt2_tokenizer_dir();
+
 std::string read_text(const std::string& path);
 
 // The JSON objects of a JSON-lines file (metrics.jsonl), in order.

@@ -356,10 +356,7 @@ const std::vector<Verse>& kjv() {
   return verses;
 }
 
-std::string gpt2_dir() {
-  const char* env = std::getenv("GRADACCUM_TOKENIZER_DIR");
-  return env != nullptr && *env != '\0' ? env : kDefaultTokenizerDir;
-}
+std::string gpt2_dir() { return gradaccum::testing::gpt2_tokenizer_dir(); }
 const Tokenizer& gpt2() {
   static const Tokenizer t = Tokenizer::load(gpt2_dir());
   return t;

@@ -45,10 +45,7 @@ using nlohmann::json;
 
 const std::string kDataDir = std::string(GRADACCUM_TEST_DATA) + "/tokenizer";
 
-std::string gpt2_dir() {
-  const char* env = std::getenv("GRADACCUM_TOKENIZER_DIR");
-  return env != nullptr && *env != '\0' ? env : kDefaultTokenizerDir;
-}
+std::string gpt2_dir() { return gradaccum::testing::gpt2_tokenizer_dir(); }
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
