@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <optional>
+#include <type_traits>
 
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/models/networks.h"
@@ -201,16 +204,30 @@ TEST(Seed003, ParametersChangeOnlyAtTheLastMicroStep) {
   }
 }
 
+// A weak reference to a tensor's grad_fn(): libtorch returns it as std::shared_ptr up to
+// 2.11 and as c10::intrusive_ptr in later releases.
+template <class P>
+struct WeakOf;
+template <class T>
+struct WeakOf<std::shared_ptr<T>> {
+  using type = std::weak_ptr<T>;
+};
+template <class T>
+struct WeakOf<c10::intrusive_ptr<T>> {
+  using type = c10::weak_intrusive_ptr<T>;
+};
+using WeakNode = WeakOf<std::decay_t<decltype(std::declval<const torch::Tensor&>().grad_fn())>>::type;
+
 // Records, at every micro-step, whether the previous micro-step's autograd
 // graph is still alive (through a weak reference to its root node).
 class GraphWatcher final : public core::Trainable {
  public:
   explicit GraphWatcher(core::Trainable& inner) : inner_(inner) {}
   core::LossSum loss(const core::Batch& batch) override {
-    previous_alive.push_back(!previous_root_.expired());
+    previous_alive.push_back(previous_root_.has_value() && !previous_root_->expired());
     auto micro = inner_.loss(batch);
     if (micro.sum.grad_fn()) ++roots_seen;
-    previous_root_ = c10::weak_intrusive_ptr<torch::autograd::Node>(micro.sum.grad_fn());
+    previous_root_.emplace(micro.sum.grad_fn());
     return micro;
   }
   core::EvalSums evaluate(const core::Batch& batch) override { return inner_.evaluate(batch); }
@@ -221,7 +238,7 @@ class GraphWatcher final : public core::Trainable {
 
  private:
   core::Trainable& inner_;
-  c10::weak_intrusive_ptr<torch::autograd::Node> previous_root_{c10::intrusive_ptr<torch::autograd::Node>()};
+  std::optional<WeakNode> previous_root_;
 };
 
 // Nothing in the trainer keeps a micro-step's graph past its backward: holding
