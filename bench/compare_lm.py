@@ -4,7 +4,9 @@
 The peers (`--peers`, default eager): the plain PyTorch eager loop, the same under torch.compile,
 HF Accelerate's accumulate() loop and Lightning Fabric's no_backward_sync loop, all on the same
 torch, model, initial weights (drawn identically in every program; the first window's loss
-shows it), data order, b x N and threads. `--shape gpt2-124m` runs GPT-2 small's shape at 2 x 8.
+shows it), data order, b x N and threads. `--shape gpt2-124m` runs GPT-2 small's shape at 2 x 8,
+`--shape gpt2-124m-1024` at context 1024, 8 x 4. `--device cuda` runs both on the first CUDA device
+(a build configured with -DGRADACCUM_WITH_CUDA=ON) and adds their peak device memory.
 
 Runs `--runs` processes of each program in turn (the order rotates per round).
 The driver takes the shared benchmark lock (/tmp/gradaccum-bench.lock, the lock `flock`
@@ -23,7 +25,10 @@ autocast, GEMM peak measured in bfloat16).
   /opt/gradaccum/venv/bin/python bench/compare_lm.py [--build build-bench] [--runs 3] [--threads 2]
       [--steps 10] [--warmup-steps 2] [--mixed-precision no|bf16] [--max-load 1.5] [--max-busy 0.3]
       [--max-wait 900] [--profile-runs 1] [--peers eager,compile,accelerate,fabric]
-      [--shape small|gpt2-124m]
+      [--shape small|gpt2-124m|gpt2-124m-1024] [--device cpu|cuda]
+
+--max-wait 0 runs each process at once, without sampling the machine's load (a lent GPU
+machine of one's own).
 """
 import argparse
 import fcntl
@@ -56,6 +61,8 @@ def cpu_busy_cores(seconds=3.0):
 
 
 def wait_for_quiet(max_load, max_busy, max_wait):
+    if max_wait <= 0:
+        return True, os.getloadavg()[0], 0.0, 0.0
     start = time.time()
     while True:
         load = os.getloadavg()[0]
@@ -96,7 +103,8 @@ def main():
     ap.add_argument("--max-wait", type=float, default=900)
     ap.add_argument("--peers", default="eager",
                     help="comma-separated Python loops: eager, compile, accelerate, fabric")
-    ap.add_argument("--shape", choices=["small", "gpt2-124m"], default="small")
+    ap.add_argument("--shape", choices=["small", "gpt2-124m", "gpt2-124m-1024"], default="small")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--profile-runs", type=int, default=1,
                     help="then this many processes of lm_throughput --profile (the Trainer's loop "
                          "written out with timers around forward, backward and the step)")
@@ -105,7 +113,7 @@ def main():
     kernels = match_cpu_kernels(os.path.join(args.build, "gradaccum"))
     print(f"# CPU kernels for every process: {kernels}", file=sys.stderr, flush=True)
     common = ["--threads", str(args.threads), "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps),
-              "--mixed-precision", args.mixed_precision, "--shape", args.shape]
+              "--mixed-precision", args.mixed_precision, "--shape", args.shape, "--device", args.device]
     engine = [os.path.join(args.build, "bench", "lm_throughput")] + common
     programs = {"gradaccum": engine}
     for peer in args.peers.split(","):
@@ -144,6 +152,8 @@ def main():
             ("model FLOP/s / GEMM (2048³)",
              lambda v: spread([x["fraction_of_gemm_square"] for x in v], "{:.3f}")),
             ("peak RSS MB", lambda v: spread([x["peak_rss_mb"] for x in v], "{:.0f}")),
+            ("device / peak device MB", lambda v: f"{v[0].get('device', 'cpu')} / " +
+                                                  spread([x.get("peak_device_mb", 0.0) for x in v], "{:.0f}")),
             ("first / last window loss", lambda v: f"{statistics.median(x['first_loss'] for x in v):.4f} / "
                                                    f"{statistics.median(x['final_loss'] for x in v):.4f}")]
     print("| | " + " | ".join(programs) + " |")
@@ -156,7 +166,12 @@ def main():
     for name in list(programs)[1:]:
         p = statistics.median(x["tokens_per_s"] for x in results[name])
         p_rss = statistics.median(x["peak_rss_mb"] for x in results[name])
-        print(f"gradaccum / {name}: tokens/s {e / p:.3f}, peak RSS {e_rss / p_rss:.3f} (medians)")
+        line = f"gradaccum / {name}: tokens/s {e / p:.3f}, peak RSS {e_rss / p_rss:.3f}"
+        if args.device == "cuda":
+            e_dev = statistics.median(x["peak_device_mb"] for x in results["gradaccum"])
+            p_dev = statistics.median(x["peak_device_mb"] for x in results[name])
+            line += f", peak device memory {e_dev / p_dev:.3f}"
+        print(line + " (medians)")
     print("\nseconds per optimizer step (medians; engine: lm_throughput --profile):")
     for name, runs in [("gradaccum-profile", profiles)] + [(n, results[n]) for n in list(programs)[1:]]:
         if runs:

@@ -5,9 +5,16 @@
 // accumulation steps, AdamW lr 1e-3, cosine schedule, clipping at 1.0, exact
 // window normalization (the engine's real accumulation path).
 //
-//   lm_throughput [--shape small|gpt2-124m] [--threads 2] [--warmup-steps 2] [--steps 10]
-//                 [--mixed-precision no|bf16] [--loss-chunk-tokens K] [--profile]
-//                 [--custom-kernels all|none|LIST] [--bf16-cpu-matmuls auto|float32|libtorch]
+//   lm_throughput [--shape small|gpt2-124m|gpt2-124m-1024] [--device cpu|cuda] [--threads 2]
+//                 [--warmup-steps 2] [--steps 10] [--mixed-precision no|bf16]
+//                 [--loss-chunk-tokens K] [--profile] [--custom-kernels all|none|LIST]
+//                 [--bf16-cpu-matmuls auto|float32|libtorch]
+//
+// --shape gpt2-124m-1024 is GPT-2 small at its own context of 1024, 8 × 4 (a GPU's shape).
+// --device cuda (a GRADACCUM_WITH_CUDA build) trains on the first CUDA device; the GEMM probes
+// run there too and are timed after a device synchronize, as is every optimizer step (the
+// Trainer reads each step's loss back). "peak_device_mb" is the CUDA caching allocator's peak
+// of allocated memory (PyTorch's max_memory_allocated), 0 on the CPU.
 //
 // --custom-kernels and --bf16-cpu-matmuls are the config keys custom_kernels
 // (core/custom_kernels.h) and bf16_cpu_matmuls of `gradaccum train`.
@@ -32,8 +39,8 @@
 //
 // --loss-chunk-tokens K (default 0) is the config key loss_chunk_tokens of the
 // fused LM-head loss (chunked_cross_entropy.h, which computes the head's
-// gradients in its forward): 0 = automatic (~64 MiB of float32 logits, here
-// one chunk per micro-batch), K > 0 = K tokens.
+// gradients in its forward): 0 = automatic (~64 MiB of float32 logits on the CPU, here one
+// chunk per micro-batch of the small shape; 512 MiB on a GPU), K > 0 = K tokens.
 // bench/lm_loss_ab.cpp compares it with the unfused loss.
 //
 // Like `gradaccum`, the program keeps freed heap memory (io::retain_freed_heap).
@@ -49,6 +56,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Version.h>
+#ifdef GRADACCUM_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -90,6 +101,7 @@ struct Shape {
 };
 constexpr Shape kSmall{8192, 128, 192, 4, 3, 8, 4};
 constexpr Shape kGpt2Small{50257, 256, 768, 12, 12, 2, 8};
+constexpr Shape kGpt2Small1024{50257, 1024, 768, 12, 12, 8, 4};
 
 // Rows of random token ids [n, T] from a seeded generator; labels = inputs.
 class RandomTokens final : public core::Dataset {
@@ -132,6 +144,7 @@ struct Options {
   bool profile = false;
   std::string shape_name = "small";
   Shape shape = kSmall;
+  torch::Device device = torch::kCPU;
 };
 
 // Throws gradaccum::Error on an unknown option, a missing value or fp16 (on
@@ -162,10 +175,13 @@ Options parse_options(int argc, char** argv) {
                "lm_throughput: --bf16-cpu-matmuls is auto, float32 or libtorch, not {}", value);
       o.bf16_cpu_matmuls = value;
     } else if (key == "--shape") {
-      GA_CHECK(value == "small" || value == "gpt2-124m", "lm_throughput: --shape is small or gpt2-124m, not {}",
-               value);
+      GA_CHECK(value == "small" || value == "gpt2-124m" || value == "gpt2-124m-1024",
+               "lm_throughput: --shape is small, gpt2-124m or gpt2-124m-1024, not {}", value);
       o.shape_name = value;
-      o.shape = value == "small" ? kSmall : kGpt2Small;
+      o.shape = value == "small" ? kSmall : value == "gpt2-124m" ? kGpt2Small : kGpt2Small1024;
+    } else if (key == "--device") {
+      GA_CHECK(value == "cpu" || value == "cuda", "lm_throughput: --device is cpu or cuda, not {}", value);
+      o.device = value == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
     } else if (key == "--mixed-precision") {
       o.precision = core::parse_mixed_precision(value);
       GA_CHECK(
@@ -174,6 +190,14 @@ Options parse_options(int argc, char** argv) {
     } else {
       GA_CHECK(false, "lm_throughput: unknown option {}", key);
     }
+  }
+  if (o.device.is_cuda()) {
+#ifndef GRADACCUM_WITH_CUDA
+    GA_CHECK(false, "lm_throughput: --device cuda needs a build configured with -DGRADACCUM_WITH_CUDA=ON");
+#endif
+    GA_CHECK(torch::cuda::is_available(), "lm_throughput: --device cuda, but no CUDA device is visible");
+    GA_CHECK(!o.profile, "lm_throughput: --profile times with host clocks, which on a GPU measure launches; "
+                         "it runs on the CPU only");
   }
   GA_CHECK(o.threads >= 1 && o.warmup >= 0 && o.steps >= 1 && o.loss_chunk_tokens >= 0,
            "lm_throughput: needs --threads >= 1, --warmup-steps >= 0, --steps >= 1, "
@@ -185,18 +209,48 @@ double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Waits for the device's queued work (a no-op on the CPU, where every op has finished when it
+// returns).
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// The CUDA caching allocator's peak of allocated bytes, in MB; 0 on the CPU.
+double peak_device_mb(const torch::Device& device) {
+#ifdef GRADACCUM_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(
+               stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak) /
+           (1024.0 * 1024.0);
+  }
+#endif
+  return 0.0;
+}
+
+// The device's name ("cpu" on the CPU).
+std::string device_name(const torch::Device& device) {
+#ifdef GRADACCUM_WITH_CUDA
+  if (device.is_cuda()) return at::cuda::getDeviceProperties(device.index())->name;
+#endif
+  return "cpu";
+}
+
 // FLOP/s of torch::mm([m, k] × [k, n]) in `dtype`: median of timed
 // repetitions after one warm-up, repeated until `budget_s` has passed (at
 // least 3 times).
-double gemm_rate(int64_t m, int64_t k, int64_t n, torch::ScalarType dtype, double budget_s) {
-  auto a = torch::randn({m, k}).to(dtype);
-  auto b = torch::randn({k, n}).to(dtype);
+double gemm_rate(int64_t m, int64_t k, int64_t n, torch::ScalarType dtype, const torch::Device& device,
+                 double budget_s) {
+  auto a = torch::randn({m, k}).to(device, dtype);
+  auto b = torch::randn({k, n}).to(device, dtype);
   auto c = torch::mm(a, b);
+  synchronize(device);
   std::vector<double> times;
   const auto start = Clock::now();
   while (times.size() < 3 || seconds(start, Clock::now()) < budget_s) {
     const auto t0 = Clock::now();
     torch::mm_out(c, a, b);
+    synchronize(device);
     times.push_back(seconds(t0, Clock::now()));
   }
   return 2.0 * static_cast<double>(m * k * n) / median(times);
@@ -213,7 +267,7 @@ struct GemmPeak {
   std::string per_shape;
 };
 
-GemmPeak gemm_peak(torch::ScalarType dtype, const Shape& m) {
+GemmPeak gemm_peak(torch::ScalarType dtype, const Shape& m, const torch::Device& device) {
   const int64_t tokens = m.micro_batch * m.context;
   const std::vector<GemmShape> shapes = {
       {"c_attn", m.embd, 3 * m.embd, m.layers}, {"attn.c_proj", m.embd, m.embd, m.layers},
@@ -222,7 +276,7 @@ GemmPeak gemm_peak(torch::ScalarType dtype, const Shape& m) {
   GemmPeak peak;
   double mix_flops = 0.0, mix_time = 0.0;
   for (const auto& s : shapes) {
-    const double rate = gemm_rate(tokens, s.k, s.n, dtype, 0.5);
+    const double rate = gemm_rate(tokens, s.k, s.n, dtype, device, 0.5);
     const double flops = 2.0 * static_cast<double>(tokens * s.k * s.n * s.uses);
     mix_flops += flops;
     mix_time += flops / rate;
@@ -230,7 +284,7 @@ GemmPeak gemm_peak(torch::ScalarType dtype, const Shape& m) {
         fmt::format("{}\"{}\": {:.2f}", peak.per_shape.empty() ? "" : ", ", s.name, rate / 1e9);
   }
   peak.model = mix_flops / mix_time;
-  peak.square = gemm_rate(2048, 2048, 2048, dtype, 1.0);
+  peak.square = gemm_rate(2048, 2048, 2048, dtype, device, 1.0);
   return peak;
 }
 
@@ -250,7 +304,7 @@ int main(int argc, char** argv) {
   const int64_t threads = opts.threads, warmup = opts.warmup, steps = opts.steps;
   const bool profile = opts.profile;
   const core::MixedPrecision precision = opts.precision;
-  const torch::Device device(torch::kCPU);
+  const torch::Device device = opts.device;
   // bf16 on a CPU without bfloat16 instructions runs its matmuls as float32 GEMMs, as
   // `gradaccum train` does by default (bf16_cpu_matmuls: auto, core/float32_cpu_matmuls.h).
   const bool float32_bf16_matmuls = core::routes_cpu_matmuls_through_float32(
@@ -267,7 +321,7 @@ int main(int argc, char** argv) {
   // The GEMM rate this process reaches, probed before and after training; the
   // peak is the faster probe (the rate is bimodal on this machine).
   const Shape& m = opts.shape;
-  const GemmPeak before = gemm_peak(gemm_dtype, m);
+  const GemmPeak before = gemm_peak(gemm_dtype, m, device);
 
   models::Gpt2Config config;
   config.vocab_size = m.vocab;
@@ -294,6 +348,7 @@ int main(int argc, char** argv) {
     auto options = gradaccum::bench::adamw_trainer_options(m.micro_batch, m.accumulation, total_steps);
     options.sample_order = core::SampleOrder::sequential;  // the rows in stored order, as the Python peers
     options.mixed_precision = precision;
+    options.device = device;
     core::Trainer trainer(options, model, data, nullptr, clock);
     start = Clock::now();
     trainer.run();
@@ -339,7 +394,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  const GemmPeak after = gemm_peak(gemm_dtype, m);
+  const GemmPeak after = gemm_peak(gemm_dtype, m, device);
   const double gemm_model = std::max(before.model, after.model);
   const double gemm_square = std::max(before.square, after.square);
 
@@ -368,7 +423,7 @@ int main(int argc, char** argv) {
       "\"gemm_shapes_gflops\": {{{}}}, \"gemm_model_gflops_before_after\": [{:.2f}, {:.2f}], "
       "\"gemm_square_gflops_before_after\": [{:.2f}, {:.2f}], \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
-      "\"peak_rss_mb\": {:.1f}{}}}\n",
+      "\"peak_rss_mb\": {:.1f}, \"device\": \"{}\", \"peak_device_mb\": {:.1f}{}}}\n",
       profile ? "gradaccum-profile" : "gradaccum", opts.shape_name, core::custom_kernels_description(),
       at::get_cpu_capability(),
       core::to_string(precision),
@@ -379,6 +434,6 @@ int main(int argc, char** argv) {
       model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9, before.per_shape, before.model / 1e9,
       after.model / 1e9, before.square / 1e9, after.square / 1e9, model_flops / gemm_model,
       model_flops / gemm_square, clock.losses.front(), clock.losses.back(),
-      gradaccum::io::peak_rss_mb(), profile_json);
+      gradaccum::io::peak_rss_mb(), device_name(device), peak_device_mb(device), profile_json);
   return 0;
 }

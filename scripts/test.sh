@@ -7,10 +7,11 @@ bash scripts/build.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 900
 # The GPU path, compiled and linked, not run (no GPU here): the library, the CLI and the tests
 # against libtorch's CUDA libraries with NCCL (GRADACCUM_WITH_NCCL), so that code cannot rot.
-# Its GPU tests (tests/gpu_test.cpp) run where a GPU is visible: build-cuda/tests/gradaccum_tests.
+# Its GPU tests (tests/gpu_test.cpp) and the GPU benchmark run where a GPU is visible:
+# scripts/gpu_check.sh build-cuda.
 start=$(date +%s)
-BUILD_DIR=build-cuda CMAKE_ARGS="-DGRADACCUM_WITH_NCCL=ON -DGRADACCUM_BUILD_BENCH=OFF" \
-  bash scripts/build.sh gradaccum_cli gradaccum_tests float32_cpu_matmuls_check
+BUILD_DIR=build-cuda CMAKE_ARGS="-DGRADACCUM_WITH_NCCL=ON" \
+  bash scripts/build.sh gradaccum_cli gradaccum_tests gradaccum_gpu_tests float32_cpu_matmuls_check lm_throughput
 echo "test.sh: CUDA + NCCL build (compile and link only) took $(($(date +%s) - start)) s"
 # libFuzzer targets (config, safetensors, tokenizer, tokenizer.json), a bounded
 # number of inputs each (~4 min).

@@ -5,11 +5,13 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <sstream>
 
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/data/tokenizer.h"
+#include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
 
@@ -101,7 +103,8 @@ CliResult run_cli(const std::string& args, const std::string& cwd) {
 }
 
 Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t steps,
-                             const torch::Device& device) {
+                             const torch::Device& device, const c10::intrusive_ptr<c10d::Backend>& group,
+                             int64_t bucket_bytes) {
   torch::manual_seed(0);
   auto x = torch::randn({samples, 16}, torch::kDouble);
   auto y = torch::randn({samples, 1}, torch::kDouble);
@@ -124,9 +127,21 @@ Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t step
     }
     Trajectory t;
   } collect;
-  core::Trainer trainer(o, model, data, nullptr, collect);
+  // As the program does: the reducer hooks onto the parameters in their final device and dtype.
+  std::unique_ptr<dist::BucketedGradSync> sync;
+  if (group) {
+    model.module().to(device, torch::kDouble);
+    dist::GradSyncOptions sync_options;
+    sync_options.bucket_bytes = bucket_bytes;
+    sync = std::make_unique<dist::BucketedGradSync>(group, model.module().parameters(), sync_options);
+  }
+  core::Trainer trainer(o, model, data, nullptr, collect, sync.get());
   trainer.run();
   collect.t.weights = flat_params(model.module()).cpu();
+  if (sync) {
+    collect.t.allreduce_calls = sync->allreduce_calls();
+    collect.t.buckets = sync->buckets();
+  }
   return collect.t;
 }
 

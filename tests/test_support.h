@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
@@ -172,14 +173,20 @@ class CustomKernelsScope {
 struct Trajectory {
   std::vector<double> loss, grad_norm;
   torch::Tensor weights;
+  int64_t allreduce_calls = 0;  // of the last window, when trained through a process group
+  int64_t buckets = 0;          // the gradient buckets of that group's sync
 };
 
 // Seed 000's MLP (16 → 32 → GELU → 1) trained by core::Trainer in float64 on `device` with
 // b × n on `samples` fixed random samples for `steps` optimizer steps (AdamW, lr 1e-2, 2 warm-up
 // steps, clipping at 0.5 so the first steps are clipped). The same data and initial weights for
 // every decomposition and device.
+// With `group`, gradients go through a dist::BucketedGradSync over it, in buckets of
+// `bucket_bytes`.
 Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t steps,
-                             const torch::Device& device = torch::kCPU);
+                             const torch::Device& device = torch::kCPU,
+                             const c10::intrusive_ptr<c10d::Backend>& group = {},
+                             int64_t bucket_bytes = 25 << 20);
 
 }  // namespace gradaccum::testing
 

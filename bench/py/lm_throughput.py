@@ -11,10 +11,18 @@ loss = mean cross-entropy of the shifted tokens / N, backward; every N micro-ste
 clip_grad_norm_(1.0), AdamW (lr 1e-3, cosine schedule), zero_grad(set_to_none=True).
 
   /opt/gradaccum/venv/bin/python bench/py/lm_throughput.py [--threads 2] [--warmup-steps 2] [--steps 10]
-      [--mixed-precision no|bf16] [--shape small|gpt2-124m] [--loop eager|compile|accelerate|fabric]
+      [--mixed-precision no|bf16] [--shape small|gpt2-124m|gpt2-124m-1024]
+      [--loop eager|compile|accelerate|fabric] [--device cpu|cuda]
 
 --shape: `small` (above) or `gpt2-124m`, GPT-2 small's shape (vocab 50257, 768 wide, 12 layers and
-heads, 124M parameters) with context 256 at micro-batch 2 x N = 8, as bench/lm_throughput.cpp.
+heads, 124M parameters) with context 256 at micro-batch 2 x N = 8, as bench/lm_throughput.cpp;
+`gpt2-124m-1024` the same at GPT-2's own context of 1024, 8 x 4 (a GPU's shape).
+
+--device cuda: model, data and GEMM probes on the first CUDA device. Attention then goes through
+F.scaled_dot_product_attention with the engine's additive mask (0, or the dtype's lowest value),
+the call the engine makes on CUDA, so both run the same attention kernel; the GEMM probes and
+every optimizer step end with a device synchronize (the step's loss is read back once per step,
+as the engine does). "peak_device_mb" is torch.cuda.max_memory_allocated().
 
 --loop: how the accumulation loop is written, the stacks users run (fp32 only but eager):
   eager       the loop above, plain PyTorch
@@ -58,6 +66,7 @@ from cpu_kernels import loaded_kernels  # noqa: E402  (bench/cpu_kernels.py)
 SHAPES = {  # vocab, context, n_embd, n_layer, n_head, micro-batch, accumulation
     "small": (8192, 128, 192, 4, 3, 8, 4),
     "gpt2-124m": (50257, 256, 768, 12, 12, 2, 8),
+    "gpt2-124m-1024": (50257, 1024, 768, 12, 12, 8, 4),
 }
 VOCAB, CONTEXT, EMBD, LAYERS, HEADS, MICRO_BATCH, ACCUM = SHAPES["small"]
 
@@ -77,6 +86,11 @@ class Attention(torch.nn.Module):
         b, t, c = x.shape
         d = c // HEADS
         q, k, v = (z.view(b, t, HEADS, d).transpose(1, 2) for z in self.c_attn(x).split(c, dim=2))
+        if x.is_cuda:
+            bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                allowed.logical_not(), torch.finfo(q.dtype).min)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d)
         # bfloat16 scores (autocast) are normalized in float32, as the engine's masked_softmax
         # and CUDA autocast do; a no-op in float32.
@@ -134,20 +148,27 @@ class Gpt2(torch.nn.Module):
 
     def forward(self, ids):
         t = ids.size(1)
-        allowed = torch.ones(t, t, dtype=torch.bool).tril().view(1, 1, t, t)
-        x = self.wte(ids) + self.wpe(torch.arange(t).unsqueeze(0))
+        allowed = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril().view(1, 1, t, t)
+        x = self.wte(ids) + self.wpe(torch.arange(t, device=ids.device).unsqueeze(0))
         for block in self.h:
             x = block(x, allowed)
         return F.linear(self.ln_f(x), self.wte.weight)  # tied LM head
 
 
-def gemm_rate(m, k, n, dtype, budget_s):
-    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gemm_rate(m, k, n, dtype, device, budget_s):
+    a, b = torch.randn(m, k).to(device, dtype), torch.randn(k, n).to(device, dtype)
     c = torch.mm(a, b)
+    synchronize(device)
     times, start = [], time.perf_counter()
     while len(times) < 3 or time.perf_counter() - start < budget_s:
         t0 = time.perf_counter()
         torch.mm(a, b, out=c)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return 2.0 * m * k * n / statistics.median(times)
 
@@ -169,21 +190,22 @@ def micro_batch(ids_all, step, s):
 class Eager:
     """The plain loop: loss = mean / N, loss.backward(), clip_grad_norm_."""
 
-    def __init__(self, model, opt, bf16):
-        self.model, self.opt, self.bf16 = model, opt, bf16
+    def __init__(self, model, opt, bf16, device):
+        self.model, self.opt, self.bf16, self.device = model, opt, bf16, device
 
     def accumulating(self, last):
         return contextlib.nullcontext()
 
     def loss(self, ids):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             return shifted_loss(self.model(ids), ids) / ACCUM
 
     def backward(self, loss):
         loss.backward()
 
     def window_term(self, loss):
-        return loss.item()
+        """This micro-step's share of the window's loss, a tensor (read back once per step)."""
+        return loss.detach()
 
     def clip(self, params):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -193,10 +215,10 @@ class Accelerate(Eager):
     """HF Accelerate's loop: `with accelerator.accumulate(model)`, accelerator.backward(mean loss),
     which divides by N, and accelerator.clip_grad_norm_ (its step runs when sync_gradients)."""
 
-    def __init__(self, model, opt, bf16):
+    def __init__(self, model, opt, bf16, device):
         from accelerate import Accelerator
-        self.accelerator = Accelerator(gradient_accumulation_steps=ACCUM, cpu=True)
-        super().__init__(*self.accelerator.prepare(model, opt), bf16)
+        self.accelerator = Accelerator(gradient_accumulation_steps=ACCUM, cpu=device.type == "cpu")
+        super().__init__(*self.accelerator.prepare(model, opt), bf16, device)
 
     def accumulating(self, last):
         return self.accelerator.accumulate(self.model)
@@ -208,7 +230,7 @@ class Accelerate(Eager):
         self.accelerator.backward(loss)
 
     def window_term(self, loss):
-        return loss.item() / ACCUM
+        return loss.detach() / ACCUM
 
     def clip(self, params):
         self.accelerator.clip_grad_norm_(params, 1.0)
@@ -218,10 +240,10 @@ class Fabric(Eager):
     """Lightning Fabric's loop: `with fabric.no_backward_sync(model, enabled=not last)`,
     fabric.backward(loss / N), fabric.clip_gradients."""
 
-    def __init__(self, model, opt, bf16):
+    def __init__(self, model, opt, bf16, device):
         import lightning
-        self.fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="32-true")
-        super().__init__(*self.fabric.setup(model, opt), bf16)
+        self.fabric = lightning.Fabric(accelerator=device.type, devices=1, precision="32-true")
+        super().__init__(*self.fabric.setup(model, opt), bf16, device)
 
     def accumulating(self, last):
         return self.fabric.no_backward_sync(self.model, enabled=not last)
@@ -257,10 +279,10 @@ def run_loop(stack, params, ids_all, total_steps, warmup, peak_lr):
         stack.opt.step()
         stack.opt.zero_grad(set_to_none=True)
         cosine(stack.opt, peak_lr, step, total_steps)
+        losses.append(float(window_loss))  # waits for the step on a GPU
         ends.append(time.perf_counter())
         if timed:
             t_step += ends[-1] - t0
-        losses.append(window_loss)
     return ends, losses, t_fwd, t_bwd, t_step
 
 
@@ -272,7 +294,9 @@ def main():
     ap.add_argument("--mixed-precision", choices=["no", "bf16"], default="no")
     ap.add_argument("--shape", choices=list(SHAPES), default="small")
     ap.add_argument("--loop", choices=["eager", "compile", "accelerate", "fabric"], default="eager")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     if args.loop != "eager" and args.mixed_precision != "no":
         ap.error("--loop other than eager runs fp32 only")
     use_shape(args.shape)
@@ -290,12 +314,12 @@ def main():
         mix_flops = mix_time = 0.0
         per_shape = {}
         for name, k, n, uses in shapes:
-            rate = gemm_rate(tokens, k, n, gemm_dtype, 0.5)
+            rate = gemm_rate(tokens, k, n, gemm_dtype, device, 0.5)
             flops = 2.0 * tokens * k * n * uses
             mix_flops += flops
             mix_time += flops / rate
             per_shape[name] = round(rate / 1e9, 2)
-        return mix_flops / mix_time, gemm_rate(2048, 2048, 2048, gemm_dtype, 1.0), per_shape
+        return mix_flops / mix_time, gemm_rate(2048, 2048, 2048, gemm_dtype, device, 1.0), per_shape
 
     model_before, square_before, per_shape = gemm_peak()
 
@@ -308,12 +332,14 @@ def main():
     total_steps = args.warmup_steps + args.steps
     g = torch.Generator()
     g.manual_seed(1234)
-    ids_all = torch.randint(VOCAB, (total_steps * MICRO_BATCH * ACCUM, CONTEXT), generator=g)
+    ids_all = torch.randint(VOCAB, (total_steps * MICRO_BATCH * ACCUM, CONTEXT), generator=g).to(device)
+    model = model.to(device)
+    params = list(model.parameters())
     peak_lr = 1e-3
     opt = torch.optim.AdamW(params, lr=peak_lr, weight_decay=0.0)
     if args.loop == "compile":
         model = torch.compile(model)
-    stack = {"eager": Eager, "compile": Eager, "accelerate": Accelerate, "fabric": Fabric}[args.loop](model, opt, bf16)
+    stack = {"eager": Eager, "compile": Eager, "accelerate": Accelerate, "fabric": Fabric}[args.loop](model, opt, bf16, device)
     start = time.perf_counter()
     ends, losses, t_fwd, t_bwd, t_step = run_loop(stack, params, ids_all, total_steps, args.warmup_steps, peak_lr)
 
@@ -344,6 +370,8 @@ def main():
         "fraction_of_gemm_square": round(model_flops / gemm_square, 3),
         "first_loss": round(losses[0], 4), "final_loss": round(losses[-1], 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "peak_device_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else 0.0,
         "profile_s_per_step": {"forward_loss": round(t_fwd / args.steps, 4),
                                "backward": round(t_bwd / args.steps, 4),
                                "clip_adamw": round(t_step / args.steps, 4)},

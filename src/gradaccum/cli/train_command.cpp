@@ -337,6 +337,12 @@ int run_train(const TrainArgs& args) {
         (std::filesystem::path(config.output_dir) / fmt::format("rank{}.json", env.rank)).string(),
         figures.dump() + "\n");
   }
+  if (group) {
+    // Every rank is done with its outputs; then the group is shut down, not just dropped
+    // (libtorch's NCCL backend warns and may leak communicators otherwise).
+    dist::barrier(*group, "the end of the run");
+    group->shutdown();
+  }
   return 0;
 }
 

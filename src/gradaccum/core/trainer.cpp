@@ -235,8 +235,10 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   }
   // Every gradient now holds this rank's Σ over micro-steps; after the sync,
   // the Σ over ranks. One division by the global count makes it exact. The
-  // stop flag rides along in the same all-reduce.
-  auto local = normalizer_.local_totals();
+  // stop flag rides along in the same all-reduce. On the training device: a rank
+  // whose share of a partial window is empty holds its zero totals on the CPU,
+  // and NCCL reduces CUDA tensors only.
+  auto local = normalizer_.local_totals().to(options_.device);
   auto totals = torch::cat({local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options())});
   sync_.finish_window(totals);
   if (may_stop_inside) agreement_->window_finished(window_id);

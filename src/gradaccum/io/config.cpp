@@ -81,7 +81,7 @@ loss_scaler:                      # fp16's dynamic loss scaler (torch.cuda.amp.G
   backoff_factor: 0.5
   growth_interval: 2000           # good optimizer steps before the scale grows
 gradient_checkpointing: false     # GPT-2/BLOOM: recompute block activations in backward
-loss_chunk_tokens: 0              # causal LMs: the fused LM head + loss works on chunks of this many tokens (0 = automatic, ~64 MiB of logits)
+loss_chunk_tokens: 0              # causal LMs: the fused LM head + loss works on chunks of this many tokens (0 = automatic, ~64 MiB of logits; 512 MiB on a GPU)
 loss_normalization: window        # window (exact mean) | sum | micro_batch (naive)
 last_window: partial              # partial | drop
 train_sampling_strategy: random   # random (a seeded permutation per epoch) | sequential (the data's order)

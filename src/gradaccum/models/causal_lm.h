@@ -60,7 +60,8 @@ core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
 // head's projection and the cross-entropy fused, the head's gradients computed
 // in the forward. loss_chunk_tokens (the config key of the same name): K > 0
 // never holds more than K × vocab logits; 0 (the default) chooses K so that a
-// chunk's float32 logits take about 64 MiB (chunk_tokens()). Every setting
+// chunk's float32 logits take about 64 MiB on the CPU, 512 MiB on a GPU
+// (chunk_tokens()). Every setting
 // gives the loss, count and gradients of causal_lm_loss on the full logits up
 // to rounding; evaluation follows the same setting.
 class CausalLm final : public core::Trainable {
