@@ -8,7 +8,8 @@
 #            its libtorch is the one built against, and it runs the Python peer.
 #   OUT      where the logs go (default BUILD_DIR/gpu-check).
 #   RUNS, STEPS  processes per program and timed steps per process (default 2 and 5; RUNS=0: tests only).
-#   DEPS_PREFIX  an extra CMAKE_PREFIX_PATH entry for yaml-cpp, CLI11, nlohmann_json, fmt, GTest
+#   DEPS_PREFIX  an extra CMAKE_PREFIX_PATH entry for yaml-cpp, CLI11, nlohmann_json, fmt, GTest,
+#            protobuf, Boost
 #            and gloo's headers where the system has none (a machine without Debian's -dev packages).
 # A BUILD_DIR that already holds bench/lm_throughput and tests/gradaccum_gpu_tests is used as is.
 set -euo pipefail

@@ -18,6 +18,8 @@ packages=(
   libgloo-dev   # headers for c10d's ProcessGroupGloo.hpp: the wheel links gloo in but ships none
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
   libgtest-dev googletest
+  libprotobuf-dev protobuf-compiler   # TensorBoard's event messages (io/tensorboard_event.proto)
+  libboost-dev  # Boost.CRC: the CRC32C of TensorBoard's records (header-only)
   dataset-fashion-mnist bible-kjv-text
   bible-kjv   # the `bible` program that prints bible-kjv-text's verses (only Recommended by it)
   clang libclang-rt-14-dev   # scripts/fuzz.sh: libFuzzer targets

@@ -5,6 +5,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <filesystem>
@@ -27,6 +28,7 @@
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/metrics_writer.h"
 #include "gradaccum/io/process_stats.h"
+#include "gradaccum/io/tensorboard_writer.h"
 #include "gradaccum/cli/workload.h"
 #include "gradaccum/models/generation.h"
 #include "gradaccum/models/hf_checkpoint.h"
@@ -265,6 +267,7 @@ int run_train(const TrainArgs& args) {
   observers.add(step_peak);
   std::unique_ptr<io::MetricsWriter> metrics;
   std::unique_ptr<Progress> progress;
+  std::unique_ptr<io::TensorBoardWriter> tensorboard;
   if (rank0) {
     std::filesystem::create_directories(config.output_dir);
     io::write_file_atomically((std::filesystem::path(config.output_dir) / "config.yaml").string(),
@@ -274,6 +277,11 @@ int run_train(const TrainArgs& args) {
     progress = std::make_unique<Progress>(stdout, isatty(STDOUT_FILENO) != 0, config.logging_steps);
     observers.add(*metrics);
     observers.add(*progress);
+    if (std::find(config.report_to.begin(), config.report_to.end(), "tensorboard") != config.report_to.end()) {
+      tensorboard = std::make_unique<io::TensorBoardWriter>(config.logging_dir, workload.items_are_tokens,
+                                                            config.logging_steps);
+      observers.add(*tensorboard);
+    }
     fmt::print("threads: {}, dtype: {}, device: {}, world size: {}, output: {}\n", threads,
                config.dtype, config.device, world, config.output_dir);
     fmt::print("libtorch: {}\nkernels: {}; custom: {}\n", libtorch_description(), kernels_description(),

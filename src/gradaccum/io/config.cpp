@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -86,6 +87,8 @@ loss_normalization: window        # window (exact mean) | sum | micro_batch (nai
 last_window: partial              # partial | drop
 train_sampling_strategy: random   # random (a seeded permutation per epoch) | sequential (the data's order)
 logging_steps: 1
+report_to: none                   # none | tensorboard | [tensorboard]: TensorBoard event files in logging_dir
+logging_dir: ""                   # "" = <output_dir>/runs
 eval_steps: 0
 save_steps: 0                     # > 0: a checkpoint every save_steps optimizer steps (and at the end)
 save_total_limit: 0               # > 0: keep only the newest K checkpoints
@@ -394,6 +397,32 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
                        : core::SampleOrder::sequential;
   c.logging_steps = get_int(root, "logging_steps");
   require(c.logging_steps >= 1, "logging_steps", ">= 1", std::to_string(c.logging_steps));
+  {
+    // HF's report_to: a name or a list of names.
+    const YAML::Node node = root["report_to"];
+    std::vector<std::string> names;
+    if (node.IsSequence()) {
+      for (const auto& item : node) {
+        GA_CHECK(item.IsScalar(), "key 'report_to': expected names, got {}", describe(item));
+        names.push_back(item.Scalar());
+      }
+    } else {
+      GA_CHECK(node.IsScalar(), "key 'report_to': expected a name or a list of names, got {}", describe(node));
+      names.push_back(node.Scalar());
+    }
+    for (const auto& name : names) {
+      GA_CHECK(name == "none" || name == "tensorboard", "key 'report_to': '{}' is not one of none | tensorboard",
+               name);
+      if (name == "tensorboard" &&
+          std::find(c.report_to.begin(), c.report_to.end(), name) == c.report_to.end()) {
+        c.report_to.push_back(name);
+      }
+    }
+    GA_CHECK(c.report_to.empty() || std::find(names.begin(), names.end(), "none") == names.end(),
+             "key 'report_to': 'none' cannot be combined with other names");
+  }
+  c.logging_dir = get_string(root, "logging_dir");
+  if (c.logging_dir.empty()) c.logging_dir = (std::filesystem::path(c.output_dir) / "runs").string();
   t.eval_steps = get_int(root, "eval_steps");
   require(t.eval_steps >= 0, "eval_steps", ">= 0 (0 = at the end only)", std::to_string(t.eval_steps));
   c.dist_timeout_s = get_int(root, "dist_timeout");

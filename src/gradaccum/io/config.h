@@ -48,6 +48,8 @@ struct TrainConfig {
   std::string bf16_cpu_matmuls = "auto";  // core/float32_cpu_matmuls.h
   std::string custom_kernels = "all";     // core/custom_kernels.h
   int64_t logging_steps = 1;
+  std::vector<std::string> report_to;  // "tensorboard" (HF's key); empty: none
+  std::string logging_dir;             // TensorBoard's event files (resolved: output_dir/runs)
   int64_t dist_timeout_s = 60;        // collectives and rendezvous fail after this
   int64_t ddp_bucket_cap_mb = 25;     // gradient bucket size
   bool sync_each_micro_step = false;  // comparison only: all-reduce every micro-step
