@@ -254,6 +254,17 @@ TEST(HostReads, CheckpointedBf16Gpt2TrainingReadsNothingOnTheHostOnAnyMicroStep)
   EXPECT_EQ(r.inside, 2 * 3 * 4 + 2 * tensors);
 }
 
+// Gradient flow at every step (core/grad_flow.h) rides in the step's one transfer: it reads
+// nothing on the host of its own.
+TEST(HostReads, GradFlowEveryStepReadsNothingOnTheHost) {
+  const auto data = lm_data();
+  models::CausalLm model{models::Gpt2LmHeadModel(gradaccum::testing::tiny_gpt2_config())};
+  auto o = options(4, 3, 3);
+  o.grad_flow_steps = 1;
+  const auto r = training_reads(model, data, o);
+  EXPECT_EQ(r.per_step, (std::vector<int64_t>{0, 0, 0})) << r.ops;
+}
+
 // nan_policy: skip decides before stepping whether the window's loss is finite:
 // exactly one read per optimizer step, whatever N.
 TEST(HostReads, NanPolicySkipReadsOncePerOptimizerStep) {

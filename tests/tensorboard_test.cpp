@@ -108,10 +108,35 @@ void expect_tensorboard_matches_metrics(const std::string& out, int64_t logging_
     }
   }
   ASSERT_GT(last, 0);
+  // grad_flow.jsonl: step -> parameter -> its statistics.
+  std::map<int64_t, std::map<std::string, nlohmann::json>> flow;
+  if (fs::exists(out + "/grad_flow.jsonl")) {
+    for (const auto& j : read_jsonl(out + "/grad_flow.jsonl")) {
+      for (const auto& p : j["parameters"]) flow[j["step"].get<int64_t>()][p["name"].get<std::string>()] = p;
+    }
+  }
   const auto read = read_with_tensorboard(out + "/runs");
   ASSERT_TRUE(read.contains("scalars"));
   for (const auto& tag : required_tags) EXPECT_TRUE(read["scalars"].contains(tag)) << tag;
   for (const auto& [tag, points] : read["scalars"].items()) {
+    if (tag.rfind("grad_flow/", 0) == 0) {
+      // grad_flow/<parameter>/<statistic>: the grad_flow.jsonl value, at each of its steps.
+      const auto slash = tag.rfind('/');
+      const std::string name = tag.substr(10, slash - 10), statistic = tag.substr(slash + 1);
+      std::set<int64_t> expected_steps, seen;
+      for (const auto& [step, parameters] : flow) {
+        if (parameters.count(name) && !parameters.at(name)[statistic].is_null()) expected_steps.insert(step);
+      }
+      for (const auto& p : points) {
+        const int64_t step = p[0].get<int64_t>();
+        seen.insert(step);
+        ASSERT_TRUE(flow.count(step) && flow.at(step).count(name)) << tag << " at step " << step;
+        expect_float32_equal(p[1].get<double>(), flow.at(step).at(name)[statistic].get<double>(),
+                             tag + " at step " + std::to_string(step));
+      }
+      EXPECT_EQ(seen, expected_steps) << tag;
+      continue;
+    }
     const bool train = tag.rfind("train/", 0) == 0;
     ASSERT_TRUE(train || tag.rfind("eval/", 0) == 0) << tag;
     const std::string key = train ? tag.substr(6) : "eval_" + tag.substr(5);
@@ -143,7 +168,15 @@ TEST(TensorBoardRun, ClassifierScalarsEqualMetricsJsonl) {
   expect_tensorboard_matches_metrics(
       dir + "/run", 2,
       {"train/loss", "train/lr", "train/grad_norm", "train/grad_norm_clipped", "train/weight_norm", "train/items",
-       "train/samples_per_s", "train/epoch", "eval/loss", "eval/accuracy", "eval/items"});
+       "train/samples_per_s", "train/epoch", "eval/loss", "eval/accuracy", "eval/items",
+       "grad_flow/fc0.weight/mean_abs", "grad_flow/head.bias/zero_fraction"});
+  // The histogram of mean |grad| across the 6 parameter tensors, at each gradient-flow step
+  // (every logging_steps = 2: steps 2, 4, ..., 10).
+  const auto read = read_with_tensorboard(dir + "/run/runs");
+  const auto& histograms = read["histograms"]["grad_flow/mean_abs_across_parameters"];
+  ASSERT_EQ(histograms.size(), 5u);
+  EXPECT_EQ(histograms[0][0], 2);
+  EXPECT_EQ(histograms[0][3], 6.0);
   fs::remove_all(dir);
 }
 

@@ -8,6 +8,7 @@ every record's CRC32C and stops at the first bad one) and writes what it found a
   read_events.py LOGDIR OUT.json
 """
 import json
+import math
 import sys
 
 from tensorboard.backend.event_processing.event_accumulator import (HISTOGRAMS, SCALARS,
@@ -28,7 +29,18 @@ def main():
         },
     }
     with open(out, "w") as f:
-        json.dump(found, f)
+        json.dump(finite(found), f, allow_nan=False)
+
+
+def finite(x):
+    """x with every NaN or infinity replaced by None (JSON null)."""
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [finite(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
 
 if __name__ == "__main__":

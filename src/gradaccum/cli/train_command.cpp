@@ -25,6 +25,7 @@
 #include "gradaccum/dist/store_stop_agreement.h"
 #include "gradaccum/dist/sharded_optimizer.h"
 #include "gradaccum/io/checkpoint.h"
+#include "gradaccum/io/grad_flow_writer.h"
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/metrics_writer.h"
 #include "gradaccum/io/process_stats.h"
@@ -268,6 +269,7 @@ int run_train(const TrainArgs& args) {
   std::unique_ptr<io::MetricsWriter> metrics;
   std::unique_ptr<Progress> progress;
   std::unique_ptr<io::TensorBoardWriter> tensorboard;
+  std::unique_ptr<io::GradFlowWriter> grad_flow;
   if (rank0) {
     std::filesystem::create_directories(config.output_dir);
     io::write_file_atomically((std::filesystem::path(config.output_dir) / "config.yaml").string(),
@@ -277,6 +279,10 @@ int run_train(const TrainArgs& args) {
     progress = std::make_unique<Progress>(stdout, isatty(STDOUT_FILENO) != 0, config.logging_steps);
     observers.add(*metrics);
     observers.add(*progress);
+    if (config.trainer.grad_flow_steps > 0) {
+      grad_flow = std::make_unique<io::GradFlowWriter>(config.output_dir, resumed ? resumed->position.step : -1);
+      observers.add(*grad_flow);
+    }
     if (std::find(config.report_to.begin(), config.report_to.end(), "tensorboard") != config.report_to.end()) {
       tensorboard = std::make_unique<io::TensorBoardWriter>(config.logging_dir, workload.items_are_tokens,
                                                             config.logging_steps);

@@ -60,7 +60,10 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
   }
   model_.module().to(options_.device, options_.dtype);
   model_.module().train();
-  for (auto& [name, p] : named_parameters()) params_.push_back(p);
+  for (auto& [name, p] : named_parameters()) {
+    params_.push_back(p);
+    param_names_.push_back(name);
+  }
   GA_CHECK(!params_.empty(), "the model has no trainable parameters");
   optimizer_ = optimizer ? std::move(optimizer) : optim::make_optimizer(options_.optimizer, params_);
   const int64_t warmup =
@@ -258,6 +261,11 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
         window.epoch(), window.index());
   };
 
+  // Gradient flow of the gradient the optimizer is about to use (normalized, before clipping);
+  // read with the step's metrics below.
+  const bool flow = options_.grad_flow_steps > 0 && (steps_->step() + 1) % options_.grad_flow_steps == 0;
+  const auto flow_statistics = flow ? grad_flow_statistics(params_) : torch::Tensor();
+
   const bool skip = options_.nan_policy == NanPolicy::skip &&
                     !torch::isfinite(window_loss.loss).item<bool>();  // the extra sync skip mode costs
   // (fp16: inf check) → clip → step → zero grads → schedule; or the skip's zero grads → schedule.
@@ -268,11 +276,11 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.loss_scale = step.loss_scale;
 
   // The one host synchronization of the step.
-  auto host = torch::stack({window_loss.loss, window_loss.count, step.grad_norm.to(window_loss.loss.device()),
-                            step.grad_norm_clipped.to(window_loss.loss.device()),
-                            optim::global_weight_norm(params_).to(window_loss.loss.device()),
-                            totals[3]})
-                  .to(torch::kCPU);
+  auto figures = torch::stack({window_loss.loss, window_loss.count, step.grad_norm.to(window_loss.loss.device()),
+                               step.grad_norm_clipped.to(window_loss.loss.device()),
+                               optim::global_weight_norm(params_).to(window_loss.loss.device()), totals[3]});
+  if (flow) figures = torch::cat({figures, flow_statistics.flatten().to(figures.device())});
+  auto host = figures.to(torch::kCPU);
   auto v = host.accessor<double, 1>();
   record.loss = v[0];
   record.items = static_cast<int64_t>(std::llround(v[1]));
@@ -281,6 +289,10 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.weight_norm = v[4];
   stop_agreed_ = v[5] > 0.0;
   record.step = steps_->step();
+  if (flow) {
+    const auto p = static_cast<int64_t>(params_.size());
+    observer_.on_grad_flow(grad_flow_record(record.step, param_names_, host.slice(0, 6, 6 + 3 * p).view({p, 3})));
+  }
   // A non-finite loss is a divergence, not an fp16 overflow (losses are float32
   // under every precision), so it aborts even when the scaler skipped the step.
   if (!std::isfinite(record.loss)) {

@@ -50,6 +50,7 @@ struct TrainerOptions {
   LastWindow last_window = LastWindow::partial;
   uint64_t seed = 42;
   int64_t eval_steps = 0;  // 0: evaluate at the end only
+  int64_t grad_flow_steps = 0;  // > 0: gradient flow every K optimizer steps (grad_flow.h)
   int64_t per_device_eval_batch_size = 256;
   bool group_by_length = false;  // sort each window's samples by length (see WindowPlan)
   SampleOrder sample_order = SampleOrder::random;  // train_sampling_strategy
@@ -123,6 +124,7 @@ class Trainer {
   LocalGradSync local_sync_;
   GradSync& sync_;
   std::vector<torch::Tensor> params_;
+  std::vector<std::string> param_names_;  // params_'s module names
   WindowPlan plan_;
   int64_t total_steps_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gradaccum/core/batch_geometry.h"
+#include "gradaccum/core/grad_flow.h"
 
 namespace gradaccum::core {
 
@@ -73,6 +74,8 @@ class TrainingObserver {
   virtual void on_start(const RunInfo&) {}
   virtual void on_step(const StepRecord&) {}
   virtual void on_eval(const EvalRecord&) {}
+  // Every grad_flow_steps optimizer steps (TrainerOptions), before that step's on_step.
+  virtual void on_grad_flow(const GradFlowRecord&) {}
   virtual void on_end(const TrainSummary&) {}
 };
 
@@ -87,6 +90,7 @@ class ObserverList final : public TrainingObserver {
   void on_start(const RunInfo& i) override { for (auto* o : observers_) o->on_start(i); }
   void on_step(const StepRecord& r) override { for (auto* o : observers_) o->on_step(r); }
   void on_eval(const EvalRecord& r) override { for (auto* o : observers_) o->on_eval(r); }
+  void on_grad_flow(const GradFlowRecord& r) override { for (auto* o : observers_) o->on_grad_flow(r); }
   void on_end(const TrainSummary& s) override { for (auto* o : observers_) o->on_end(s); }
 
  private:

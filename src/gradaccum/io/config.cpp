@@ -89,6 +89,7 @@ train_sampling_strategy: random   # random (a seeded permutation per epoch) | se
 logging_steps: 1
 report_to: none                   # none | tensorboard | [tensorboard]: TensorBoard event files in logging_dir
 logging_dir: ""                   # "" = <output_dir>/runs
+grad_flow_steps: -1               # per-parameter gradient statistics every K steps (-1 = logging_steps, 0 = off)
 eval_steps: 0
 save_steps: 0                     # > 0: a checkpoint every save_steps optimizer steps (and at the end)
 save_total_limit: 0               # > 0: keep only the newest K checkpoints
@@ -421,6 +422,10 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
     GA_CHECK(c.report_to.empty() || std::find(names.begin(), names.end(), "none") == names.end(),
              "key 'report_to': 'none' cannot be combined with other names");
   }
+  t.grad_flow_steps = get_int(root, "grad_flow_steps");
+  require(t.grad_flow_steps >= -1, "grad_flow_steps", ">= 0, or -1 for logging_steps",
+          std::to_string(t.grad_flow_steps));
+  if (t.grad_flow_steps == -1) t.grad_flow_steps = c.logging_steps;
   c.logging_dir = get_string(root, "logging_dir");
   if (c.logging_dir.empty()) c.logging_dir = (std::filesystem::path(c.output_dir) / "runs").string();
   t.eval_steps = get_int(root, "eval_steps");

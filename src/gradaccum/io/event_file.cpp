@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <boost/crc.hpp>
 #include <chrono>
+#include <cmath>
+#include <numeric>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -105,6 +107,7 @@ void EventFile::write_histogram(int64_t step, const std::string& tag, const std:
   proto::HistogramProto histogram;
   double low = std::numeric_limits<double>::infinity(), high = -low, sum = 0.0, squares = 0.0;
   for (double v : values) {
+    if (!std::isfinite(v)) continue;
     // The first bucket whose limit is >= v: bucket i holds (limit[i-1], limit[i]].
     const auto k = std::lower_bound(limits.begin(), limits.end(), v) - limits.begin();
     counts[static_cast<size_t>(std::min<std::ptrdiff_t>(k, static_cast<std::ptrdiff_t>(limits.size()) - 1))] += 1;
@@ -113,9 +116,10 @@ void EventFile::write_histogram(int64_t step, const std::string& tag, const std:
     sum += v;
     squares += v * v;
   }
-  histogram.set_min(values.empty() ? 0.0 : low);
-  histogram.set_max(values.empty() ? 0.0 : high);
-  histogram.set_num(static_cast<double>(values.size()));
+  const double num = std::accumulate(counts.begin(), counts.end(), 0.0);
+  histogram.set_min(num == 0.0 ? 0.0 : low);
+  histogram.set_max(num == 0.0 ? 0.0 : high);
+  histogram.set_num(num);
   histogram.set_sum(sum);
   histogram.set_sum_squares(squares);
   // Runs of empty buckets collapse into one, which ends at the run's last limit.

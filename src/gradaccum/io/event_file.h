@@ -29,7 +29,8 @@ class EventFile {
   // One event at `step` holding every (tag, value) as a scalar (TensorBoard keeps float32).
   void write_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
   // One event at `step` holding the histogram of `values` under `tag` (TensorBoard's
-  // exponential bucket limits, ±1e-12 × 1.1^k).
+  // exponential bucket limits, ±1e-12 × 1.1^k). Values that are not finite (the gradient of an
+  // fp16 overflow) are left out: a histogram has no bucket for them.
   void write_histogram(int64_t step, const std::string& tag, const std::vector<double>& values);
   // Hands what is buffered to the operating system; throws gradaccum::Error when the file
   // cannot be written.

@@ -21,10 +21,7 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   GA_CHECK(std::rename(temporary.c_str(), path.c_str()) == 0, "{}: cannot rename to {}", temporary, path);
 }
 
-MetricsWriter::MetricsWriter(const std::string& output_dir, bool items_are_tokens,
-                             int64_t resumed_at_step)
-    : output_dir_(output_dir), items_are_tokens_(items_are_tokens) {
-  const auto path = (std::filesystem::path(output_dir) / "metrics.jsonl").string();
+void open_step_log(std::ofstream& out, const std::string& path, int64_t resumed_at_step) {
   if (resumed_at_step >= 0) {
     // Keep the lines of the steps the checkpoint holds; later ones describe
     // work that is lost and will be redone.
@@ -38,11 +35,17 @@ MetricsWriter::MetricsWriter(const std::string& output_dir, bool items_are_token
       }
     }
     write_file_atomically(path, kept);
-    metrics_.open(path, std::ios::app);
+    out.open(path, std::ios::app);
   } else {
-    metrics_.open(path, std::ios::trunc);
+    out.open(path, std::ios::trunc);
   }
-  GA_CHECK(metrics_.good(), "{}: cannot write", path);
+  GA_CHECK(out.good(), "{}: cannot write", path);
+}
+
+MetricsWriter::MetricsWriter(const std::string& output_dir, bool items_are_tokens,
+                             int64_t resumed_at_step)
+    : output_dir_(output_dir), items_are_tokens_(items_are_tokens) {
+  open_step_log(metrics_, (std::filesystem::path(output_dir) / "metrics.jsonl").string(), resumed_at_step);
 }
 
 nlohmann::json MetricsWriter::to_json(const core::StepRecord& r, bool items_are_tokens) {

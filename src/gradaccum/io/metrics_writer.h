@@ -40,4 +40,9 @@ class MetricsWriter final : public core::TrainingObserver {
 // never sees a half-written file.
 void write_file_atomically(const std::string& path, const std::string& text);
 
+// Opens the JSON-lines log `path` whose lines carry a "step": truncated for a new run; for a
+// run resumed at `resumed_at_step` (>= 0), keeping the lines up to that step and appending, so
+// the file reads as one uninterrupted run. Throws gradaccum::Error when it cannot be written.
+void open_step_log(std::ofstream& out, const std::string& path, int64_t resumed_at_step);
+
 }  // namespace gradaccum::io

@@ -54,6 +54,18 @@ void TensorBoardWriter::on_eval(const core::EvalRecord& r) {
   last_flush_ = std::chrono::steady_clock::now();
 }
 
+void TensorBoardWriter::on_grad_flow(const core::GradFlowRecord& r) {
+  std::vector<std::pair<std::string, double>> scalars;
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    const std::string prefix = "grad_flow/" + r.names[i] + "/";
+    scalars.emplace_back(prefix + "mean_abs", r.mean_abs[i]);
+    scalars.emplace_back(prefix + "max_abs", r.max_abs[i]);
+    scalars.emplace_back(prefix + "zero_fraction", r.zero_fraction[i]);
+  }
+  write(r.step, scalars);
+  file_.write_histogram(r.step, "grad_flow/mean_abs_across_parameters", r.mean_abs);
+}
+
 void TensorBoardWriter::on_end(const core::TrainSummary&) { file_.flush(); }
 
 }  // namespace gradaccum::io

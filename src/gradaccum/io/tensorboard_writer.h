@@ -7,7 +7,9 @@
 //   train/weight_norm, train/items (the window's normalizer: tokens or samples),
 //   train/tokens_per_s (language models) or train/samples_per_s, train/epoch,
 //   train/loss_scale (fp16 only);
-//   eval/loss, eval/accuracy (classifiers), eval/items.
+//   eval/loss, eval/accuracy (classifiers), eval/items;
+// and at every gradient-flow record (grad_flow_steps) grad_flow/<parameter>/mean_abs, max_abs
+// and zero_fraction, plus the histogram grad_flow/mean_abs_across_parameters.
 // Values that are not finite (the gradient norm of a step skipped after an fp16 overflow) are
 // left out, as metrics.jsonl writes them as null.
 #pragma once
@@ -31,6 +33,7 @@ class TensorBoardWriter final : public core::TrainingObserver {
   void on_start(const core::RunInfo& info) override;
   void on_step(const core::StepRecord& record) override;
   void on_eval(const core::EvalRecord& record) override;
+  void on_grad_flow(const core::GradFlowRecord& record) override;
   void on_end(const core::TrainSummary& summary) override;
 
   const std::string& path() const { return file_.path(); }
