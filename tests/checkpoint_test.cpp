@@ -60,7 +60,7 @@ void expect_same_steps(const std::vector<nlohmann::json>& a, const std::vector<n
   ASSERT_EQ(y.size(), x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     for (const char* key : {"step", "epoch", "loss", "grad_norm", "grad_norm_clipped", "lr", "items",
-                            "samples", "weight_norm", "micro_steps"}) {
+                            "samples", "weight_norm", "micro_steps", "micro_step_items", "loss_normalization"}) {
       EXPECT_EQ(x[i][key], y[i][key]) << "step " << x[i]["step"] << " key " << key;
     }
   }

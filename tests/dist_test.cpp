@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -107,6 +108,20 @@ TEST(DataParallel, TwoRanksTimesTwoStepsEqualsOneRankAndTheFullBatch) {
       const bool partial = i == 9;
       EXPECT_EQ(b["items"].get<int64_t>(), partial ? 8 : 64) << "case " << k << " step " << i;
       EXPECT_EQ(b["micro_steps"].get<int64_t>(), partial ? 1 : cases[k].micro_steps) << "case " << k;
+      // The window's accounting: each micro-step's samples summed over ranks, each rank's.
+      const auto per_micro_step = b["micro_step_items"].get<std::vector<int64_t>>();
+      EXPECT_EQ(static_cast<int64_t>(per_micro_step.size()), b["micro_steps"].get<int64_t>()) << "case " << k;
+      EXPECT_EQ(std::accumulate(per_micro_step.begin(), per_micro_step.end(), int64_t{0}), b["items"].get<int64_t>())
+          << "case " << k << " step " << i;
+      EXPECT_EQ(b["loss_normalization"], "window");
+      if (cases[k].world > 1) {
+        const auto per_rank = b["rank_items"].get<std::vector<int64_t>>();
+        ASSERT_EQ(per_rank.size(), 2u) << "case " << k;
+        EXPECT_EQ(per_rank[0] + per_rank[1], b["items"].get<int64_t>()) << "case " << k << " step " << i;
+        if (!partial) EXPECT_EQ(per_rank[0], per_rank[1]) << "case " << k << " step " << i;
+      } else {
+        EXPECT_FALSE(b.contains("rank_items"));
+      }
       for (const char* key : {"loss", "grad_norm", "weight_norm"}) {
         EXPECT_NEAR(b[key].get<double>(), a[key].get<double>(), 1e-10 * std::abs(a[key].get<double>()))
             << key << " case " << k << " step " << i;

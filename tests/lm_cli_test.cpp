@@ -3,7 +3,9 @@
 // checkpoint, `eval` and `generate`, and the configuration errors of the LM path.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <filesystem>
 #include <fstream>
 
@@ -49,6 +51,19 @@ TEST(LmEndToEnd, KjvGpt2DecompositionsAgreeFloat64AndNaiveMeanDoesNot) {
   const auto small = train_steps(run + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16", dir + "/c");
   expect_same_trajectory(full, mid, 1e-10);
   expect_same_trajectory(full, small, 1e-10);
+  // The window's accounting: 4 micro-steps of 8 verses each, whose token counts differ; they
+  // add up to the window's items, the exact normalizer.
+  bool counts_differ = false;
+  for (const auto& record : mid) {
+    const auto per_micro_step = record["micro_step_items"].get<std::vector<int64_t>>();
+    ASSERT_EQ(per_micro_step.size(), 4u);
+    EXPECT_EQ(std::accumulate(per_micro_step.begin(), per_micro_step.end(), int64_t{0}), record["items"].get<int64_t>());
+    EXPECT_EQ(record["micro_step_items_min"], *std::min_element(per_micro_step.begin(), per_micro_step.end()));
+    EXPECT_EQ(record["micro_step_items_max"], *std::max_element(per_micro_step.begin(), per_micro_step.end()));
+    EXPECT_EQ(record["loss_normalization"], "window");
+    counts_differ |= record["micro_step_items_min"] != record["micro_step_items_max"];
+  }
+  EXPECT_TRUE(counts_differ) << "every micro-batch held the same number of tokens";
   // Tokens, not verses: every step counts Σ (tokens - 1) over its 32 verses.
   EXPECT_GT(full[0]["items"].get<int64_t>(), 32);
 

@@ -46,13 +46,23 @@ TEST(MetricsWriter, AStepRecordCarriesItsFiguresAndOnlyTheFieldsThatApply) {
   EXPECT_FALSE(plain.contains("tokens_per_s"));
   EXPECT_FALSE(plain.contains("loss_scale"));
   EXPECT_FALSE(plain.contains("world_size"));
+  EXPECT_FALSE(plain.contains("micro_step_items"));
+  EXPECT_FALSE(plain.contains("rank_items"));
 
   auto r = record(3);
   r.loss_scale = 512.0;
   r.world_size = 2;
   r.allreduce_calls = 3;
   r.allreduce_bytes = 4096;
+  r.micro_step_items = {40, 25, 31, 24};
+  r.rank_items = {70, 50};
+  r.loss_normalization = "window";
   const auto full = MetricsWriter::to_json(r, /*items_are_tokens=*/true);
+  EXPECT_EQ(full["micro_step_items"], (std::vector<int64_t>{40, 25, 31, 24}));
+  EXPECT_EQ(full["micro_step_items_min"], 24);
+  EXPECT_EQ(full["micro_step_items_max"], 40);
+  EXPECT_EQ(full["rank_items"], (std::vector<int64_t>{70, 50}));
+  EXPECT_EQ(full["loss_normalization"], "window");
   EXPECT_DOUBLE_EQ(full["tokens_per_s"].get<double>(), 600.0);
   EXPECT_DOUBLE_EQ(full["loss_scale"].get<double>(), 512.0);
   EXPECT_EQ(full["world_size"], 2);

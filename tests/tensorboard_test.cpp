@@ -168,7 +168,8 @@ TEST(TensorBoardRun, ClassifierScalarsEqualMetricsJsonl) {
   expect_tensorboard_matches_metrics(
       dir + "/run", 2,
       {"train/loss", "train/lr", "train/grad_norm", "train/grad_norm_clipped", "train/weight_norm", "train/items",
-       "train/samples_per_s", "train/epoch", "eval/loss", "eval/accuracy", "eval/items",
+       "train/samples_per_s", "train/epoch", "train/micro_step_items_min", "train/micro_step_items_max",
+       "eval/loss", "eval/accuracy", "eval/items",
        "grad_flow/fc0.weight/mean_abs", "grad_flow/head.bias/zero_fraction"});
   // The histogram of mean |grad| across the 6 parameter tensors, at each gradient-flow step
   // (every logging_steps = 2: steps 2, 4, ..., 10).

@@ -10,13 +10,9 @@
 #include <string>
 #include <vector>
 
-namespace gradaccum::core {
+#include "gradaccum/core/training_observer.h"  // GradFlowRecord
 
-struct GradFlowRecord {
-  int64_t step = 0;  // the optimizer step whose gradient this is (1-based)
-  std::vector<std::string> names;  // the parameters' module names, in registration order
-  std::vector<double> mean_abs, max_abs, zero_fraction;
-};
+namespace gradaccum::core {
 
 // [P, 3] float64 on the gradients' device: mean |g|, max |g| and the fraction of zeros of each
 // parameter's .grad (0, 0, 1 for a parameter without one). No host read.

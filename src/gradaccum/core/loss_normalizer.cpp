@@ -2,6 +2,18 @@
 
 namespace gradaccum::core {
 
+std::string to_string(LossNormalization normalization) {
+  switch (normalization) {
+    case LossNormalization::window:
+      return "window";
+    case LossNormalization::sum:
+      return "sum";
+    case LossNormalization::micro_batch:
+      return "micro_batch";
+  }
+  return "?";
+}
+
 LossNormalizer::LossNormalizer(LossNormalization mode, int64_t accumulation_steps)
     : mode_(mode), accumulation_steps_(accumulation_steps) {}
 

@@ -20,6 +20,7 @@
 
 #include <torch/torch.h>
 
+#include <string>
 #include <vector>
 
 #include "gradaccum/core/batch.h"
@@ -27,6 +28,9 @@
 namespace gradaccum::core {
 
 enum class LossNormalization { window, sum, micro_batch };
+
+// The config key's spelling: "window", "sum", "micro_batch".
+std::string to_string(LossNormalization normalization);
 
 // The window's loss figures after normalization (0-dim tensors, not yet on host).
 struct WindowLoss {

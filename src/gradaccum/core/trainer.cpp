@@ -5,6 +5,7 @@
 
 #include "gradaccum/core/check.h"
 #include "gradaccum/core/evaluator.h"
+#include "gradaccum/core/grad_flow.h"
 #include "gradaccum/optim/grad_clip.h"
 
 namespace gradaccum::core {
@@ -186,8 +187,16 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   // fp16: every micro-step's objective is multiplied by this; finish() divides
   // it out of the gradients once, in the same pass as the normalization.
   const double loss_multiplier = scaler_ ? scaler_->scale() / fp16_items_ : 1.0;
+  // Each micro-step's item count, on the device (for the record; read with the step's figures).
+  std::vector<torch::Tensor> micro_items;
+  bool micro_items_known = true;
   if (first_micro_step > 0) {  // a preempted window: put its sums back
     normalizer_.restore(resume_partial_.totals.to(options_.device));
+    const auto& restored = resume_partial_.micro_items;
+    micro_items_known = restored.defined() && restored.numel() == first_micro_step;
+    for (int64_t s = 0; micro_items_known && s < first_micro_step; ++s) {
+      micro_items.push_back(restored[s].to(options_.device, torch::kDouble));
+    }
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto& g = resume_partial_.grads[i];
       if (g.defined()) params_[i].mutable_grad() = g.to(params_[i].device(), params_[i].scalar_type()).clone();
@@ -207,6 +216,7 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
         agreement_->stop_here(window_id, stop_requested(), last)) {
       if (s > 0) {  // micro-step 0 has accumulated nothing: a plain checkpoint
         partial->totals = normalizer_.local_totals().to(torch::kCPU);
+        if (micro_items_known) partial->micro_items = torch::stack(micro_items).to(torch::kCPU);
         for (const auto& p : params_) {
           partial->grads.push_back(p.grad().defined()
                                        ? p.grad().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
@@ -228,11 +238,13 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
         micro = model_.loss(batch);
       }
       micro_sums.push_back(micro.sum.detach());
+      micro_items.push_back(micro.count.detach().to(torch::kDouble));
       auto objective = normalizer_.objective(micro);
       if (scaler_) objective = objective * loss_multiplier;
       objective.backward();
     } else {
       micro_sums.emplace_back();
+      micro_items.push_back(torch::zeros({}, torch::TensorOptions(torch::kDouble).device(options_.device)));
     }
     sync_.after_backward(last);
   }
@@ -241,8 +253,16 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   // stop flag rides along in the same all-reduce. On the training device: a rank
   // whose share of a partial window is empty holds its zero totals on the CPU,
   // and NCCL reduces CUDA tensors only.
+  // Behind them ride the window's accounting: each micro-step's items (summed over ranks by the
+  // same all-reduce) and a vector holding this rank's items at its index (each rank's, after it).
   auto local = normalizer_.local_totals().to(options_.device);
-  auto totals = torch::cat({local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options())});
+  const int64_t world = sync_.world_size(), steps_in_window = window.micro_steps();
+  const auto per_micro_step = micro_items_known ? torch::stack(micro_items).to(local.device())
+                                                : torch::zeros({steps_in_window}, local.options());
+  auto per_rank = torch::zeros({world}, local.options());
+  per_rank.narrow(0, rank, 1).copy_(local.narrow(0, 1, 1));
+  auto totals = torch::cat(
+      {local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options()), per_micro_step, per_rank});
   sync_.finish_window(totals);
   if (may_stop_inside) agreement_->window_finished(window_id);
   const auto window_loss = normalizer_.finish(totals, params_, sync_.world_size(), loss_multiplier);
@@ -276,9 +296,11 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.loss_scale = step.loss_scale;
 
   // The one host synchronization of the step.
-  auto figures = torch::stack({window_loss.loss, window_loss.count, step.grad_norm.to(window_loss.loss.device()),
-                               step.grad_norm_clipped.to(window_loss.loss.device()),
-                               optim::global_weight_norm(params_).to(window_loss.loss.device()), totals[3]});
+  auto figures = torch::cat({torch::stack({window_loss.loss, window_loss.count,
+                                           step.grad_norm.to(window_loss.loss.device()),
+                                           step.grad_norm_clipped.to(window_loss.loss.device()),
+                                           optim::global_weight_norm(params_).to(window_loss.loss.device())}),
+                              totals.slice(0, 3)});
   if (flow) figures = torch::cat({figures, flow_statistics.flatten().to(figures.device())});
   auto host = figures.to(torch::kCPU);
   auto v = host.accessor<double, 1>();
@@ -289,9 +311,22 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.weight_norm = v[4];
   stop_agreed_ = v[5] > 0.0;
   record.step = steps_->step();
+  // figures: 5 step values, the stop flag, steps_in_window micro-step items, world rank items,
+  // then the gradient flow.
+  const int64_t accounting = 6;
+  if (micro_items_known) {
+    for (int64_t s = 0; s < steps_in_window; ++s) {
+      record.micro_step_items.push_back(std::llround(v[accounting + s]));
+    }
+  }
+  if (world > 1) {
+    for (int64_t r = 0; r < world; ++r) record.rank_items.push_back(std::llround(v[accounting + steps_in_window + r]));
+  }
+  record.loss_normalization = to_string(options_.loss_normalization);
   if (flow) {
     const auto p = static_cast<int64_t>(params_.size());
-    observer_.on_grad_flow(grad_flow_record(record.step, param_names_, host.slice(0, 6, 6 + 3 * p).view({p, 3})));
+    const int64_t first = accounting + steps_in_window + world;
+    observer_.on_grad_flow(grad_flow_record(record.step, param_names_, host.slice(0, first, first + 3 * p).view({p, 3})));
   }
   // A non-finite loss is a divergence, not an fp16 overflow (losses are float32
   // under every precision), so it aborts even when the scaler skipped the step.

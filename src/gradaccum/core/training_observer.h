@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "gradaccum/core/batch_geometry.h"
-#include "gradaccum/core/grad_flow.h"
 
 namespace gradaccum::core {
 
@@ -31,6 +30,12 @@ struct StepRecord {
   double grad_norm_clipped = 0.0;  // after clipping
   double weight_norm = 0.0;        // after the update
   int64_t items = 0;               // Σ counts: samples, elements or tokens
+  // The window's accounting: each micro-step's item count summed over ranks (empty when a
+  // resumed window's checkpoint did not hold them), each rank's Σ counts (world size > 1),
+  // and the normalization that divided the window's gradient ("window", "sum", "micro_batch").
+  std::vector<int64_t> micro_step_items;
+  std::vector<int64_t> rank_items;
+  std::string loss_normalization;
   int64_t samples = 0;
   int64_t micro_steps = 0;
   bool skipped = false;      // parameters not updated (non-finite loss, or fp16 overflow)
@@ -43,6 +48,15 @@ struct StepRecord {
   int64_t world_size = 1;
   int64_t allreduce_calls = 0;  // gradient all-reduces in this window (data parallel)
   int64_t allreduce_bytes = 0;
+};
+
+// The gradient flow of one optimizer step (core/grad_flow.h): per parameter tensor, in
+// registration order, the mean and largest |g| of the window's final gradient (normalized,
+// before clipping) and its fraction of exact zeros.
+struct GradFlowRecord {
+  int64_t step = 0;  // the optimizer step whose gradient this is (1-based)
+  std::vector<std::string> names;  // the parameters' module names
+  std::vector<double> mean_abs, max_abs, zero_fraction;
 };
 
 struct EvalRecord {

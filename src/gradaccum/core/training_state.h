@@ -32,6 +32,9 @@ struct TrainingPosition {
 // same order, so the window's result is bit-identical.
 struct PartialWindow {
   torch::Tensor totals;               // float64 [3]
+  // float64 [micro-steps done]: each micro-step's item count, for the window's record
+  // (undefined in a checkpoint written before it was saved: the record then leaves them out).
+  torch::Tensor micro_items;
   std::vector<torch::Tensor> grads;   // per trainable parameter; undefined = no gradient yet
 };
 

@@ -201,6 +201,7 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
     NamedTensors window{{"micro_step", long_scalar(c.state.position.micro_step)},
                         {"grad_count", long_scalar(static_cast<int64_t>(c.state.partial.grads.size()))},
                         {"totals", c.state.partial.totals}};
+    if (c.state.partial.micro_items.defined()) window.emplace_back("micro_items", c.state.partial.micro_items);
     for (size_t i = 0; i < c.state.partial.grads.size(); ++i) {
       const auto& g = c.state.partial.grads[i];
       if (g.defined()) window.emplace_back(fmt::format("grad.{:05d}", i), g);
@@ -346,6 +347,7 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
     int64_t grad_count = -1;
     for (const auto& [name, tensor] : tensors) {
       if (name == "totals") partial.totals = tensor;
+      if (name == "micro_items") partial.micro_items = tensor;
       if (name == "micro_step" || name == "grad_count") {
         GA_CHECK(tensor.scalar_type() == torch::kLong && tensor.numel() == 1,
                  "{}: '{}' is not one int64", where, name);
@@ -357,6 +359,10 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
              "{}: the partial window's totals are missing or malformed", where);
     GA_CHECK(grad_count >= 0 && p.micro_step > 0, "{}: the partial window's {} is missing or negative",
              where, grad_count < 0 ? "grad_count" : "micro_step");
+    GA_CHECK(!partial.micro_items.defined() ||
+                 (partial.micro_items.dim() == 1 && partial.micro_items.numel() == p.micro_step &&
+                  partial.micro_items.scalar_type() == torch::kDouble),
+             "{}: the partial window's micro_items are not {} float64 counts", where, p.micro_step);
     partial.grads.resize(static_cast<size_t>(grad_count));
     const std::string grad_prefix = "grad.";
     for (const auto& [name, tensor] : tensors) {

@@ -1,5 +1,6 @@
 #include "gradaccum/io/metrics_writer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -70,6 +71,14 @@ nlohmann::json MetricsWriter::to_json(const core::StepRecord& r, bool items_are_
   };
   if (items_are_tokens) j["tokens_per_s"] = r.items_per_s;
   if (r.loss_scale > 0.0) j["loss_scale"] = r.loss_scale;  // fp16 runs
+  if (!r.loss_normalization.empty()) j["loss_normalization"] = r.loss_normalization;
+  if (!r.micro_step_items.empty()) {
+    const auto [low, high] = std::minmax_element(r.micro_step_items.begin(), r.micro_step_items.end());
+    j["micro_step_items"] = r.micro_step_items;
+    j["micro_step_items_min"] = *low;
+    j["micro_step_items_max"] = *high;
+  }
+  if (!r.rank_items.empty()) j["rank_items"] = r.rank_items;
   if (r.world_size > 1) {
     j["world_size"] = r.world_size;
     j["allreduce_calls"] = r.allreduce_calls;

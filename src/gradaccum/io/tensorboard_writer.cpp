@@ -1,5 +1,6 @@
 #include "gradaccum/io/tensorboard_writer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace gradaccum::io {
@@ -38,6 +39,11 @@ void TensorBoardWriter::on_step(const core::StepRecord& r) {
       {"train/epoch", static_cast<double>(r.epoch)},
   };
   if (r.loss_scale > 0.0) scalars.emplace_back("train/loss_scale", r.loss_scale);
+  if (!r.micro_step_items.empty()) {
+    const auto [low, high] = std::minmax_element(r.micro_step_items.begin(), r.micro_step_items.end());
+    scalars.emplace_back("train/micro_step_items_min", static_cast<double>(*low));
+    scalars.emplace_back("train/micro_step_items_max", static_cast<double>(*high));
+  }
   write(r.step, scalars);
   if (std::chrono::steady_clock::now() - last_flush_ >= kFlushInterval) {
     file_.flush();

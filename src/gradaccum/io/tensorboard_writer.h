@@ -6,7 +6,8 @@
 //   train/loss, train/lr, train/grad_norm (before clipping), train/grad_norm_clipped,
 //   train/weight_norm, train/items (the window's normalizer: tokens or samples),
 //   train/tokens_per_s (language models) or train/samples_per_s, train/epoch,
-//   train/loss_scale (fp16 only);
+//   train/loss_scale (fp16 only), train/micro_step_items_min and _max (the window's smallest
+//   and largest micro-step, in items);
 //   eval/loss, eval/accuracy (classifiers), eval/items;
 // and at every gradient-flow record (grad_flow_steps) grad_flow/<parameter>/mean_abs, max_abs
 // and zero_fraction, plus the histogram grad_flow/mean_abs_across_parameters.
