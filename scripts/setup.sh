@@ -20,6 +20,9 @@ packages=(
   libgtest-dev googletest
   libprotobuf-dev protobuf-compiler   # TensorBoard's event messages (io/tensorboard_event.proto)
   libboost-dev  # Boost.CRC: the CRC32C of TensorBoard's records (header-only)
+  libplplot-dev plplot-driver-cairo fonts-dejavu-core   # `gradaccum plot`: PLplot's pngcairo figures
+  libpng-dev    # the report tests read the figures' pixels
+  chromium      # the report test opens report.html in headless Chromium
   dataset-fashion-mnist bible-kjv-text
   bible-kjv   # the `bible` program that prints bible-kjv-text's verses (only Recommended by it)
   clang libclang-rt-14-dev   # scripts/fuzz.sh: libFuzzer targets

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "gradaccum/cli/lm_commands.h"
+#include "gradaccum/cli/plot_command.h"
 #include "gradaccum/cli/runtime.h"
 #include "gradaccum/cli/tokenize_command.h"
 #include "gradaccum/cli/train_command.h"
@@ -31,6 +32,8 @@ int main(int argc, char** argv) {
       ->type_name("KEY=VALUE");
   train_cmd->add_flag("--print-config", train.print_config, "Print the resolved configuration and exit");
   train_cmd->add_option("--nproc", train.nproc, "Processes to start on this host (data parallel)");
+  train_cmd->add_flag("--plots", train.plots,
+                      "At the end, write the figures to OUTPUT_DIR/plots and the run report to OUTPUT_DIR/report.html");
 
   gradaccum::cli::VerifyArgs verify;
   auto* verify_cmd = app.add_subcommand(
@@ -44,6 +47,15 @@ int main(int argc, char** argv) {
   verify_cmd->add_option("--set", verify.overrides, "Override a key: --set key=value (repeatable)")
       ->allow_extra_args(false)
       ->type_name("KEY=VALUE");
+  verify_cmd->add_option("--output-dir", verify.output_dir, "Write each split's trajectory to DIR/verify.json");
+  verify_cmd->add_flag("--plots", verify.plots, "Also draw them: DIR/plots/verify.png and DIR/report.html");
+
+  gradaccum::cli::PlotArgs plot;
+  auto* plot_cmd = app.add_subcommand(
+      "plot", "PNG figures and an HTML report of a run directory (of train, or of verify --output-dir)");
+  plot_cmd->add_option("run_dir", plot.run_dir, "The run's output_dir")->required();
+  plot_cmd->add_option("--out", plot.out_dir,
+                       "Write the figures and report.html here (default: RUN_DIR/plots and RUN_DIR/report.html)");
 
   gradaccum::cli::TokenizeArgs tokenize;
   auto* tokenize_cmd =
@@ -97,6 +109,7 @@ int main(int argc, char** argv) {
     if (tokenize_cmd->parsed()) return gradaccum::cli::run_tokenize(tokenize);
     if (generate_cmd->parsed()) return gradaccum::cli::run_generate(generate);
     if (eval_cmd->parsed()) return gradaccum::cli::run_eval(eval);
+    if (plot_cmd->parsed()) return gradaccum::cli::run_plot(plot);
   } catch (const gradaccum::Error& e) {
     fmt::print(stderr, "gradaccum: error: {}\n", e.what());
     return 1;

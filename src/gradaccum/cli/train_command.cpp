@@ -12,6 +12,7 @@
 
 #include "gradaccum/cli/launcher.h"
 #include "gradaccum/cli/runtime.h"
+#include "gradaccum/cli/plot_command.h"
 #include "gradaccum/cli/progress.h"
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/check.h"
@@ -341,6 +342,7 @@ int run_train(const TrainArgs& args) {
       print_sample(workload, config.sample);
     }
   }
+  if (rank0 && args.plots) write_plots_and_report(config.output_dir);
   if (!rank0) {
     // Memory is per process: every rank leaves its own figures beside the
     // summary, for the whole run and for the training loop alone.

@@ -1,13 +1,17 @@
 #include "gradaccum/cli/verify_command.h"
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
+#include "gradaccum/cli/plot_command.h"
 #include "gradaccum/cli/runtime.h"
 #include "gradaccum/core/check.h"
 #include "gradaccum/cli/workload.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/io/config.h"
+#include "gradaccum/io/metrics_writer.h"
+#include "gradaccum/report/run_files.h"
 
 namespace gradaccum::cli {
 
@@ -66,7 +70,13 @@ torch::Tensor flat_weights(torch::nn::Module& m) {
 
 int run_verify(const VerifyArgs& args) {
   GA_CHECK(args.steps >= 1, "--steps must be >= 1, got {}", args.steps);
+  GA_CHECK(!args.plots || !args.output_dir.empty(), "--plots needs --output-dir (where the figures go)");
   const auto splits = parse_splits(args.splits);
+  if (!args.output_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(args.output_dir, error);
+    GA_CHECK(std::filesystem::is_directory(args.output_dir), "--output-dir: cannot create {}", args.output_dir);
+  }
   auto overrides = args.overrides;
   // Verification runs in float64, where exact accumulation agrees to ~1e-16.
   for (const char* o : {"dtype=float64", "data.eval_limit=-1", "global_batch_size=0"}) overrides.emplace_back(o);
@@ -80,6 +90,10 @@ int run_verify(const VerifyArgs& args) {
   Trajectory reference;
   torch::Tensor reference_weights;
   bool ok = true;
+  report::VerifyRun record;
+  record.steps = args.steps;
+  record.global_batch = splits[0].micro_batch * splits[0].steps;
+  record.tolerance = args.tolerance;
   for (size_t k = 0; k < splits.size(); ++k) {
     auto options = base.trainer;
     options.per_device_train_batch_size = splits[k].micro_batch;
@@ -90,6 +104,7 @@ int run_verify(const VerifyArgs& args) {
     Trajectory trajectory;
     core::Trainer(options, model, *workload.train, nullptr, trajectory).run();
     auto weights = flat_weights(model.module());
+    record.splits.push_back({splits[k].text, trajectory.loss, trajectory.grad_norm, 0.0, 0.0, 0.0});
     if (k == 0) {
       reference = trajectory;
       reference_weights = weights;
@@ -101,10 +116,20 @@ int run_verify(const VerifyArgs& args) {
     const double dw = ((weights - reference_weights).abs().max() / reference_weights.abs().max()).item<double>();
     const bool pass = dl <= args.tolerance && dg <= args.tolerance && dw <= args.tolerance;
     ok = ok && pass;
+    record.splits.back().max_relative_loss = dl;
+    record.splits.back().max_relative_grad_norm = dg;
+    record.splits.back().relative_weights = dw;
     fmt::print("{:>10}  {:>14.3e}  {:>14.3e}  {:>14.3e}  {}\n", splits[k].text, dl, dg, dw, pass ? "ok" : "DIFFERS");
   }
   fmt::print("{}\n", ok ? "exact: every split follows the full-batch trajectory"
                         : "NOT exact: some split departs from the reference beyond the tolerance");
+  if (!args.output_dir.empty()) {
+    record.exact = ok;
+    const auto path = (std::filesystem::path(args.output_dir) / "verify.json").string();
+    io::write_file_atomically(path, report::to_json_text(record));
+    fmt::print("trajectories: {}\n", path);
+    if (args.plots) write_plots_and_report(args.output_dir);
+  }
   return ok ? 0 : 1;
 }
 
