@@ -8,7 +8,8 @@
 //   lm_throughput [--shape small|gpt2-124m|gpt2-124m-1024] [--device cpu|cuda] [--threads 2]
 //                 [--warmup-steps 2] [--steps 10] [--mixed-precision no|bf16]
 //                 [--loss-chunk-tokens K] [--profile] [--custom-kernels all|none|LIST]
-//                 [--bf16-cpu-matmuls auto|float32|libtorch]
+//                 [--bf16-cpu-matmuls auto|float32|libtorch] [--accumulation N]
+//                 [--deterministic-accumulation]
 //
 // --shape gpt2-124m-1024 is GPT-2 small at its own context of 1024, 8 × 4 (a GPU's shape).
 // --device cuda (a GRADACCUM_WITH_CUDA build) trains on the first CUDA device; the GEMM probes
@@ -42,6 +43,11 @@
 // gradients in its forward): 0 = automatic (~64 MiB of float32 logits on the CPU, here one
 // chunk per micro-batch of the small shape; 512 MiB on a GPU), K > 0 = K tokens.
 // bench/lm_loss_ab.cpp compares it with the unfused loss.
+//
+// --accumulation N replaces the shape's accumulation steps (micro-batch unchanged);
+// --deterministic-accumulation sets TrainerOptions::deterministic_accumulation (core/canonical_sum.h:
+// each micro-batch's gradient kept apart and added in the canonical tree), whose cost
+// bench/deterministic_cost.py measures against the plain accumulation.
 //
 // Like `gradaccum`, the program keeps freed heap memory (io::retain_freed_heap).
 //
@@ -142,6 +148,8 @@ struct Options {
   std::string custom_kernels = "all";
   std::string bf16_cpu_matmuls = "auto";
   bool profile = false;
+  bool deterministic = false;
+  int64_t accumulation = 0;  // 0: the shape's
   std::string shape_name = "small";
   Shape shape = kSmall;
   torch::Device device = torch::kCPU;
@@ -157,6 +165,10 @@ Options parse_options(int argc, char** argv) {
       o.profile = true;
       continue;
     }
+    if (key == "--deterministic-accumulation") {
+      o.deterministic = true;
+      continue;
+    }
     GA_CHECK(i + 1 < argc, "lm_throughput: option {} needs a value", key);
     const std::string value = argv[++i];
     if (key == "--threads") {
@@ -165,6 +177,9 @@ Options parse_options(int argc, char** argv) {
       o.warmup = parse_count("lm_throughput", key, value);
     } else if (key == "--steps") {
       o.steps = parse_count("lm_throughput", key, value);
+    } else if (key == "--accumulation") {
+      o.accumulation = parse_count("lm_throughput", key, value);
+      GA_CHECK(o.accumulation >= 1, "lm_throughput: --accumulation must be >= 1");
     } else if (key == "--loss-chunk-tokens") {
       o.loss_chunk_tokens = parse_count("lm_throughput", key, value);
     } else if (key == "--custom-kernels") {
@@ -199,6 +214,8 @@ Options parse_options(int argc, char** argv) {
     GA_CHECK(!o.profile, "lm_throughput: --profile times with host clocks, which on a GPU measure launches; "
                          "it runs on the CPU only");
   }
+  GA_CHECK(!(o.profile && o.deterministic),
+           "lm_throughput: --profile writes out the plain accumulation; drop --deterministic-accumulation");
   GA_CHECK(o.threads >= 1 && o.warmup >= 0 && o.steps >= 1 && o.loss_chunk_tokens >= 0,
            "lm_throughput: needs --threads >= 1, --warmup-steps >= 0, --steps >= 1, "
            "--loss-chunk-tokens >= 0");
@@ -320,7 +337,8 @@ int main(int argc, char** argv) {
 
   // The GEMM rate this process reaches, probed before and after training; the
   // peak is the faster probe (the rate is bimodal on this machine).
-  const Shape& m = opts.shape;
+  Shape m = opts.shape;
+  if (opts.accumulation > 0) m.accumulation = opts.accumulation;
   const GemmPeak before = gemm_peak(gemm_dtype, m, device);
 
   models::Gpt2Config config;
@@ -349,6 +367,7 @@ int main(int argc, char** argv) {
     options.sample_order = core::SampleOrder::sequential;  // the rows in stored order, as the Python peers
     options.mixed_precision = precision;
     options.device = device;
+    options.deterministic_accumulation = opts.deterministic;
     core::Trainer trainer(options, model, data, nullptr, clock);
     start = Clock::now();
     trainer.run();
@@ -423,7 +442,7 @@ int main(int argc, char** argv) {
       "\"gemm_shapes_gflops\": {{{}}}, \"gemm_model_gflops_before_after\": [{:.2f}, {:.2f}], "
       "\"gemm_square_gflops_before_after\": [{:.2f}, {:.2f}], \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
-      "\"peak_rss_mb\": {:.1f}, \"device\": \"{}\", \"peak_device_mb\": {:.1f}{}}}\n",
+      "\"peak_rss_mb\": {:.1f}, \"device\": \"{}\", \"peak_device_mb\": {:.1f}, \"deterministic_accumulation\": {}{}}}\n",
       profile ? "gradaccum-profile" : "gradaccum", opts.shape_name, core::custom_kernels_description(),
       at::get_cpu_capability(),
       core::to_string(precision),
@@ -434,6 +453,6 @@ int main(int argc, char** argv) {
       model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9, before.per_shape, before.model / 1e9,
       after.model / 1e9, before.square / 1e9, after.square / 1e9, model_flops / gemm_model,
       model_flops / gemm_square, clock.losses.front(), clock.losses.back(),
-      gradaccum::io::peak_rss_mb(), device_name(device), peak_device_mb(device), profile_json);
+      gradaccum::io::peak_rss_mb(), device_name(device), peak_device_mb(device), opts.deterministic, profile_json);
   return 0;
 }

@@ -21,6 +21,7 @@
 #include "gradaccum/io/heap_retention.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
+#include "gradaccum/dist/tree_grad_sync.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/dist/process_group.h"
 #include "gradaccum/dist/store_stop_agreement.h"
@@ -239,7 +240,7 @@ int run_train(const TrainArgs& args) {
 
   // Data parallel: connect, refuse mismatched configurations, and hook the
   // reducer onto the parameters in their final device and dtype.
-  std::unique_ptr<dist::BucketedGradSync> sync;
+  std::unique_ptr<core::GradSync> sync;
   std::unique_ptr<torch::optim::Optimizer> sharded;
   c10::intrusive_ptr<c10d::Backend> group;
   std::unique_ptr<dist::StoreStopAgreement> stop_agreement;
@@ -254,10 +255,14 @@ int run_train(const TrainArgs& args) {
     for (auto& p : model->module().parameters()) {
       if (p.requires_grad()) params.push_back(p);
     }
-    dist::GradSyncOptions options;
-    options.bucket_bytes = config.ddp_bucket_cap_mb * 1024 * 1024;
-    options.sync_each_micro_step = config.sync_each_micro_step;
-    sync = std::make_unique<dist::BucketedGradSync>(group, params, options);
+    if (config.trainer.deterministic_accumulation) {
+      sync = std::make_unique<dist::TreeGradSync>(group, params);  // the canonical tree's top levels
+    } else {
+      dist::GradSyncOptions options;
+      options.bucket_bytes = config.ddp_bucket_cap_mb * 1024 * 1024;
+      options.sync_each_micro_step = config.sync_each_micro_step;
+      sync = std::make_unique<dist::BucketedGradSync>(group, params, options);
+    }
     if (config.zero_stage == 1) {
       sharded = std::make_unique<dist::ShardedOptimizer>(group, params, config.trainer.optimizer);
     }

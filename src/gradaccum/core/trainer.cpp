@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "gradaccum/core/canonical_sum.h"
 #include "gradaccum/core/check.h"
 #include "gradaccum/core/evaluator.h"
 #include "gradaccum/core/grad_flow.h"
@@ -38,7 +39,7 @@ int64_t total_optimizer_steps(const TrainerOptions& options, const WindowPlan& p
   if (options.max_steps > 0) return options.max_steps;
   GA_CHECK(options.num_train_epochs >= 1, "num_train_epochs must be >= 1, got {}",
            options.num_train_epochs);
-  return options.num_train_epochs * plan.windows_per_epoch();
+  return plan.windows_in_epochs(options.num_train_epochs);
 }
 
 Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_data,
@@ -54,6 +55,14 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
             options_.seed, options_.sample_order),
       total_steps_(total_optimizer_steps(options_, plan_)),
       normalizer_(options_.loss_normalization, plan_.geometry().accumulation_steps()) {
+  if (options_.deterministic_accumulation) {
+    const int64_t world = plan_.geometry().world_size();
+    GA_CHECK((world & (world - 1)) == 0,
+             "deterministic_accumulation: the world size must be a power of two, not {}", world);
+    GA_CHECK(options_.loss_normalization != LossNormalization::micro_batch,
+             "deterministic_accumulation: needs loss_normalization window or sum, not micro_batch");
+    plan_.set_chunk_order(ChunkOrder::contiguous);
+  }
   if (options_.group_by_length) {
     const auto lengths = train_data_.sample_lengths();
     GA_CHECK(lengths.defined(), "key 'data.group_by_length': this dataset's samples have no length");
@@ -119,9 +128,14 @@ void Trainer::restore(const TrainingState& state) {
   GA_CHECK(state.position.step <= total_steps_,
            "checkpoint: it is at step {}, beyond this run's {} steps", state.position.step,
            total_steps_);
-  GA_CHECK(state.position.window < plan_.windows_per_epoch(),
+  // With carry, windows are numbered across epochs (the step count bounds them above).
+  GA_CHECK(plan_.carries() || state.position.window < plan_.windows_per_epoch(),
            "checkpoint: window {} does not exist in an epoch of {} windows", state.position.window,
            plan_.windows_per_epoch());
+  GA_CHECK(state.position.micro_step == 0 || !options_.deterministic_accumulation,
+           "checkpoint: it was saved inside a window (micro-step {}), whose sums deterministic_accumulation "
+           "cannot continue in its tree order; resume it without deterministic_accumulation",
+           state.position.micro_step);
   if (state.position.micro_step > 0) {
     // The partial sums belong to particular micro-batches of particular ranks.
     GA_CHECK(state.micro_batch == g.micro_batch() && state.accumulation_steps == g.accumulation_steps() &&
@@ -156,6 +170,18 @@ void Trainer::set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* s
   hook_ = hook;
   stop_ = stop;
   agreement_ = agreement != nullptr ? agreement : (sync_.world_size() == 1 ? &local_stop_ : nullptr);
+  // The canonical tree's partial sums are not checkpointed: stop at the window's end.
+  if (options_.deterministic_accumulation) agreement_ = nullptr;
+}
+
+std::vector<torch::Tensor> Trainer::take_gradients() {
+  std::vector<torch::Tensor> gradients;
+  gradients.reserve(params_.size());
+  for (auto& p : params_) {
+    gradients.push_back(p.grad());
+    p.mutable_grad() = torch::Tensor();
+  }
+  return gradients;
 }
 
 TrainingState Trainer::state_at(const TrainingPosition& position) const {
@@ -208,6 +234,14 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   // nodes hold outside their saved variables alive until the window ends
   // (+96 MB peak RSS on the 3.4M GPT, bench/lm_throughput).
   std::vector<torch::Tensor> micro_sums;
+  // deterministic_accumulation: each micro-step's gradient is kept apart and added in the
+  // canonical tree over this rank's N slots (canonical_sum.h); .grad starts empty for each.
+  const int64_t slots = plan_.geometry().accumulation_steps();
+  std::optional<CanonicalGradientSum> tree;
+  if (options_.deterministic_accumulation) {
+    tree.emplace(slots);
+    take_gradients();  // what the last optimizer step left (zeros) is no slot's
+  }
   for (int64_t s = first_micro_step; s < window.micro_steps(); ++s) {
     const bool last = s + 1 == window.micro_steps();
     // Before each micro-step but the first one run here, and always before
@@ -242,11 +276,27 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
       auto objective = normalizer_.objective(micro);
       if (scaler_) objective = objective * loss_multiplier;
       objective.backward();
+      if (tree) tree->add(take_gradients());
     } else {
       micro_sums.emplace_back();
       micro_items.push_back(torch::zeros({}, torch::TensorOptions(torch::kDouble).device(options_.device)));
+      if (tree) tree->skip();
     }
     sync_.after_backward(last);
+  }
+  // The slots of this rank's share of a partial window's missing chunks, then the tree's root.
+  torch::Tensor slot_totals;
+  if (tree) {
+    for (int64_t s = window.micro_steps(); s < slots; ++s) tree->skip();
+    auto root = tree->finish();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      params_[i].mutable_grad() = root.empty() ? torch::Tensor() : std::move(root[i]);
+    }
+    // Each slot's loss sum and count, this rank's at its slots: summed over ranks they are
+    // exact (one rank holds each slot), and every rank then adds them in the canonical tree.
+    const int64_t first = window.slot(0, rank), all = slots * sync_.world_size();
+    slot_totals = torch::cat({slot_vector(micro_sums, first, all, options_.device),
+                              slot_vector(micro_items, first, all, options_.device)});
   }
   // Every gradient now holds this rank's Σ over micro-steps; after the sync,
   // the Σ over ranks. One division by the global count makes it exact. The
@@ -263,8 +313,16 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   per_rank.narrow(0, rank, 1).copy_(local.narrow(0, 1, 1));
   auto totals = torch::cat(
       {local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options()), per_micro_step, per_rank});
+  const int64_t accounted = totals.numel();
+  if (slot_totals.defined()) totals = torch::cat({totals, slot_totals.to(local.options())});
   sync_.finish_window(totals);
   if (may_stop_inside) agreement_->window_finished(window_id);
+  if (slot_totals.defined()) {
+    // The window's loss sum and count in the canonical tree, in place of the ranks' running totals.
+    const int64_t all = slot_totals.numel() / 2;
+    totals.narrow(0, 0, 1).copy_(canonical_sum(totals.narrow(0, accounted, all)).reshape({1}));
+    totals.narrow(0, 1, 1).copy_(canonical_sum(totals.narrow(0, accounted + all, all)).reshape({1}));
+  }
   const auto window_loss = normalizer_.finish(totals, params_, sync_.world_size(), loss_multiplier);
 
   auto report_non_finite = [&](int64_t step) {
@@ -300,7 +358,7 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
                                            step.grad_norm.to(window_loss.loss.device()),
                                            step.grad_norm_clipped.to(window_loss.loss.device()),
                                            optim::global_weight_norm(params_).to(window_loss.loss.device())}),
-                              totals.slice(0, 3)});
+                              totals.slice(0, 3, accounted)});
   if (flow) figures = torch::cat({figures, flow_statistics.flatten().to(figures.device())});
   auto host = figures.to(torch::kCPU);
   auto v = host.accessor<double, 1>();
@@ -358,18 +416,24 @@ TrainSummary Trainer::run() {
   TrainSummary summary;
   const auto start = Clock::now();
   TrainingPosition& pos = position_;
+  // The stream the carried windows are cut from ends with the run's last epoch, or never when
+  // max_steps bounds the run.
+  const int64_t stream_epochs = options_.max_steps > 0 ? 0 : options_.num_train_epochs;
   auto advance = [&] {
     pos.micro_step = 0;
-    if (++pos.window == plan_.windows_per_epoch()) {
+    if (plan_.carries()) {  // windows are numbered across epochs
+      pos.epoch = plan_.epoch_of_carried_window(++pos.window);
+    } else if (++pos.window == plan_.windows_per_epoch()) {
       pos.window = 0;
       ++pos.epoch;
     }
   };
   while (steps_->step() < total_steps_ && !summary.preempted) {
     const int64_t epoch = pos.epoch;
-    const auto permutation = plan_.permutation(epoch);
-    while (pos.epoch == epoch && steps_->step() < total_steps_) {
-      const auto window = plan_.window(permutation, pos.epoch, pos.window);
+    const auto permutation = plan_.carries() ? torch::Tensor() : plan_.permutation(epoch);
+    while ((plan_.carries() || pos.epoch == epoch) && steps_->step() < total_steps_) {
+      const auto window = plan_.carries() ? plan_.carried_window(pos.window, stream_epochs)
+                                          : plan_.window(permutation, pos.epoch, pos.window);
       PartialWindow partial;
       auto outcome = run_window(window, pos.micro_step, hook_ != nullptr ? &partial : nullptr);
       if (!outcome) {  // stopped inside the window: save it as it is

@@ -56,6 +56,11 @@ struct TrainerOptions {
   SampleOrder sample_order = SampleOrder::random;  // train_sampling_strategy
   int64_t save_steps = 0;  // > 0: a checkpoint every save_steps optimizer steps
   NanPolicy nan_policy = NanPolicy::abort;
+  // For a fixed micro-batch size, gradients and losses bit-identical for every N × W with W a
+  // power of two (canonical_sum.h): chunks in contiguous order, each micro-batch's gradient kept
+  // apart and added in the canonical tree, ranks reduced in the same tree. A stop request waits
+  // for the window's end (the tree's partial sums are not checkpointed).
+  bool deterministic_accumulation = false;
   torch::ScalarType dtype = torch::kFloat;
   torch::Device device = torch::kCPU;
   // bf16 / fp16 autocast of the forward and the loss (mixed_precision.h);
@@ -145,6 +150,9 @@ class Trainer {
   StopAgreement* agreement_ = nullptr;  // null: no stop inside a window
   bool stop_agreed_ = false;  // set by a window whose all-reduced stop flag was raised
   int64_t stopped_after_ = 0;  // micro-steps done when run_window stopped early
+  // deterministic_accumulation: this micro-step's gradients, taken out of .grad (which is then
+  // empty for the next micro-step's backward).
+  std::vector<torch::Tensor> take_gradients();
 };
 
 }  // namespace gradaccum::core

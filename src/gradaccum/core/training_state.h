@@ -18,7 +18,7 @@ struct TrainingPosition {
   int64_t step = 0;           // optimizer steps completed (windows consumed)
   int64_t schedule_step = 0;  // the LR schedule's position: step minus fp16 overflow skips
   int64_t epoch = 0;       // epoch of the next window
-  int64_t window = 0;      // index of the next window within its epoch
+  int64_t window = 0;      // index of the next window within its epoch (last_window: carry: from the run's start)
   int64_t micro_step = 0;  // > 0: micro-steps of that window already accumulated
   // Running figures for the summary of a run that spans several processes.
   double loss_total = 0.0;  // Σ window losses

@@ -10,10 +10,13 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
-Window::Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry)
-    : epoch_(epoch), index_(index), samples_(std::move(samples)), geometry_(geometry) {
+Window::Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry,
+               ChunkOrder order)
+    : epoch_(epoch), index_(index), samples_(std::move(samples)), geometry_(geometry), order_(order) {
   const int64_t chunks = ceil_div(size(), geometry_.micro_batch());
-  micro_steps_ = ceil_div(chunks, geometry_.world_size());
+  // Contiguous: rank 0 holds the first min(N, chunks) chunks, the most of any rank.
+  micro_steps_ = order_ == ChunkOrder::interleaved ? ceil_div(chunks, geometry_.world_size())
+                                                   : std::min(chunks, geometry_.accumulation_steps());
 }
 
 torch::Tensor Window::micro_batch(int64_t step, int64_t rank) const {
@@ -22,7 +25,8 @@ torch::Tensor Window::micro_batch(int64_t step, int64_t rank) const {
   GA_CHECK(rank >= 0 && rank < geometry_.world_size(), "rank {} out of range [0, {})", rank,
            geometry_.world_size());
   const int64_t b = geometry_.micro_batch();
-  const int64_t chunk = step * geometry_.world_size() + rank;
+  const int64_t chunk =
+      order_ == ChunkOrder::interleaved ? step * geometry_.world_size() + rank : slot(step, rank);
   const int64_t begin = std::min(chunk * b, size());
   const int64_t end = std::min(begin + b, size());
   return samples_.slice(0, begin, end);
@@ -50,8 +54,14 @@ WindowPlan::WindowPlan(int64_t dataset_size, BatchGeometry geometry, LastWindow 
 
 int64_t WindowPlan::windows_per_epoch() const {
   const int64_t full = dataset_size_ / geometry_.global_batch();
+  if (carries()) return std::max<int64_t>(full, 1);
   const bool remainder = dataset_size_ % geometry_.global_batch() != 0;
   return full + (remainder && last_window_ == LastWindow::partial ? 1 : 0);
+}
+
+int64_t WindowPlan::windows_in_epochs(int64_t epochs) const {
+  if (!carries()) return epochs * windows_per_epoch();
+  return ceil_div(epochs * dataset_size_, geometry_.global_batch());
 }
 
 uint64_t WindowPlan::epoch_seed(uint64_t seed, int64_t epoch) {
@@ -73,14 +83,48 @@ Window WindowPlan::window(const torch::Tensor& permutation, int64_t epoch, int64
            windows_per_epoch());
   const int64_t begin = k * geometry_.global_batch();
   const int64_t end = std::min(begin + geometry_.global_batch(), dataset_size_);
-  auto samples = permutation.slice(0, begin, end);
+  return make_window(epoch, k, permutation.slice(0, begin, end));
+}
+
+Window WindowPlan::make_window(int64_t epoch, int64_t index, torch::Tensor samples) const {
   if (lengths_.defined()) {
     // Longest first, ties in permutation order: micro-batches of similar
     // lengths waste less padding, and the window's set is unchanged.
     const auto order = std::get<1>(lengths_.index_select(0, samples).sort(/*stable=*/true, 0, /*descending=*/true));
     samples = samples.index_select(0, order);
   }
-  return Window(epoch, k, samples, geometry_);
+  return Window(epoch, index, samples, geometry_, chunk_order_);
+}
+
+const torch::Tensor& WindowPlan::cached_permutation(int64_t epoch) const {
+  for (const auto& [e, p] : permutations_) {
+    if (e == epoch) return p;
+  }
+  if (permutations_.size() == 2) permutations_.erase(permutations_.begin());
+  permutations_.emplace_back(epoch, permutation(epoch));
+  return permutations_.back().second;
+}
+
+int64_t WindowPlan::epoch_of_carried_window(int64_t g) const {
+  return g * geometry_.global_batch() / dataset_size_;
+}
+
+Window WindowPlan::carried_window(int64_t g, int64_t epochs) const {
+  GA_CHECK(carries(), "carried_window: the plan's last_window is not carry");
+  const int64_t n = dataset_size_, B = geometry_.global_batch();
+  const int64_t begin = g * B;
+  const int64_t end = epochs > 0 ? std::min(begin + B, epochs * n) : begin + B;
+  GA_CHECK(g >= 0 && begin < end, "window {} is beyond the stream of {} epochs", g, epochs);
+  // The stream's positions [begin, end): the tails and heads of consecutive epochs' permutations
+  // (several whole ones when B > n).
+  std::vector<torch::Tensor> pieces;
+  for (int64_t at = begin; at < end;) {
+    const int64_t epoch = at / n, offset = at % n;
+    const int64_t take = std::min(end - at, n - offset);
+    pieces.push_back(cached_permutation(epoch).slice(0, offset, offset + take));
+    at += take;
+  }
+  return make_window(epoch_of_carried_window(g), g, pieces.size() == 1 ? pieces.front() : torch::cat(pieces));
 }
 
 void WindowPlan::group_by_length(torch::Tensor lengths) {

@@ -10,25 +10,45 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "gradaccum/core/batch_geometry.h"
 
 namespace gradaccum::core {
 
-enum class LastWindow { partial, drop };
+// What happens to the samples left over at an epoch's end (n not a multiple of B):
+//   partial: one shorter window, normalized by its own count
+//   drop:    they are skipped this epoch
+//   carry:   they open the next epoch's first window, so every window holds B samples and none is
+//            lost. Windows are then consecutive slices of B of the stream perm(0) ++ perm(1) ++ …
+//            (each epoch's permutation drawn as always), numbered across epochs; a window that
+//            straddles an epoch boundary takes the tail of one permutation and the head of the
+//            next, so it may hold a sample twice (once from each epoch) while every epoch still
+//            uses each sample exactly once. Only the run's very last window can be short.
+enum class LastWindow { partial, drop, carry };
 
 // The order of the samples in each epoch (HF's train_sampling_strategy):
 // a seeded permutation, or the dataset's own order (to replay a fixed
 // sequence of batches, e.g. against another trainer reading the same file).
 enum class SampleOrder { random, sequential };
 
+// Which rank and micro-step get chunk c of a window (the window's samples cut into chunks of b).
+enum class ChunkOrder {
+  interleaved,  // rank c % W at micro-step c / W: every rank's micro-step s holds neighbouring chunks
+  contiguous,   // rank c / N at micro-step c % N: each rank holds a run of N chunks, the order
+                // deterministic accumulation's canonical tree needs (canonical_sum.h)
+};
+
 // The samples of one window and how they are cut into micro-batches.
-// The window's samples are cut into chunks of b in order; chunk c goes to rank
-// c % W at micro-step c / W. A partial window therefore has fewer micro-steps,
-// its last chunk may be short, and a rank may get an empty micro-batch.
+// The window's samples are cut into chunks of b in order, which go to ranks and micro-steps in
+// the ChunkOrder. A partial window therefore has fewer micro-steps (interleaved) or fewer
+// chunks on its later ranks (contiguous), its last chunk may be short, and a rank may get an
+// empty micro-batch.
 class Window {
  public:
-  Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry);
+  Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry,
+         ChunkOrder order = ChunkOrder::interleaved);
 
   int64_t epoch() const { return epoch_; }
   int64_t index() const { return index_; }  // k within the epoch
@@ -36,6 +56,10 @@ class Window {
   bool is_partial() const { return size() < geometry_.global_batch(); }
   // Micro-steps every rank runs in this window (N, or fewer in a partial window).
   int64_t micro_steps() const { return micro_steps_; }
+  // The window's micro-batch slot (rank × N + micro-step, in [0, N × W)) of rank `rank`'s
+  // micro-step `step` under the contiguous order.
+  int64_t slot(int64_t step, int64_t rank) const { return rank * geometry_.accumulation_steps() + step; }
+  ChunkOrder chunk_order() const { return order_; }
   // Sample indices of rank `rank` at micro-step `step` (possibly empty).
   torch::Tensor micro_batch(int64_t step, int64_t rank = 0) const;
   // Samples rank `rank` sees in the whole window.
@@ -47,6 +71,7 @@ class Window {
   int64_t index_;
   torch::Tensor samples_;  // int64, all ranks
   BatchGeometry geometry_;
+  ChunkOrder order_;
   int64_t micro_steps_;
 };
 
@@ -57,13 +82,24 @@ class WindowPlan {
 
   const BatchGeometry& geometry() const { return geometry_; }
   int64_t dataset_size() const { return dataset_size_; }
-  // Optimizer steps per epoch: floor(n / B), plus one for a partial remainder.
+  bool carries() const { return last_window_ == LastWindow::carry; }
+  // Optimizer steps per epoch: floor(n / B), plus one for a partial remainder (carry: n / B
+  // rounded down, for display; windows are counted across epochs, windows_in_epochs()).
   int64_t windows_per_epoch() const;
+  // Optimizer steps in `epochs` epochs: epochs × windows_per_epoch(), or with carry
+  // ceil(epochs × n / B).
+  int64_t windows_in_epochs(int64_t epochs) const;
   // The permutation of epoch `epoch`: a pure function of (seed, epoch, n);
   // 0, 1, …, n-1 in every epoch with SampleOrder::sequential.
   torch::Tensor permutation(int64_t epoch) const;
   // Window k of an epoch whose permutation is given (to draw it once per epoch).
   Window window(const torch::Tensor& permutation, int64_t epoch, int64_t k) const;
+  // carry: window g of the stream (counted from the run's start), which ends after `epochs`
+  // epochs (0: never, a run bounded by max_steps). Its epoch() is the epoch of its first sample.
+  // The last two epochs' permutations are kept between calls.
+  Window carried_window(int64_t g, int64_t epochs) const;
+  // carry: the epoch in which window g starts.
+  int64_t epoch_of_carried_window(int64_t g) const;
 
   // The seed of epoch e's permutation generator. Documented so that other
   // programs (the Python peer benchmark) can reproduce the order:
@@ -76,6 +112,8 @@ class WindowPlan {
   // accumulation stays exact; it differs from HF's group_by_length, which
   // sorts across mega-batches and so changes the windows themselves.
   void group_by_length(torch::Tensor lengths);
+  // How windows hand their chunks to ranks and micro-steps (default interleaved).
+  void set_chunk_order(ChunkOrder order) { chunk_order_ = order; }
 
  private:
   int64_t dataset_size_;
@@ -83,7 +121,13 @@ class WindowPlan {
   LastWindow last_window_;
   uint64_t seed_;
   SampleOrder order_;
+  // The window of `samples` (sorted by length when grouping), numbered `index`.
+  Window make_window(int64_t epoch, int64_t index, torch::Tensor samples) const;
+  const torch::Tensor& cached_permutation(int64_t epoch) const;
+
   torch::Tensor lengths_;  // undefined: no grouping
+  ChunkOrder chunk_order_ = ChunkOrder::interleaved;
+  mutable std::vector<std::pair<int64_t, torch::Tensor>> permutations_;  // carry: the last two
 };
 
 }  // namespace gradaccum::core

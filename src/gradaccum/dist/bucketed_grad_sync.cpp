@@ -3,22 +3,9 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include "gradaccum/core/check.h"
+#include "gradaccum/dist/process_group.h"
 
 namespace gradaccum::dist {
-
-namespace {
-// A collective that fails means a peer died or stalled past dist_timeout;
-// say so in one line instead of Gloo's multi-line trace.
-void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t rank, const char* what) {
-  try {
-    work->wait();
-  } catch (const std::exception& e) {
-    const std::string message = e.what();
-    throw Error(fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}",
-                            rank, what, message.substr(0, message.find('\n'))));
-  }
-}
-}  // namespace
 
 BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::Backend> group,
                                    std::vector<torch::Tensor> params, GradSyncOptions options)

@@ -113,17 +113,21 @@ void check_same_on_all_ranks(c10d::Backend& group, int64_t value, const std::str
   }
 }
 
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t rank, const std::string& what) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    throw Error(fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}",
+                            rank, what, message.substr(0, message.find('\n'))));
+  }
+}
+
 void barrier(c10d::Backend& group, const std::string& what) {
   // An all-reduce of one element: Gloo's barrier() would do, but this works
   // unchanged on NCCL, whose barrier needs a device guess.
   std::vector<torch::Tensor> flag{torch::zeros({1}, collective_options(group))};
-  try {
-    group.allreduce(flag)->wait();
-  } catch (const std::exception& e) {
-    const std::string message = e.what();
-    throw Error(fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}",
-                            group.getRank(), what, message.substr(0, message.find('\n'))));
-  }
+  wait_for(group.allreduce(flag), group.getRank(), what);
 }
 
 }  // namespace gradaccum::dist

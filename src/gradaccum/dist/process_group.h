@@ -31,6 +31,10 @@ Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout
 // value differs (used to refuse mismatched configurations across ranks).
 void check_same_on_all_ranks(c10d::Backend& group, int64_t value, const std::string& what);
 
+// Waits for `work`; a failure (a peer died or stalled past dist_timeout) becomes a one-line
+// gradaccum::Error naming this rank and `what` instead of Gloo's multi-line trace.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t rank, const std::string& what);
+
 // Waits until every rank arrives (checkpoint writes use it); a dead or stalled
 // peer is an error naming `what` after the group's timeout.
 void barrier(c10d::Backend& group, const std::string& what);

@@ -84,7 +84,7 @@ loss_scaler:                      # fp16's dynamic loss scaler (torch.cuda.amp.G
 gradient_checkpointing: false     # GPT-2/BLOOM: recompute block activations in backward
 loss_chunk_tokens: 0              # causal LMs: the fused LM head + loss works on chunks of this many tokens (0 = automatic, ~64 MiB of logits; 512 MiB on a GPU)
 loss_normalization: window        # window (exact mean) | sum | micro_batch (naive)
-last_window: partial              # partial | drop
+last_window: partial              # partial | drop | carry (into the next epoch's first window)
 train_sampling_strategy: random   # random (a seeded permutation per epoch) | sequential (the data's order)
 logging_steps: 1
 report_to: none                   # none | tensorboard | [tensorboard]: TensorBoard event files in logging_dir
@@ -100,6 +100,7 @@ dist_timeout: 60                  # seconds before a stalled rank is an error
 ddp_bucket_cap_mb: 25             # gradient all-reduce bucket size
 sync_each_micro_step: false       # true: all-reduce every micro-step (comparison only)
 zero_stage: 0                     # 1: shard optimizer state across ranks (ZeRO-1)
+deterministic_accumulation: false # true: for a fixed b, bit-identical gradients for every N x W (W a power of two)
 )";
   return yaml;
 }
@@ -390,9 +391,10 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   t.loss_normalization = normalization == "window" ? core::LossNormalization::window
                          : normalization == "sum"  ? core::LossNormalization::sum
                                                    : core::LossNormalization::micro_batch;
-  t.last_window = one_of(root, "last_window", {"partial", "drop"}) == "partial"
-                      ? core::LastWindow::partial
-                      : core::LastWindow::drop;
+  const auto last_window = one_of(root, "last_window", {"partial", "drop", "carry"});
+  t.last_window = last_window == "partial" ? core::LastWindow::partial
+                  : last_window == "drop"  ? core::LastWindow::drop
+                                           : core::LastWindow::carry;
   t.sample_order = one_of(root, "train_sampling_strategy", {"random", "sequential"}) == "random"
                        ? core::SampleOrder::random
                        : core::SampleOrder::sequential;
@@ -437,6 +439,14 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   c.sync_each_micro_step = get_bool(root, "sync_each_micro_step");
   c.zero_stage = get_int(root, "zero_stage");
   require(c.zero_stage == 0 || c.zero_stage == 1, "zero_stage", "0 or 1", std::to_string(c.zero_stage));
+  t.deterministic_accumulation = get_bool(root, "deterministic_accumulation");
+  if (t.deterministic_accumulation) {
+    GA_CHECK(t.loss_normalization != core::LossNormalization::micro_batch,
+             "key 'deterministic_accumulation': needs loss_normalization window or sum, not micro_batch");
+    GA_CHECK(!c.sync_each_micro_step && c.zero_stage == 0,
+             "key 'deterministic_accumulation': reduces across ranks in its own tree order; it cannot be "
+             "combined with sync_each_micro_step or zero_stage: 1");
+  }
   c.save_steps = get_int(root, "save_steps");
   require(c.save_steps >= 0, "save_steps", ">= 0 (0 = at the end only)", std::to_string(c.save_steps));
   t.save_steps = c.save_steps;
@@ -449,6 +459,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 
   // The GA arithmetic must hold before anything runs: this throws naming the numbers.
   const auto geometry = t.geometry(world_size);
+  GA_CHECK(!t.deterministic_accumulation || (world_size & (world_size - 1)) == 0,
+           "key 'deterministic_accumulation': the world size must be a power of two, not {}", world_size);
   root["gradient_accumulation_steps"] = geometry.accumulation_steps();
   t.gradient_accumulation_steps = geometry.accumulation_steps();
 
