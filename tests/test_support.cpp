@@ -84,13 +84,14 @@ std::string gpt2_tokenizer_dir() {
   return env != nullptr && *env != '\0' ? env : data::kDefaultTokenizerDir;
 }
 
-CliResult run_cli(const std::string& args, const std::string& cwd) {
+CliResult run_cli(const std::string& args, const std::string& cwd, const std::string& before) {
   static int counter = 0;
   const auto dir = make_temp_dir("cli-" + std::to_string(counter++));
   const auto out_path = dir + "/stdout";
   const auto err_path = dir + "/stderr";
   std::string command;
   if (!cwd.empty()) command += "cd '" + cwd + "' && ";
+  if (!before.empty()) command += before + " && ";
   command += std::string("'") + GRADACCUM_CLI + "' " + args + " > '" + out_path + "' 2> '" +
              err_path + "' < /dev/null";
   const int status = std::system(command.c_str());

@@ -118,8 +118,9 @@ struct CliResult {
   std::string err;
 };
 
-// Runs the gradaccum program with `args` (shell-quoted by the caller) in `cwd`.
-CliResult run_cli(const std::string& args, const std::string& cwd = "");
+// Runs the gradaccum program with `args` (shell-quoted by the caller) in `cwd`, after the shell
+// command `before` (e.g. "ulimit -v 600000") when given.
+CliResult run_cli(const std::string& args, const std::string& cwd = "", const std::string& before = "");
 
 // A fresh empty directory under the system temp dir.
 std::string make_temp_dir(const std::string& name);

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "gradaccum/cli/lm_commands.h"
+#include "gradaccum/cli/plan_command.h"
 #include "gradaccum/cli/plot_command.h"
 #include "gradaccum/cli/runtime.h"
 #include "gradaccum/cli/tokenize_command.h"
@@ -49,6 +50,18 @@ int main(int argc, char** argv) {
       ->type_name("KEY=VALUE");
   verify_cmd->add_option("--output-dir", verify.output_dir, "Write each split's trajectory to DIR/verify.json");
   verify_cmd->add_flag("--plots", verify.plots, "Also draw them: DIR/plots/verify.png and DIR/report.html");
+
+  gradaccum::cli::PlanArgs plan;
+  auto* plan_cmd = app.add_subcommand(
+      "plan", "Probe the micro-batches of one global batch for memory and speed; choose the fastest that fits");
+  plan_cmd->add_option("config", plan.config_path, "YAML configuration file");
+  plan_cmd->add_option("--global-batch", plan.global_batch, "The global batch (default: the configuration's b x N)");
+  plan_cmd->add_option("--memory", plan.memory, "Memory limit: 6000 (MB), 6000M, 8G (default: 90% of what is available)");
+  plan_cmd->add_option("--steps", plan.steps, "Optimizer steps per probe")->capture_default_str();
+  plan_cmd->add_option("--set", plan.overrides, "Override a key: --set key=value (repeatable)")
+      ->allow_extra_args(false)
+      ->type_name("KEY=VALUE");
+  plan_cmd->add_flag("--json", plan.json, "Print the plan as one JSON object");
 
   gradaccum::cli::PlotArgs plot;
   auto* plot_cmd = app.add_subcommand(
@@ -110,6 +123,7 @@ int main(int argc, char** argv) {
     if (generate_cmd->parsed()) return gradaccum::cli::run_generate(generate);
     if (eval_cmd->parsed()) return gradaccum::cli::run_eval(eval);
     if (plot_cmd->parsed()) return gradaccum::cli::run_plot(plot);
+    if (plan_cmd->parsed()) return gradaccum::cli::run_plan(plan);
   } catch (const gradaccum::Error& e) {
     fmt::print(stderr, "gradaccum: error: {}\n", e.what());
     return 1;

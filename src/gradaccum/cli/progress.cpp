@@ -20,6 +20,19 @@ void Progress::on_start(const core::RunInfo& info) {
   std::fflush(out_);
 }
 
+void Progress::on_micro_batch_change(const core::MicroBatchChange& c) {
+  if (terminal_) fmt::print(out_, "\n");
+  fmt::print(out_,
+             "out of memory in step {} at micro-batch {} x {}{}: training the window again as {} x {} "
+             "(the same global batch and samples)\n",
+             c.step, c.from_micro_batch, c.from_accumulation,
+             c.requested_bytes > 0 ? fmt::format(" (a request for {:.1f} MiB failed)",
+                                                 static_cast<double>(c.requested_bytes) / (1024.0 * 1024.0))
+                                   : std::string(),
+             c.to_micro_batch, c.to_accumulation);
+  std::fflush(out_);
+}
+
 void Progress::on_step(const core::StepRecord& r) {
   if (terminal_) {
     // Redraw at most ~10 times a second.

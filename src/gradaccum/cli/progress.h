@@ -17,6 +17,7 @@ class Progress final : public core::TrainingObserver {
   void on_start(const core::RunInfo& info) override;
   void on_step(const core::StepRecord& record) override;
   void on_eval(const core::EvalRecord& record) override;
+  void on_micro_batch_change(const core::MicroBatchChange& change) override;
   void on_end(const core::TrainSummary& summary) override;
 
  private:

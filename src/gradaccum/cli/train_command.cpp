@@ -12,6 +12,7 @@
 
 #include "gradaccum/cli/launcher.h"
 #include "gradaccum/cli/runtime.h"
+#include "gradaccum/cli/plan_command.h"
 #include "gradaccum/cli/plot_command.h"
 #include "gradaccum/cli/progress.h"
 #include "gradaccum/core/batch_dependence.h"
@@ -187,15 +188,43 @@ int run_train(const TrainArgs& args) {
   const auto env = dist::read_environment();
   const int64_t world = args.nproc > 1 ? args.nproc : env.world_size;
   // Validated once here, so bad input gives one message, not one per rank.
-  const auto config = io::load_config(args.config_path, args.overrides, world);
+  auto config = io::load_config(args.config_path, args.overrides, world);
   if (args.print_config) {
     fmt::print("{}", config.resolved_yaml);
     return 0;
   }
+  auto child_args = args.child_args;
+  if (config.plan_decomposition) {
+    // `auto`: probe one process's share of the global batch and go on with the plan's choice.
+    GA_CHECK(!env.distributed(),
+             "key 'per_device_train_batch_size': auto is planned before the ranks start; launch with --nproc, or run "
+             "`gradaccum plan` and set the numbers");
+    const int64_t global = config.trainer.global_batch_size;
+    GA_CHECK(global % world == 0, "key 'global_batch_size': {} is not a multiple of the world size {}", global, world);
+    PlanArgs plan_args;
+    plan_args.config_path = args.config_path;
+    plan_args.overrides = args.overrides;
+    plan_args.global_batch = global / world;
+    const auto plan = make_plan(plan_args);
+    GA_CHECK(plan.choice.has_value(),
+             "per_device_train_batch_size: auto: no micro-batch of {} samples per process fits in {:.0f} MB (the "
+             "global batch is not changed)",
+             plan_args.global_batch, plan.limit_mb);
+    const std::vector<std::string> chosen{fmt::format("per_device_train_batch_size={}", plan.choice->micro_batch),
+                                          fmt::format("gradient_accumulation_steps={}", plan.choice->accumulation)};
+    auto overrides = args.overrides;
+    for (const auto& o : chosen) {
+      overrides.push_back(o);
+      child_args.insert(child_args.end(), {"--set", o});
+    }
+    config = io::load_config(args.config_path, overrides, world);
+    fmt::print("auto: per_device_train_batch_size={} gradient_accumulation_steps={} (planned; global batch {})\n",
+               plan.choice->micro_batch, plan.choice->accumulation, global);
+  }
   if (args.nproc > 1) {
     GA_CHECK(!env.distributed(), "--nproc {} inside a launched job (WORLD_SIZE={}): use one launcher",
              args.nproc, env.world_size);
-    return launch_local(args.nproc, args.child_args);
+    return launch_local(args.nproc, child_args);
   }
   const bool rank0 = env.rank == 0;
 

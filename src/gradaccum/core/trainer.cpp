@@ -12,6 +12,19 @@
 namespace gradaccum::core {
 
 namespace {
+// fp16: each micro-step's loss sum is multiplied by scale / items, with items a power of two near a
+// micro-batch's item count (trainer.h's fp16_items_).
+double fp16_items_for(const Dataset& data, int64_t micro_batch) {
+  double items_per_sample = 1.0;
+  if (const auto lengths = data.sample_lengths(); lengths.defined() && lengths.numel() > 0) {
+    items_per_sample = std::max(1.0, lengths.to(torch::kDouble).mean().item<double>() - 1.0);
+  }
+  const double items = items_per_sample * static_cast<double>(micro_batch);
+  return std::exp2(std::floor(std::log2(std::max(1.0, items))));
+}
+}  // namespace
+
+namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -63,6 +76,10 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
              "deterministic_accumulation: needs loss_normalization window or sum, not micro_batch");
     plan_.set_chunk_order(ChunkOrder::contiguous);
   }
+  if (options_.sample_order == SampleOrder::longest_first) {
+    // Samples without a length (images) are all alike: the stored order is as bad as any.
+    if (const auto lengths = train_data_.sample_lengths(); lengths.defined()) plan_.order_by_length(lengths);
+  }
   if (options_.group_by_length) {
     const auto lengths = train_data_.sample_lengths();
     GA_CHECK(lengths.defined(), "key 'data.group_by_length': this dataset's samples have no length");
@@ -87,18 +104,34 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
   }
   if (options_.mixed_precision == MixedPrecision::fp16) {
     scaler_.emplace(options_.loss_scaler);
-    double items_per_sample = 1.0;
-    if (const auto lengths = train_data_.sample_lengths(); lengths.defined() && lengths.numel() > 0) {
-      items_per_sample = std::max(1.0, lengths.to(torch::kDouble).mean().item<double>() - 1.0);
-    }
-    const double items = items_per_sample * static_cast<double>(plan_.geometry().micro_batch());
-    fp16_items_ = std::exp2(std::floor(std::log2(std::max(1.0, items))));
+    fp16_items_ = fp16_items_for(train_data_, plan_.geometry().micro_batch());
   }
   steps_ = std::make_unique<StepSequence>(
       *optimizer_, params_,
       optim::LrSchedule(options_.lr_scheduler_type, options_.optimizer.learning_rate, warmup,
                         total_steps_),
       options_.max_grad_norm, scaler_ ? &*scaler_ : nullptr);
+}
+
+void Trainer::use_geometry(const BatchGeometry& geometry) {
+  plan_.set_geometry(geometry);
+  normalizer_ = LossNormalizer(options_.loss_normalization, geometry.accumulation_steps());
+  if (scaler_) fp16_items_ = fp16_items_for(train_data_, geometry.micro_batch());
+}
+
+void Trainer::shrink_micro_batch(const WindowOutOfMemory& oom, int64_t step) {
+  const auto from = plan_.geometry();
+  const auto to = smaller_micro_batch(from);
+  GA_CHECK(to.has_value(), "out of memory at optimizer step {} with a micro-batch of 1 sample{}: {}", step,
+           oom.bytes() > 0
+               ? fmt::format(" (it asked for {:.1f} MiB more)", static_cast<double>(oom.bytes()) / (1024.0 * 1024.0))
+               : std::string(),
+           oom.what());
+  observer_.on_micro_batch_change({step, from.micro_batch(), from.accumulation_steps(), to->micro_batch(),
+                                   to->accumulation_steps(), oom.bytes()});
+  release_cached_memory(options_.device);
+  use_geometry(*to);
+  micro_batch_from_oom_recovery_ = true;
 }
 
 core::Batch Trainer::fetch(const torch::Tensor& indices) const {
@@ -121,6 +154,12 @@ core::Batch Trainer::fetch(const torch::Tensor& indices) const {
 }
 
 void Trainer::restore(const TrainingState& state) {
+  // A run that shrank its micro-batch after running out of memory goes on with it.
+  if (state.micro_batch_from_oom_recovery && state.global_batch == plan_.geometry().global_batch() &&
+      state.world_size == plan_.geometry().world_size() && state.micro_batch < plan_.geometry().micro_batch()) {
+    use_geometry(BatchGeometry::from_accumulation(state.micro_batch, state.accumulation_steps, state.world_size));
+    micro_batch_from_oom_recovery_ = true;
+  }
   const auto& g = plan_.geometry();
   GA_CHECK(state.global_batch == g.global_batch(),
            "checkpoint: it was saved with global batch {} and this run has {}", state.global_batch,
@@ -192,6 +231,7 @@ TrainingState Trainer::state_at(const TrainingPosition& position) const {
   state.accumulation_steps = g.accumulation_steps();
   state.world_size = g.world_size();
   state.global_batch = g.global_batch();
+  state.micro_batch_from_oom_recovery = micro_batch_from_oom_recovery_;
   if (scaler_) state.loss_scaler = scaler_->state();
   return state;
 }
@@ -234,6 +274,9 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   // nodes hold outside their saved variables alive until the window ends
   // (+96 MB peak RSS on the 3.4M GPT, bench/lm_throughput).
   std::vector<torch::Tensor> micro_sums;
+  bool out_of_memory = false;  // on this rank, in this window (oom_recovery)
+  std::string oom_message;
+  int64_t oom_bytes = 0;
   // deterministic_accumulation: each micro-step's gradient is kept apart and added in the
   // canonical tree over this rank's N slots (canonical_sum.h); .grad starts empty for each.
   const int64_t slots = plan_.geometry().accumulation_steps();
@@ -263,21 +306,40 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
     const auto fetch_start = Clock::now();
     const auto indices = window.micro_batch(s, rank);
     sync_.before_backward(last);  // communication only on the last micro-step
-    if (indices.size(0) > 0) {  // a rank may have no samples left in a partial window
-      auto batch = fetch(indices);
-      data_time += seconds_since(fetch_start);
-      LossSum micro;
-      {
-        AutocastScope autocast(options_.mixed_precision, options_.device);
-        micro = model_.loss(batch);
+    bool computed = false;
+    // A rank may have no samples left in a partial window; one that ran out of memory computes
+    // nothing more in this window but still takes part in its collectives.
+    if (indices.size(0) > 0 && !out_of_memory) {
+      try {
+        auto batch = fetch(indices);
+        data_time += seconds_since(fetch_start);
+        LossSum micro;
+        {
+          AutocastScope autocast(options_.mixed_precision, options_.device);
+          micro = model_.loss(batch);
+        }
+        auto objective = normalizer_.objective(micro);
+        if (scaler_) objective = objective * loss_multiplier;
+        objective.backward();
+        micro_sums.push_back(micro.sum.detach());
+        micro_items.push_back(micro.count.detach().to(torch::kDouble));
+        if (tree) tree->add(take_gradients());
+        computed = true;
+      } catch (const std::exception& e) {
+        if (!options_.oom_recovery || !is_out_of_memory(e)) throw;
+        const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+        const std::string message = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+        out_of_memory = true;
+        oom_message = fmt::format("micro-step {} of {} with micro-batch {}: {}", s, window.micro_steps(),
+                                  indices.size(0), message.substr(0, message.find('\n')));
+        oom_bytes = requested_bytes(message);
+        if (sync_.world_size() == 1) {
+          take_gradients();  // the window's partial sums are dropped; it is trained again
+          throw WindowOutOfMemory(oom_message, oom_bytes);
+        }
       }
-      micro_sums.push_back(micro.sum.detach());
-      micro_items.push_back(micro.count.detach().to(torch::kDouble));
-      auto objective = normalizer_.objective(micro);
-      if (scaler_) objective = objective * loss_multiplier;
-      objective.backward();
-      if (tree) tree->add(take_gradients());
-    } else {
+    }
+    if (!computed) {
       micro_sums.emplace_back();
       micro_items.push_back(torch::zeros({}, torch::TensorOptions(torch::kDouble).device(options_.device)));
       if (tree) tree->skip();
@@ -311,12 +373,22 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
                                                 : torch::zeros({steps_in_window}, local.options());
   auto per_rank = torch::zeros({world}, local.options());
   per_rank.narrow(0, rank, 1).copy_(local.narrow(0, 1, 1));
-  auto totals = torch::cat(
-      {local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options()), per_micro_step, per_rank});
+  auto totals = torch::cat({local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options()),
+                            torch::full({1}, out_of_memory ? 1.0 : 0.0, local.options()), per_micro_step,
+                            per_rank});
   const int64_t accounted = totals.numel();
   if (slot_totals.defined()) totals = torch::cat({totals, slot_totals.to(local.options())});
   sync_.finish_window(totals);
   if (may_stop_inside) agreement_->window_finished(window_id);
+  if (options_.oom_recovery && sync_.world_size() > 1) {
+    // Whether any rank ran out of memory, known to every rank before anything steps: the one
+    // read this costs per window (a device-to-host copy of one value on a GPU).
+    const auto flag = totals.narrow(0, 4, 1).to(torch::kCPU);
+    if (flag.accessor<double, 1>()[0] > 0.0) {
+      take_gradients();
+      throw WindowOutOfMemory(out_of_memory ? oom_message : "another rank ran out of memory", oom_bytes);
+    }
+  }
   if (slot_totals.defined()) {
     // The window's loss sum and count in the canonical tree, in place of the ranks' running totals.
     const int64_t all = slot_totals.numel() / 2;
@@ -369,9 +441,9 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.weight_norm = v[4];
   stop_agreed_ = v[5] > 0.0;
   record.step = steps_->step();
-  // figures: 5 step values, the stop flag, steps_in_window micro-step items, world rank items,
-  // then the gradient flow.
-  const int64_t accounting = 6;
+  // figures: 5 step values, the stop and out-of-memory flags, steps_in_window micro-step items,
+  // world rank items, then the gradient flow.
+  const int64_t accounting = 7;
   if (micro_items_known) {
     for (int64_t s = 0; s < steps_in_window; ++s) {
       record.micro_step_items.push_back(std::llround(v[accounting + s]));
@@ -394,6 +466,8 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.epoch = window.epoch();
   record.samples = window.size();
   record.micro_steps = window.micro_steps();
+  record.micro_batch_size = plan_.geometry().micro_batch();
+  record.gradient_accumulation_steps = plan_.geometry().accumulation_steps();
   record.world_size = sync_.world_size();
   record.allreduce_calls = sync_.allreduce_calls();
   record.allreduce_bytes = sync_.allreduce_bytes();
@@ -435,7 +509,16 @@ TrainSummary Trainer::run() {
       const auto window = plan_.carries() ? plan_.carried_window(pos.window, stream_epochs)
                                           : plan_.window(permutation, pos.epoch, pos.window);
       PartialWindow partial;
-      auto outcome = run_window(window, pos.micro_step, hook_ != nullptr ? &partial : nullptr);
+      std::optional<StepRecord> outcome;
+      try {
+        outcome = run_window(window, pos.micro_step, hook_ != nullptr ? &partial : nullptr);
+      } catch (const WindowOutOfMemory& oom) {
+        // The same window again, from its first micro-step, in smaller micro-batches.
+        shrink_micro_batch(oom, steps_->step() + 1);
+        pos.micro_step = 0;
+        resume_partial_ = PartialWindow{};
+        continue;
+      }
       if (!outcome) {  // stopped inside the window: save it as it is
         auto state = state_at(pos);
         state.position.micro_step = stopped_after_;

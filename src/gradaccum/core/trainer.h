@@ -15,6 +15,7 @@
 #include "gradaccum/core/grad_sync.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/mixed_precision.h"
+#include "gradaccum/core/out_of_memory.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/stop_agreement.h"
 #include "gradaccum/core/trainable.h"
@@ -61,6 +62,10 @@ struct TrainerOptions {
   // apart and added in the canonical tree, ranks reduced in the same tree. A stop request waits
   // for the window's end (the tree's partial sums are not checkpointed).
   bool deterministic_accumulation = false;
+  // A window whose micro-step runs out of memory is trained again with half the micro-batch and
+  // twice the micro-steps (out_of_memory.h). With several ranks, the ranks learn of it from the
+  // window's totals: one more device-to-host read per optimizer step on a GPU.
+  bool oom_recovery = true;
   torch::ScalarType dtype = torch::kFloat;
   torch::Device device = torch::kCPU;
   // bf16 / fp16 autocast of the forward and the loss (mixed_precision.h);
@@ -153,6 +158,12 @@ class Trainer {
   // deterministic_accumulation: this micro-step's gradients, taken out of .grad (which is then
   // empty for the next micro-step's backward).
   std::vector<torch::Tensor> take_gradients();
+  // After a window ran out of memory: continues with a smaller micro-batch (out_of_memory.h),
+  // or throws gradaccum::Error when it is 1 already.
+  void shrink_micro_batch(const WindowOutOfMemory& oom, int64_t step);
+  // The decomposition in use: the plan's, smaller than the options' after an OOM.
+  void use_geometry(const BatchGeometry& geometry);
+  bool micro_batch_from_oom_recovery_ = false;
 };
 
 }  // namespace gradaccum::core

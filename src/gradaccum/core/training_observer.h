@@ -38,6 +38,8 @@ struct StepRecord {
   std::string loss_normalization;
   int64_t samples = 0;
   int64_t micro_steps = 0;
+  int64_t micro_batch_size = 0;             // b in use (smaller than configured after an OOM)
+  int64_t gradient_accumulation_steps = 0;  // N in use
   bool skipped = false;      // parameters not updated (non-finite loss, or fp16 overflow)
   double loss_scale = 0.0;   // fp16: the loss scale of this window; 0 otherwise
   double time_s = 0.0;       // since the start of training
@@ -57,6 +59,14 @@ struct GradFlowRecord {
   int64_t step = 0;  // the optimizer step whose gradient this is (1-based)
   std::vector<std::string> names;  // the parameters' module names
   std::vector<double> mean_abs, max_abs, zero_fraction;
+};
+
+// A window ran out of memory and is trained again with a smaller micro-batch (out_of_memory.h).
+struct MicroBatchChange {
+  int64_t step = 0;  // the optimizer step the window becomes
+  int64_t from_micro_batch = 0, from_accumulation = 0;
+  int64_t to_micro_batch = 0, to_accumulation = 0;
+  int64_t requested_bytes = 0;  // the failed allocation on this rank (0: unknown or another rank's)
 };
 
 struct EvalRecord {
@@ -90,6 +100,8 @@ class TrainingObserver {
   virtual void on_eval(const EvalRecord&) {}
   // Every grad_flow_steps optimizer steps (TrainerOptions), before that step's on_step.
   virtual void on_grad_flow(const GradFlowRecord&) {}
+  // Before the window that ran out of memory is trained again.
+  virtual void on_micro_batch_change(const MicroBatchChange&) {}
   virtual void on_end(const TrainSummary&) {}
 };
 
@@ -105,6 +117,9 @@ class ObserverList final : public TrainingObserver {
   void on_step(const StepRecord& r) override { for (auto* o : observers_) o->on_step(r); }
   void on_eval(const EvalRecord& r) override { for (auto* o : observers_) o->on_eval(r); }
   void on_grad_flow(const GradFlowRecord& r) override { for (auto* o : observers_) o->on_grad_flow(r); }
+  void on_micro_batch_change(const MicroBatchChange& c) override {
+    for (auto* o : observers_) o->on_micro_batch_change(c);
+  }
   void on_end(const TrainSummary& s) override { for (auto* o : observers_) o->on_end(s); }
 
  private:

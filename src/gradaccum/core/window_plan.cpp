@@ -73,7 +73,12 @@ uint64_t WindowPlan::epoch_seed(uint64_t seed, int64_t epoch) {
 }
 
 torch::Tensor WindowPlan::permutation(int64_t epoch) const {
-  if (order_ == SampleOrder::sequential) return torch::arange(dataset_size_, torch::kLong);
+  if (order_ == SampleOrder::sequential || (order_ == SampleOrder::longest_first && !order_lengths_.defined())) {
+    return torch::arange(dataset_size_, torch::kLong);
+  }
+  if (order_ == SampleOrder::longest_first) {
+    return std::get<1>(order_lengths_.sort(/*stable=*/true, 0, /*descending=*/true));
+  }
   auto generator = at::detail::createCPUGenerator(epoch_seed(seed_, epoch));
   return torch::randperm(dataset_size_, generator, torch::TensorOptions().dtype(torch::kLong));
 }
@@ -125,6 +130,18 @@ Window WindowPlan::carried_window(int64_t g, int64_t epochs) const {
     at += take;
   }
   return make_window(epoch_of_carried_window(g), g, pieces.size() == 1 ? pieces.front() : torch::cat(pieces));
+}
+
+void WindowPlan::set_geometry(const BatchGeometry& geometry) {
+  GA_CHECK(geometry.global_batch() == geometry_.global_batch() && geometry.world_size() == geometry_.world_size(),
+           "set_geometry: {} is not a decomposition of {}", geometry.to_string(), geometry_.to_string());
+  geometry_ = geometry;
+}
+
+void WindowPlan::order_by_length(torch::Tensor lengths) {
+  GA_CHECK(lengths.dim() == 1 && lengths.size(0) == dataset_size_, "order_by_length: {} lengths for {} samples",
+           lengths.numel(), dataset_size_);
+  order_lengths_ = std::move(lengths);
 }
 
 void WindowPlan::group_by_length(torch::Tensor lengths) {

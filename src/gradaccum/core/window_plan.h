@@ -31,7 +31,9 @@ enum class LastWindow { partial, drop, carry };
 // The order of the samples in each epoch (HF's train_sampling_strategy):
 // a seeded permutation, or the dataset's own order (to replay a fixed
 // sequence of batches, e.g. against another trainer reading the same file).
-enum class SampleOrder { random, sequential };
+// longest_first: the samples by length, longest first, in every epoch (ties in stored order):
+// the first windows are the worst case for memory, which is what `gradaccum plan` probes.
+enum class SampleOrder { random, sequential, longest_first };
 
 // Which rank and micro-step get chunk c of a window (the window's samples cut into chunks of b).
 enum class ChunkOrder {
@@ -112,6 +114,11 @@ class WindowPlan {
   // accumulation stays exact; it differs from HF's group_by_length, which
   // sorts across mega-batches and so changes the windows themselves.
   void group_by_length(torch::Tensor lengths);
+  // The samples' lengths for SampleOrder::longest_first (int64 [n]).
+  void order_by_length(torch::Tensor lengths);
+  // Another decomposition of the same global batch (out-of-memory recovery): later windows are
+  // cut into its micro-batches; which samples form a window does not change.
+  void set_geometry(const BatchGeometry& geometry);
   // How windows hand their chunks to ranks and micro-steps (default interleaved).
   void set_chunk_order(ChunkOrder order) { chunk_order_ = order; }
 
@@ -126,6 +133,7 @@ class WindowPlan {
   const torch::Tensor& cached_permutation(int64_t epoch) const;
 
   torch::Tensor lengths_;  // undefined: no grouping
+  torch::Tensor order_lengths_;  // longest_first's lengths; undefined: the stored order
   ChunkOrder chunk_order_ = ChunkOrder::interleaved;
   mutable std::vector<std::pair<int64_t, torch::Tensor>> permutations_;  // carry: the last two
 };

@@ -182,6 +182,7 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
         {"position", position_json(c.state.position)},
         {"micro_batch", c.state.micro_batch},
         {"accumulation_steps", c.state.accumulation_steps},
+        {"micro_batch_from_oom_recovery", c.state.micro_batch_from_oom_recovery},
         {"world_size", c.state.world_size},
         {"global_batch", c.state.global_batch},
         {"loss_scaler", c.state.loss_scaler
@@ -321,6 +322,8 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   }
   loaded.state.micro_batch = field<int64_t>(ts, "micro_batch", ts_what);
   loaded.state.accumulation_steps = field<int64_t>(ts, "accumulation_steps", ts_what);
+  // Absent in checkpoints written before OOM recovery existed.
+  loaded.state.micro_batch_from_oom_recovery = ts.value("micro_batch_from_oom_recovery", false);
   loaded.state.world_size = field<int64_t>(ts, "world_size", ts_what);
   loaded.state.global_batch = field<int64_t>(ts, "global_batch", ts_what);
   loaded.seed = field<uint64_t>(ts, "seed", ts_what);

@@ -85,7 +85,7 @@ gradient_checkpointing: false     # GPT-2/BLOOM: recompute block activations in 
 loss_chunk_tokens: 0              # causal LMs: the fused LM head + loss works on chunks of this many tokens (0 = automatic, ~64 MiB of logits; 512 MiB on a GPU)
 loss_normalization: window        # window (exact mean) | sum | micro_batch (naive)
 last_window: partial              # partial | drop | carry (into the next epoch's first window)
-train_sampling_strategy: random   # random (a seeded permutation per epoch) | sequential (the data's order)
+train_sampling_strategy: random   # random (a seeded permutation per epoch) | sequential (the data's order) | longest_first (memory probes)
 logging_steps: 1
 report_to: none                   # none | tensorboard | [tensorboard]: TensorBoard event files in logging_dir
 logging_dir: ""                   # "" = <output_dir>/runs
@@ -101,6 +101,7 @@ ddp_bucket_cap_mb: 25             # gradient all-reduce bucket size
 sync_each_micro_step: false       # true: all-reduce every micro-step (comparison only)
 zero_stage: 0                     # 1: shard optimizer state across ranks (ZeRO-1)
 deterministic_accumulation: false # true: for a fixed b, bit-identical gradients for every N x W (W a power of two)
+oom_recovery: true                # a window that runs out of memory is trained again at half the micro-batch, twice the steps
 )";
   return yaml;
 }
@@ -319,8 +320,22 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   require(c.data.train_limit >= 0, "data.train_limit", ">= 0 (0 = all)", std::to_string(c.data.train_limit));
   c.data.eval_limit = get_int(root, "data.eval_limit");
 
+  // `auto`: the decomposition of global_batch_size is planned at start-up (cli/plan_command.h).
+  for (const char* key : {"per_device_train_batch_size", "gradient_accumulation_steps"}) {
+    if (root[key] && root[key].IsScalar() && root[key].Scalar() == "auto") {
+      c.plan_decomposition = true;
+      root[key] = 1;
+    }
+  }
+  if (c.plan_decomposition) {
+    GA_CHECK(root["global_batch_size"] && root["global_batch_size"].IsScalar() &&
+                 root["global_batch_size"].Scalar() != "0",
+             "key 'per_device_train_batch_size': auto plans a decomposition of global_batch_size; set "
+             "global_batch_size (> 0)");
+    root["gradient_accumulation_steps"] = 1;
+  }
   t.per_device_train_batch_size = get_int(root, "per_device_train_batch_size");
-  require(t.per_device_train_batch_size >= 1, "per_device_train_batch_size", ">= 1",
+  require(t.per_device_train_batch_size >= 1, "per_device_train_batch_size", ">= 1 (or auto)",
           std::to_string(t.per_device_train_batch_size));
   t.per_device_eval_batch_size = get_int(root, "per_device_eval_batch_size");
   require(t.per_device_eval_batch_size >= 1, "per_device_eval_batch_size", ">= 1",
@@ -395,9 +410,10 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   t.last_window = last_window == "partial" ? core::LastWindow::partial
                   : last_window == "drop"  ? core::LastWindow::drop
                                            : core::LastWindow::carry;
-  t.sample_order = one_of(root, "train_sampling_strategy", {"random", "sequential"}) == "random"
-                       ? core::SampleOrder::random
-                       : core::SampleOrder::sequential;
+  const auto order = one_of(root, "train_sampling_strategy", {"random", "sequential", "longest_first"});
+  t.sample_order = order == "random"       ? core::SampleOrder::random
+                   : order == "sequential" ? core::SampleOrder::sequential
+                                           : core::SampleOrder::longest_first;
   c.logging_steps = get_int(root, "logging_steps");
   require(c.logging_steps >= 1, "logging_steps", ">= 1", std::to_string(c.logging_steps));
   {
@@ -440,6 +456,7 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   c.zero_stage = get_int(root, "zero_stage");
   require(c.zero_stage == 0 || c.zero_stage == 1, "zero_stage", "0 or 1", std::to_string(c.zero_stage));
   t.deterministic_accumulation = get_bool(root, "deterministic_accumulation");
+  t.oom_recovery = get_bool(root, "oom_recovery");
   if (t.deterministic_accumulation) {
     GA_CHECK(t.loss_normalization != core::LossNormalization::micro_batch,
              "key 'deterministic_accumulation': needs loss_normalization window or sum, not micro_batch");

@@ -41,6 +41,9 @@ struct SampleConfig {
 
 struct TrainConfig {
   std::string output_dir;
+  // per_device_train_batch_size or gradient_accumulation_steps is `auto`: `gradaccum train` plans
+  // b × N of global_batch_size before it starts (cli/plan_command.h); until then b is 1.
+  bool plan_decomposition = false;
   int64_t threads = 0;  // 0: all cores
   std::string dtype = "float32";
   std::string device = "cpu";

@@ -61,6 +61,8 @@ nlohmann::json MetricsWriter::to_json(const core::StepRecord& r, bool items_are_
       {"items", r.items},
       {"samples", r.samples},
       {"micro_steps", r.micro_steps},
+      {"micro_batch_size", r.micro_batch_size},
+      {"gradient_accumulation_steps", r.gradient_accumulation_steps},
       {"skipped", r.skipped},
       {"time_s", r.time_s},
       {"step_time_s", r.step_time_s},
@@ -105,6 +107,8 @@ void MetricsWriter::write_line(const nlohmann::json& line) {
 void MetricsWriter::on_start(const core::RunInfo& info) { info_ = info; }
 
 void MetricsWriter::on_step(const core::StepRecord& record) {
+  last_micro_batch_ = record.micro_batch_size;
+  last_accumulation_ = record.gradient_accumulation_steps;
   write_line(to_json(record, items_are_tokens_));
 }
 
@@ -121,14 +125,16 @@ void MetricsWriter::on_end(const core::TrainSummary& s) {
       {"samples_per_s", s.samples_per_s},
       {"items_per_s", s.items_per_s},
       {"peak_rss_mb", peak_rss_mb()},
-      {"micro_batch", info_.geometry.micro_batch()},
-      {"gradient_accumulation_steps", info_.geometry.accumulation_steps()},
+      // The decomposition of the last step: smaller than the configured one after an OOM.
+      {"micro_batch", last_micro_batch_ > 0 ? last_micro_batch_ : info_.geometry.micro_batch()},
+      {"gradient_accumulation_steps", last_accumulation_ > 0 ? last_accumulation_ : info_.geometry.accumulation_steps()},
       {"world_size", info_.geometry.world_size()},
       {"global_batch_size", info_.geometry.global_batch()},
       {"parameters", info_.parameters},
       {"preempted", s.preempted},
   };
   if (items_are_tokens_) j["tokens_per_s"] = s.items_per_s;
+  if (const double device_mb = peak_cuda_mb(); device_mb > 0.0) j["peak_device_mb"] = device_mb;
   if (s.has_eval) {
     const auto eval = to_json(s.eval);
     for (const auto& [key, value] : eval.items()) {

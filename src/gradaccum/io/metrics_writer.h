@@ -34,6 +34,7 @@ class MetricsWriter final : public core::TrainingObserver {
   bool items_are_tokens_;
   std::ofstream metrics_;
   core::RunInfo info_{core::BatchGeometry::from_accumulation(1, 1)};
+  int64_t last_micro_batch_ = 0, last_accumulation_ = 0;  // of the last step written
 };
 
 // Writes `text` to `path` through a temporary file and a rename, so a reader

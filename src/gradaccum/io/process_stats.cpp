@@ -2,12 +2,32 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
+
+#ifdef GRADACCUM_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace gradaccum::io {
 
 double peak_rss_mb() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+double peak_cuda_mb() {
+  double peak = 0.0;
+#ifdef GRADACCUM_WITH_CUDA
+  if (!c10::cuda::CUDACachingAllocator::get()->initialized()) return 0.0;
+  for (c10::DeviceIndex d = 0; d < c10::cuda::device_count(); ++d) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d);
+    const auto bytes = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    peak = std::max(peak, static_cast<double>(bytes) / (1024.0 * 1024.0));
+  }
+#endif
+  return peak;
 }
 
 }  // namespace gradaccum::io

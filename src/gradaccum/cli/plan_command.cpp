@@ -1,0 +1,190 @@
+#include "gradaccum/cli/plan_command.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "gradaccum/core/check.h"
+#include "gradaccum/io/config.h"
+
+namespace gradaccum::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// MemAvailable of /proc/meminfo in MB (0 when unreadable).
+double available_mb() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) return std::stod(line.substr(13)) / 1024.0;  // kB
+  }
+  return 0.0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// One probe: the program in a child process, b × n for `steps` steps, longest samples first.
+PlanCandidate probe(const PlanArgs& args, int64_t b, int64_t n, const fs::path& dir, bool cuda) {
+  PlanCandidate c;
+  c.micro_batch = b;
+  c.accumulation = n;
+  const auto out = dir / fmt::format("b{}", b);
+  std::string command = shell_quoted(fs::read_symlink("/proc/self/exe").string()) + " train";
+  if (!args.config_path.empty()) command += " " + shell_quoted(args.config_path);
+  for (const auto& o : args.overrides) command += " --set " + shell_quoted(o);
+  for (const std::string o : {fmt::format("per_device_train_batch_size={}", b),
+                              fmt::format("gradient_accumulation_steps={}", n), std::string("global_batch_size=0"),
+                              fmt::format("max_steps={}", args.steps), std::string("save_steps=0"),
+                              std::string("eval_steps=0"), std::string("data.eval_limit=-1"),
+                              std::string("train_sampling_strategy=longest_first"), std::string("oom_recovery=false"),
+                              std::string("report_to=none"), std::string("grad_flow_steps=0"),
+                              std::string("sample.prompt="), "output_dir=" + out.string()}) {
+    command += " --set " + shell_quoted(o);
+  }
+  command += " > " + shell_quoted((dir / fmt::format("b{}.out", b)).string()) + " 2> " +
+             shell_quoted((dir / fmt::format("b{}.err", b)).string()) + " < /dev/null";
+  const int status = std::system(command.c_str());
+  if (status != 0) {
+    std::string err = read_text(dir / fmt::format("b{}.err", b));
+    while (!err.empty() && err.back() == '\n') err.pop_back();
+    c.error = err.substr(err.rfind('\n') == std::string::npos ? 0 : err.rfind('\n') + 1);
+    if (c.error.empty()) c.error = fmt::format("exit status {}", status);
+    return c;
+  }
+  const auto summary = nlohmann::json::parse(read_text(out / "summary.json"), nullptr, false);
+  GA_CHECK(summary.is_object(), "plan: the probe of micro-batch {} wrote no summary.json in {}", b, out.string());
+  c.peak_mb = cuda ? summary.value("peak_device_mb", 0.0) : summary.value("peak_rss_mb", 0.0);
+  std::vector<double> times;
+  std::ifstream metrics(out / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step_time_s") && j.value("step", 0) > 1) times.push_back(j["step_time_s"]);
+  }
+  const double step_s = median(times);
+  c.samples_per_s = step_s > 0.0 ? static_cast<double>(b * n) / step_s : 0.0;
+  return c;
+}
+
+}  // namespace
+
+double parse_memory_mb(const std::string& text) {
+  static const std::regex size(R"(\s*([0-9]+(\.[0-9]+)?)\s*(|M|MB|MiB|G|GB|GiB)\s*)");
+  std::smatch m;
+  GA_CHECK(std::regex_match(text, m, size), "--memory: '{}' is not a size (e.g. 6000, 6000M, 8G)", text);
+  const double value = std::stod(m[1].str());
+  const std::string unit = m[3].str();
+  const double mb = unit.empty() || unit[0] == 'M' ? value : value * 1024.0;
+  GA_CHECK(mb > 0.0, "--memory: '{}' is not a positive size", text);
+  return mb;
+}
+
+Plan make_plan(const PlanArgs& args, bool quiet) {
+  GA_CHECK(args.steps >= 2, "--steps must be >= 2 (the first step is not timed), got {}", args.steps);
+  const auto config = io::load_config(args.config_path, args.overrides);
+  const bool cuda = config.trainer.device.is_cuda();
+  Plan plan;
+  plan.global_batch = args.global_batch > 0 ? args.global_batch : config.trainer.geometry(1).global_batch();
+  plan.memory_kind = cuda ? "CUDA peak allocated" : "peak RSS";
+  plan.limit_mb = args.memory.empty() ? 0.9 * available_mb() : parse_memory_mb(args.memory);
+  GA_CHECK(plan.limit_mb > 0.0, "plan: cannot read the available memory from /proc/meminfo; give --memory");
+  GA_CHECK(!cuda || !args.memory.empty(), "plan: with device: cuda give --memory (the GPU's memory to use)");
+
+  const fs::path dir = fs::temp_directory_path() / fmt::format("gradaccum-plan-{}", getpid());
+  fs::create_directories(dir);
+  if (!quiet) {
+    fmt::print("plan: global batch {} (unchanged), memory limit {:.0f} MB of {}, {} steps per probe, longest samples first\n",
+               plan.global_batch, plan.limit_mb, plan.memory_kind, args.steps);
+    fmt::print("{:>6} {:>6} {:>12} {:>12}  {}\n", "b", "N", "peak MB", "samples/s", "");
+  }
+  for (int64_t b = 1; b <= plan.global_batch; ++b) {
+    if (plan.global_batch % b != 0) continue;
+    auto c = probe(args, b, plan.global_batch / b, dir, cuda);
+    c.fits = c.error.empty() && c.peak_mb <= plan.limit_mb;
+    if (!quiet) {
+      if (!c.error.empty()) {
+        fmt::print("{:>6} {:>6} {:>12} {:>12}  failed: {}\n", b, c.accumulation, "-", "-", c.error);
+      } else {
+        fmt::print("{:>6} {:>6} {:>12.0f} {:>12.1f}  {}\n", b, c.accumulation, c.peak_mb, c.samples_per_s,
+                   c.fits ? "fits" : "over the limit");
+      }
+      std::fflush(stdout);
+    }
+    plan.candidates.push_back(c);
+    if (!c.fits) break;  // a larger micro-batch needs more
+  }
+  std::error_code ignored;
+  fs::remove_all(dir, ignored);
+
+  double fastest = 0.0;
+  for (const auto& c : plan.candidates) {
+    if (c.fits) fastest = std::max(fastest, c.samples_per_s);
+  }
+  for (const auto& c : plan.candidates) {
+    if (c.fits && c.samples_per_s >= 0.95 * fastest) plan.choice = c;  // the largest b among the fastest
+  }
+  return plan;
+}
+
+int run_plan(const PlanArgs& args) {
+  const auto plan = make_plan(args, args.json);
+  if (args.json) {
+    nlohmann::json candidates = nlohmann::json::array();
+    for (const auto& c : plan.candidates) {
+      nlohmann::json j = {{"micro_batch", c.micro_batch}, {"gradient_accumulation_steps", c.accumulation},
+                          {"peak_mb", c.peak_mb},         {"samples_per_s", c.samples_per_s},
+                          {"fits", c.fits}};
+      if (!c.error.empty()) j["error"] = c.error;
+      candidates.push_back(j);
+    }
+    nlohmann::json choice = nullptr;
+    if (plan.choice) {
+      choice = {{"per_device_train_batch_size", plan.choice->micro_batch},
+                {"gradient_accumulation_steps", plan.choice->accumulation}};
+    }
+    fmt::print("{}\n", nlohmann::json{{"global_batch", plan.global_batch},
+                                      {"limit_mb", plan.limit_mb},
+                                      {"memory", plan.memory_kind},
+                                      {"candidates", candidates},
+                                      {"choice", choice}}
+                           .dump());
+  } else if (plan.choice) {
+    fmt::print("choice: per_device_train_batch_size={} gradient_accumulation_steps={} (global batch {}, peak {:.0f} MB of {:.0f})\n",
+               plan.choice->micro_batch, plan.choice->accumulation, plan.global_batch, plan.choice->peak_mb,
+               plan.limit_mb);
+  }
+  if (!plan.choice) {
+    const auto& first = plan.candidates.front();
+    const std::string need = first.error.empty() ? fmt::format("micro-batch 1 needs {:.0f} MB", first.peak_mb)
+                                                 : fmt::format("micro-batch 1 failed: {}", first.error);
+    fmt::print(stderr, "gradaccum: error: no micro-batch of global batch {} fits in {:.0f} MB: {} (the global batch is not changed)\n",
+               plan.global_batch, plan.limit_mb, need);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace gradaccum::cli
