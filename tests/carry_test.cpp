@@ -74,11 +74,7 @@ const std::string kCarry =
     "--set last_window=carry --set grad_flow_steps=0 --set global_batch_size=32";
 
 std::vector<nlohmann::json> steps_of(const std::string& dir) {
-  std::vector<nlohmann::json> steps;
-  for (const auto& j : read_jsonl(dir + "/metrics.jsonl")) {
-    if (j.contains("loss")) steps.push_back(j);
-  }
-  return steps;
+  return gradaccum::testing::step_records(dir + "/metrics.jsonl");
 }
 
 TEST(CarryRuns, DecompositionsAgreeAndEpochsAreCarried) {
