@@ -76,6 +76,12 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
              "deterministic_accumulation: needs loss_normalization window or sum, not micro_batch");
     plan_.set_chunk_order(ChunkOrder::contiguous);
   }
+  if (const auto lengths = train_data_.sample_lengths(); lengths.defined()) {
+    plan_.set_lengths(lengths);  // the padding figures of every window
+    plan_.set_token_budget(options_.max_tokens_per_micro_batch, lengths);
+  } else {
+    plan_.set_token_budget(options_.max_tokens_per_micro_batch, torch::Tensor());
+  }
   if (options_.sample_order == SampleOrder::longest_first) {
     // Samples without a length (images) are all alike: the stored order is as bad as any.
     if (const auto lengths = train_data_.sample_lengths(); lengths.defined()) plan_.order_by_length(lengths);
@@ -120,6 +126,9 @@ void Trainer::use_geometry(const BatchGeometry& geometry) {
 }
 
 void Trainer::shrink_micro_batch(const WindowOutOfMemory& oom, int64_t step) {
+  GA_CHECK(options_.max_tokens_per_micro_batch == 0,
+           "out of memory at optimizer step {} with max_tokens_per_micro_batch {}: lower it ({})", step,
+           options_.max_tokens_per_micro_batch, oom.what());
   const auto from = plan_.geometry();
   const auto to = smaller_micro_batch(from);
   GA_CHECK(to.has_value(), "out of memory at optimizer step {} with a micro-batch of 1 sample{}: {}", step,
@@ -467,6 +476,8 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.samples = window.size();
   record.micro_steps = window.micro_steps();
   record.micro_batch_size = plan_.geometry().micro_batch();
+  record.padded_tokens = window.padded_tokens();
+  record.sample_tokens = window.sample_tokens();
   record.gradient_accumulation_steps = plan_.geometry().accumulation_steps();
   record.world_size = sync_.world_size();
   record.allreduce_calls = sync_.allreduce_calls();

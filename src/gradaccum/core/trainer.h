@@ -66,6 +66,9 @@ struct TrainerOptions {
   // twice the micro-steps (out_of_memory.h). With several ranks, the ranks learn of it from the
   // window's totals: one more device-to-host read per optimizer step on a GPU.
   bool oom_recovery = true;
+  // > 0: each window's samples are cut into micro-batches of at most this many padded tokens
+  // instead of b rows (WindowPlan::set_token_budget): N varies per window, memory follows K.
+  int64_t max_tokens_per_micro_batch = 0;
   torch::ScalarType dtype = torch::kFloat;
   torch::Device device = torch::kCPU;
   // bf16 / fp16 autocast of the forward and the loss (mixed_precision.h);

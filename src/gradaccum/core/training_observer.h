@@ -40,6 +40,8 @@ struct StepRecord {
   int64_t micro_steps = 0;
   int64_t micro_batch_size = 0;             // b in use (smaller than configured after an OOM)
   int64_t gradient_accumulation_steps = 0;  // N in use
+  int64_t padded_tokens = 0;  // the window's micro-batches as padded (0: samples without length)
+  int64_t sample_tokens = 0;  // the tokens its samples hold
   bool skipped = false;      // parameters not updated (non-finite loss, or fp16 overflow)
   double loss_scale = 0.0;   // fp16: the loss scale of this window; 0 otherwise
   double time_s = 0.0;       // since the start of training

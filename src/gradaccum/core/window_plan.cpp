@@ -2,6 +2,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include "gradaccum/core/check.h"
 
 namespace gradaccum::core {
@@ -19,6 +22,47 @@ Window::Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchG
                                                    : std::min(chunks, geometry_.accumulation_steps());
 }
 
+namespace {
+// Rows × longest over consecutive chunks of b (the padding of the plain cut).
+int64_t padded_in_chunks_of(const std::vector<int64_t>& lengths, int64_t b) {
+  int64_t padded = 0;
+  for (size_t begin = 0; begin < lengths.size(); begin += static_cast<size_t>(b)) {
+    const size_t end = std::min(lengths.size(), begin + static_cast<size_t>(b));
+    padded += static_cast<int64_t>(end - begin) * *std::max_element(lengths.begin() + begin, lengths.begin() + end);
+  }
+  return padded;
+}
+
+std::vector<int64_t> lengths_of(const torch::Tensor& samples, const torch::Tensor& lengths) {
+  const auto picked = lengths.index_select(0, samples).contiguous();
+  return {picked.data_ptr<int64_t>(), picked.data_ptr<int64_t>() + picked.numel()};
+}
+}  // namespace
+
+Window::Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry,
+               int64_t token_budget, const torch::Tensor& lengths)
+    : epoch_(epoch), index_(index), samples_(std::move(samples)), geometry_(geometry), order_(ChunkOrder::interleaved) {
+  GA_CHECK(token_budget > 0, "token budget {} is not positive", token_budget);
+  const auto l = lengths_of(samples_, lengths);
+  chunk_starts_.push_back(0);
+  int64_t longest = 0;
+  for (size_t i = 0; i < l.size(); ++i) {
+    const int64_t rows = static_cast<int64_t>(i) - chunk_starts_.back();
+    const int64_t with = std::max(longest, l[i]);
+    if (rows > 0 && (rows + 1) * with > token_budget) {  // close the chunk before sample i
+      padded_tokens_ += rows * longest;
+      chunk_starts_.push_back(static_cast<int64_t>(i));
+      longest = l[i];
+    } else {
+      longest = with;
+    }
+    sample_tokens_ += l[i];
+  }
+  padded_tokens_ += (static_cast<int64_t>(l.size()) - chunk_starts_.back()) * longest;
+  chunk_starts_.push_back(static_cast<int64_t>(l.size()));
+  micro_steps_ = ceil_div(static_cast<int64_t>(chunk_starts_.size()) - 1, geometry_.world_size());
+}
+
 torch::Tensor Window::micro_batch(int64_t step, int64_t rank) const {
   GA_CHECK(step >= 0 && step < micro_steps_, "micro-step {} out of range [0, {})", step,
            micro_steps_);
@@ -27,6 +71,11 @@ torch::Tensor Window::micro_batch(int64_t step, int64_t rank) const {
   const int64_t b = geometry_.micro_batch();
   const int64_t chunk =
       order_ == ChunkOrder::interleaved ? step * geometry_.world_size() + rank : slot(step, rank);
+  if (!chunk_starts_.empty()) {
+    const int64_t chunks = static_cast<int64_t>(chunk_starts_.size()) - 1;
+    if (chunk >= chunks) return samples_.slice(0, size(), size());  // this rank idles
+    return samples_.slice(0, chunk_starts_[static_cast<size_t>(chunk)], chunk_starts_[static_cast<size_t>(chunk) + 1]);
+  }
   const int64_t begin = std::min(chunk * b, size());
   const int64_t end = std::min(begin + b, size());
   return samples_.slice(0, begin, end);
@@ -98,7 +147,24 @@ Window WindowPlan::make_window(int64_t epoch, int64_t index, torch::Tensor sampl
     const auto order = std::get<1>(lengths_.index_select(0, samples).sort(/*stable=*/true, 0, /*descending=*/true));
     samples = samples.index_select(0, order);
   }
-  return Window(epoch, index, samples, geometry_, chunk_order_);
+  if (token_budget_ > 0) return Window(epoch, index, samples, geometry_, token_budget_, all_lengths_);
+  Window window(epoch, index, samples, geometry_, chunk_order_);
+  if (all_lengths_.defined()) {
+    const auto l = lengths_of(samples, all_lengths_);
+    window.set_padding(padded_in_chunks_of(l, geometry_.micro_batch()), std::accumulate(l.begin(), l.end(), int64_t{0}));
+  }
+  return window;
+}
+
+void WindowPlan::set_token_budget(int64_t tokens, torch::Tensor lengths) {
+  GA_CHECK(tokens >= 0, "key 'max_tokens_per_micro_batch': must be >= 0, got {}", tokens);
+  GA_CHECK(tokens == 0 || lengths.defined(),
+           "key 'max_tokens_per_micro_batch': needs samples with lengths (a language model's data)");
+  GA_CHECK(tokens == 0 || chunk_order_ == ChunkOrder::interleaved,
+           "key 'max_tokens_per_micro_batch': cannot be combined with deterministic_accumulation (the number of "
+           "micro-batches per rank would depend on the world size)");
+  token_budget_ = tokens;
+  if (lengths.defined()) all_lengths_ = std::move(lengths);
 }
 
 const torch::Tensor& WindowPlan::cached_permutation(int64_t epoch) const {

@@ -47,10 +47,18 @@ enum class ChunkOrder {
 // the ChunkOrder. A partial window therefore has fewer micro-steps (interleaved) or fewer
 // chunks on its later ranks (contiguous), its last chunk may be short, and a rank may get an
 // empty micro-batch.
+//
+// With a token budget K (WindowPlan::set_token_budget) the chunks are cut by tokens instead of
+// rows: in order, each chunk takes samples while its padded size (rows × its longest sample, the
+// dynamic padding of the language-model batches) stays within K; a sample longer than K is a chunk
+// of its own. Chunks go to ranks interleaved, so N varies from window to window; b is unused.
 class Window {
  public:
   Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry,
          ChunkOrder order = ChunkOrder::interleaved);
+  // Cut by a token budget: `lengths` holds every dataset sample's length.
+  Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry,
+         int64_t token_budget, const torch::Tensor& lengths);
 
   int64_t epoch() const { return epoch_; }
   int64_t index() const { return index_; }  // k within the epoch
@@ -62,6 +70,14 @@ class Window {
   // micro-step `step` under the contiguous order.
   int64_t slot(int64_t step, int64_t rank) const { return rank * geometry_.accumulation_steps() + step; }
   ChunkOrder chunk_order() const { return order_; }
+  // Tokens of the window's micro-batches as padded (rows × each chunk's longest sample) and as
+  // the samples hold them; 0 when the samples have no length.
+  int64_t padded_tokens() const { return padded_tokens_; }
+  int64_t sample_tokens() const { return sample_tokens_; }
+  void set_padding(int64_t padded_tokens, int64_t sample_tokens) {
+    padded_tokens_ = padded_tokens;
+    sample_tokens_ = sample_tokens;
+  }
   // Sample indices of rank `rank` at micro-step `step` (possibly empty).
   torch::Tensor micro_batch(int64_t step, int64_t rank = 0) const;
   // Samples rank `rank` sees in the whole window.
@@ -75,6 +91,8 @@ class Window {
   BatchGeometry geometry_;
   ChunkOrder order_;
   int64_t micro_steps_;
+  std::vector<int64_t> chunk_starts_;  // token budget: chunk c is [starts[c], starts[c + 1]); else empty
+  int64_t padded_tokens_ = 0, sample_tokens_ = 0;
 };
 
 class WindowPlan {
@@ -119,6 +137,11 @@ class WindowPlan {
   // Another decomposition of the same global batch (out-of-memory recovery): later windows are
   // cut into its micro-batches; which samples form a window does not change.
   void set_geometry(const BatchGeometry& geometry);
+  // max_tokens_per_micro_batch: windows are cut into chunks of at most `tokens` padded tokens
+  // (Window); `lengths` are the samples' lengths. 0 turns it off.
+  void set_token_budget(int64_t tokens, torch::Tensor lengths);
+  // The samples' lengths, for the padding figures of every window (no effect on the cut).
+  void set_lengths(torch::Tensor lengths) { all_lengths_ = std::move(lengths); }
   // How windows hand their chunks to ranks and micro-steps (default interleaved).
   void set_chunk_order(ChunkOrder order) { chunk_order_ = order; }
 
@@ -134,6 +157,8 @@ class WindowPlan {
 
   torch::Tensor lengths_;  // undefined: no grouping
   torch::Tensor order_lengths_;  // longest_first's lengths; undefined: the stored order
+  int64_t token_budget_ = 0;
+  torch::Tensor all_lengths_;    // every sample's length (undefined: samples without one)
   ChunkOrder chunk_order_ = ChunkOrder::interleaved;
   mutable std::vector<std::pair<int64_t, torch::Tensor>> permutations_;  // carry: the last two
 };

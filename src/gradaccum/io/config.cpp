@@ -101,6 +101,7 @@ ddp_bucket_cap_mb: 25             # gradient all-reduce bucket size
 sync_each_micro_step: false       # true: all-reduce every micro-step (comparison only)
 zero_stage: 0                     # 1: shard optimizer state across ranks (ZeRO-1)
 deterministic_accumulation: false # true: for a fixed b, bit-identical gradients for every N x W (W a power of two)
+max_tokens_per_micro_batch: 0     # > 0: cut each window into micro-batches of at most this many padded tokens (N varies)
 oom_recovery: true                # a window that runs out of memory is trained again at half the micro-batch, twice the steps
 )";
   return yaml;
@@ -457,6 +458,12 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   require(c.zero_stage == 0 || c.zero_stage == 1, "zero_stage", "0 or 1", std::to_string(c.zero_stage));
   t.deterministic_accumulation = get_bool(root, "deterministic_accumulation");
   t.oom_recovery = get_bool(root, "oom_recovery");
+  t.max_tokens_per_micro_batch = get_int(root, "max_tokens_per_micro_batch");
+  require(t.max_tokens_per_micro_batch >= 0, "max_tokens_per_micro_batch", ">= 0 (0 = b rows per micro-batch)",
+          std::to_string(t.max_tokens_per_micro_batch));
+  GA_CHECK(t.max_tokens_per_micro_batch == 0 || !t.deterministic_accumulation,
+           "key 'max_tokens_per_micro_batch': cannot be combined with deterministic_accumulation (the number of "
+           "micro-batches per rank would depend on the world size)");
   if (t.deterministic_accumulation) {
     GA_CHECK(t.loss_normalization != core::LossNormalization::micro_batch,
              "key 'deterministic_accumulation': needs loss_normalization window or sum, not micro_batch");

@@ -73,6 +73,10 @@ nlohmann::json MetricsWriter::to_json(const core::StepRecord& r, bool items_are_
   };
   if (items_are_tokens) j["tokens_per_s"] = r.items_per_s;
   if (r.loss_scale > 0.0) j["loss_scale"] = r.loss_scale;  // fp16 runs
+  if (r.padded_tokens > 0) {  // samples with lengths: what padding costs this window
+    j["padded_tokens"] = r.padded_tokens;
+    j["padding_fraction"] = 1.0 - static_cast<double>(r.sample_tokens) / static_cast<double>(r.padded_tokens);
+  }
   if (!r.loss_normalization.empty()) j["loss_normalization"] = r.loss_normalization;
   if (!r.micro_step_items.empty()) {
     const auto [low, high] = std::minmax_element(r.micro_step_items.begin(), r.micro_step_items.end());
