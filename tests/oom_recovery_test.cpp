@@ -215,7 +215,8 @@ std::vector<nlohmann::json> steps_of(const std::string& dir) {
 }
 
 TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
-  if (kAddressSanitizer) GTEST_SKIP() << "an AddressSanitizer build cannot start under RLIMIT_AS (its shadow memory)";
+  if (kAddressSanitizer) GTEST_SKIP() << "built with AddressSanitizer, which reserves terabytes of address space for its "
+                                       "shadow memory at start-up, more than any RLIMIT_AS this test sets";
   const auto dir = make_temp_dir("oom-rlimit");
   // The limit is measured here, not assumed: the least that the same run at micro-batch 4 needs
   // (25 MiB steps, without recovery), plus 50 MiB for what varies from run to run (about 100 MiB
@@ -272,7 +273,8 @@ TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
 }
 
 TEST(OomRecoveryUnderRlimit, TooLittleMemoryForOneSampleIsAOneLineError) {
-  if (kAddressSanitizer) GTEST_SKIP() << "an AddressSanitizer build cannot start under RLIMIT_AS (its shadow memory)";
+  if (kAddressSanitizer) GTEST_SKIP() << "built with AddressSanitizer, which reserves terabytes of address space for its "
+                                       "shadow memory at start-up, more than any RLIMIT_AS this test sets";
   const auto dir = make_temp_dir("oom-one");
   // The most memory under which even one sample fails: below what micro-batch 1 needs, above
   // what the program needs to start (found by stepping down from where 1 fits).

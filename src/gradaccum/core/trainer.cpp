@@ -76,18 +76,11 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
              "deterministic_accumulation: needs loss_normalization window or sum, not micro_batch");
     plan_.set_chunk_order(ChunkOrder::contiguous);
   }
-  if (const auto lengths = train_data_.sample_lengths(); lengths.defined()) {
-    plan_.set_lengths(lengths);  // the padding figures of every window
-    plan_.set_token_budget(options_.max_tokens_per_micro_batch, lengths);
-  } else {
-    plan_.set_token_budget(options_.max_tokens_per_micro_batch, torch::Tensor());
-  }
-  if (options_.sample_order == SampleOrder::longest_first) {
-    // Samples without a length (images) are all alike: the stored order is as bad as any.
-    if (const auto lengths = train_data_.sample_lengths(); lengths.defined()) plan_.order_by_length(lengths);
-  }
+  // Lengths serve the padding figures, longest_first, grouping and token budgets alike.
+  const auto lengths = train_data_.sample_lengths();
+  if (lengths.defined()) plan_.set_lengths(lengths);
+  plan_.set_token_budget(options_.max_tokens_per_micro_batch);
   if (options_.group_by_length) {
-    const auto lengths = train_data_.sample_lengths();
     GA_CHECK(lengths.defined(), "key 'data.group_by_length': this dataset's samples have no length");
     plan_.group_by_length(lengths);
   }

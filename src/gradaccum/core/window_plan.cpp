@@ -122,11 +122,12 @@ uint64_t WindowPlan::epoch_seed(uint64_t seed, int64_t epoch) {
 }
 
 torch::Tensor WindowPlan::permutation(int64_t epoch) const {
-  if (order_ == SampleOrder::sequential || (order_ == SampleOrder::longest_first && !order_lengths_.defined())) {
+  // longest_first without lengths (images): the samples are all alike, the stored order is as bad as any.
+  if (order_ == SampleOrder::sequential || (order_ == SampleOrder::longest_first && !lengths_.defined())) {
     return torch::arange(dataset_size_, torch::kLong);
   }
   if (order_ == SampleOrder::longest_first) {
-    return std::get<1>(order_lengths_.sort(/*stable=*/true, 0, /*descending=*/true));
+    return std::get<1>(lengths_.sort(/*stable=*/true, 0, /*descending=*/true));
   }
   auto generator = at::detail::createCPUGenerator(epoch_seed(seed_, epoch));
   return torch::randperm(dataset_size_, generator, torch::TensorOptions().dtype(torch::kLong));
@@ -141,30 +142,29 @@ Window WindowPlan::window(const torch::Tensor& permutation, int64_t epoch, int64
 }
 
 Window WindowPlan::make_window(int64_t epoch, int64_t index, torch::Tensor samples) const {
-  if (lengths_.defined()) {
+  if (grouped_) {
     // Longest first, ties in permutation order: micro-batches of similar
     // lengths waste less padding, and the window's set is unchanged.
     const auto order = std::get<1>(lengths_.index_select(0, samples).sort(/*stable=*/true, 0, /*descending=*/true));
     samples = samples.index_select(0, order);
   }
-  if (token_budget_ > 0) return Window(epoch, index, samples, geometry_, token_budget_, all_lengths_);
+  if (token_budget_ > 0) return Window(epoch, index, samples, geometry_, token_budget_, lengths_);
   Window window(epoch, index, samples, geometry_, chunk_order_);
-  if (all_lengths_.defined()) {
-    const auto l = lengths_of(samples, all_lengths_);
+  if (lengths_.defined()) {
+    const auto l = lengths_of(samples, lengths_);
     window.set_padding(padded_in_chunks_of(l, geometry_.micro_batch()), std::accumulate(l.begin(), l.end(), int64_t{0}));
   }
   return window;
 }
 
-void WindowPlan::set_token_budget(int64_t tokens, torch::Tensor lengths) {
+void WindowPlan::set_token_budget(int64_t tokens) {
   GA_CHECK(tokens >= 0, "key 'max_tokens_per_micro_batch': must be >= 0, got {}", tokens);
-  GA_CHECK(tokens == 0 || lengths.defined(),
+  GA_CHECK(tokens == 0 || lengths_.defined(),
            "key 'max_tokens_per_micro_batch': needs samples with lengths (a language model's data)");
   GA_CHECK(tokens == 0 || chunk_order_ == ChunkOrder::interleaved,
            "key 'max_tokens_per_micro_batch': cannot be combined with deterministic_accumulation (the number of "
            "micro-batches per rank would depend on the world size)");
   token_budget_ = tokens;
-  if (lengths.defined()) all_lengths_ = std::move(lengths);
 }
 
 const torch::Tensor& WindowPlan::cached_permutation(int64_t epoch) const {
@@ -204,16 +204,15 @@ void WindowPlan::set_geometry(const BatchGeometry& geometry) {
   geometry_ = geometry;
 }
 
-void WindowPlan::order_by_length(torch::Tensor lengths) {
-  GA_CHECK(lengths.dim() == 1 && lengths.size(0) == dataset_size_, "order_by_length: {} lengths for {} samples",
+void WindowPlan::set_lengths(torch::Tensor lengths) {
+  GA_CHECK(lengths.dim() == 1 && lengths.size(0) == dataset_size_, "sample lengths: {} lengths for {} samples",
            lengths.numel(), dataset_size_);
-  order_lengths_ = std::move(lengths);
+  lengths_ = lengths.to(torch::kLong).contiguous();
 }
 
 void WindowPlan::group_by_length(torch::Tensor lengths) {
-  GA_CHECK(lengths.dim() == 1 && lengths.size(0) == dataset_size_,
-           "group_by_length: {} lengths for {} samples", lengths.numel(), dataset_size_);
-  lengths_ = lengths.to(torch::kLong).contiguous();
+  set_lengths(std::move(lengths));
+  grouped_ = true;
 }
 
 }  // namespace gradaccum::core

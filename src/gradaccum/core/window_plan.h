@@ -131,17 +131,17 @@ class WindowPlan {
   // Only the order inside a window changes, never which samples form it, so
   // accumulation stays exact; it differs from HF's group_by_length, which
   // sorts across mega-batches and so changes the windows themselves.
+  // (Sets the plan's lengths, as set_lengths.)
   void group_by_length(torch::Tensor lengths);
-  // The samples' lengths for SampleOrder::longest_first (int64 [n]).
-  void order_by_length(torch::Tensor lengths);
   // Another decomposition of the same global batch (out-of-memory recovery): later windows are
   // cut into its micro-batches; which samples form a window does not change.
   void set_geometry(const BatchGeometry& geometry);
+  // Each sample's length (int64 [n]), when the samples have one: every window then reports its
+  // padding, and SampleOrder::longest_first, grouping and token budgets use them.
+  void set_lengths(torch::Tensor lengths);
   // max_tokens_per_micro_batch: windows are cut into chunks of at most `tokens` padded tokens
-  // (Window); `lengths` are the samples' lengths. 0 turns it off.
-  void set_token_budget(int64_t tokens, torch::Tensor lengths);
-  // The samples' lengths, for the padding figures of every window (no effect on the cut).
-  void set_lengths(torch::Tensor lengths) { all_lengths_ = std::move(lengths); }
+  // (Window), by the lengths of set_lengths. 0 turns it off.
+  void set_token_budget(int64_t tokens);
   // How windows hand their chunks to ranks and micro-steps (default interleaved).
   void set_chunk_order(ChunkOrder order) { chunk_order_ = order; }
 
@@ -155,10 +155,9 @@ class WindowPlan {
   Window make_window(int64_t epoch, int64_t index, torch::Tensor samples) const;
   const torch::Tensor& cached_permutation(int64_t epoch) const;
 
-  torch::Tensor lengths_;  // undefined: no grouping
-  torch::Tensor order_lengths_;  // longest_first's lengths; undefined: the stored order
+  torch::Tensor lengths_;  // every sample's length; undefined: samples without one
+  bool grouped_ = false;   // group_by_length
   int64_t token_budget_ = 0;
-  torch::Tensor all_lengths_;    // every sample's length (undefined: samples without one)
   ChunkOrder chunk_order_ = ChunkOrder::interleaved;
   mutable std::vector<std::pair<int64_t, torch::Tensor>> permutations_;  // carry: the last two
 };
