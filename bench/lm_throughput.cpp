@@ -9,7 +9,7 @@
 //                 [--warmup-steps 2] [--steps 10] [--mixed-precision no|bf16]
 //                 [--loss-chunk-tokens K] [--profile] [--custom-kernels all|none|LIST]
 //                 [--bf16-cpu-matmuls auto|float32|libtorch] [--accumulation N]
-//                 [--deterministic-accumulation]
+//                 [--deterministic-accumulation] [--dropout P] [--dropout-rng per_sample|libtorch]
 //
 // --shape gpt2-124m-1024 is GPT-2 small at its own context of 1024, 8 × 4 (a GPU's shape).
 // --device cuda (a GRADACCUM_WITH_CUDA build) trains on the first CUDA device; the GEMM probes
@@ -51,6 +51,8 @@
 //
 // Like `gradaccum`, the program keeps freed heap memory (io::retain_freed_heap).
 //
+// --dropout P sets GPT-2's resid_pdrop, embd_pdrop and attn_pdrop to P (default 0), drawn by
+// --dropout-rng (model.dropout_rng, models/sample_dropout.h; default per_sample).
 // --profile replaces the Trainer by the same loop written out (CausalLm::loss,
 // LossNormalizer, StepSequence) with timers around forward, backward and the
 // optimizer step, to see where the time goes; it is not the measured path.
@@ -149,6 +151,8 @@ struct Options {
   std::string bf16_cpu_matmuls = "auto";
   bool profile = false;
   bool deterministic = false;
+  double dropout = 0.0;
+  models::DropoutRng dropout_rng = models::DropoutRng::per_sample;
   int64_t accumulation = 0;  // 0: the shape's
   std::string shape_name = "small";
   Shape shape = kSmall;
@@ -180,6 +184,11 @@ Options parse_options(int argc, char** argv) {
     } else if (key == "--accumulation") {
       o.accumulation = parse_count("lm_throughput", key, value);
       GA_CHECK(o.accumulation >= 1, "lm_throughput: --accumulation must be >= 1");
+    } else if (key == "--dropout") {
+      o.dropout = std::stod(value);
+      models::check_dropout_probability("--dropout", o.dropout);
+    } else if (key == "--dropout-rng") {
+      o.dropout_rng = models::parse_dropout_rng(value);
     } else if (key == "--loss-chunk-tokens") {
       o.loss_chunk_tokens = parse_count("lm_throughput", key, value);
     } else if (key == "--custom-kernels") {
@@ -347,6 +356,8 @@ int main(int argc, char** argv) {
   config.n_embd = m.embd;
   config.n_layer = m.layers;
   config.n_head = m.heads;
+  config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = opts.dropout;
+  config.dropout_rng = opts.dropout_rng;
   models::Gpt2LmHeadModel net(config);
   models::CausalLm model(net, opts.loss_chunk_tokens);
   int64_t parameters = 0;
@@ -388,7 +399,9 @@ int main(int argc, char** argv) {
       normalizer.begin_window();
       for (int64_t s = 0; s < m.accumulation; ++s) {
         const int64_t first = (step * m.accumulation + s) * m.micro_batch;
-        auto batch = data.get(torch::arange(first, first + m.micro_batch, torch::kLong), torch::kFloat);
+        const auto indices = torch::arange(first, first + m.micro_batch, torch::kLong);
+        auto batch = data.get(indices, torch::kFloat);
+        batch.keys = core::SampleKeys{indices, step + 1, 42};  // as the Trainer keys them
         const auto t0 = Clock::now();
         core::LossSum micro;
         {
@@ -442,7 +455,7 @@ int main(int argc, char** argv) {
       "\"gemm_shapes_gflops\": {{{}}}, \"gemm_model_gflops_before_after\": [{:.2f}, {:.2f}], "
       "\"gemm_square_gflops_before_after\": [{:.2f}, {:.2f}], \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
-      "\"peak_rss_mb\": {:.1f}, \"device\": \"{}\", \"peak_device_mb\": {:.1f}, \"deterministic_accumulation\": {}{}}}\n",
+      "\"peak_rss_mb\": {:.1f}, \"device\": \"{}\", \"peak_device_mb\": {:.1f}, \"deterministic_accumulation\": {}, \"dropout\": {}, \"dropout_rng\": \"{}\"{}}}\n",
       profile ? "gradaccum-profile" : "gradaccum", opts.shape_name, core::custom_kernels_description(),
       at::get_cpu_capability(),
       core::to_string(precision),
@@ -453,6 +466,7 @@ int main(int argc, char** argv) {
       model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9, before.per_shape, before.model / 1e9,
       after.model / 1e9, before.square / 1e9, after.square / 1e9, model_flops / gemm_model,
       model_flops / gemm_square, clock.losses.front(), clock.losses.back(),
-      gradaccum::io::peak_rss_mb(), device_name(device), peak_device_mb(device), opts.deterministic, profile_json);
+      gradaccum::io::peak_rss_mb(), device_name(device), peak_device_mb(device), opts.deterministic, opts.dropout,
+      models::to_string(opts.dropout_rng), profile_json);
   return 0;
 }

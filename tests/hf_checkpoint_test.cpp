@@ -192,7 +192,10 @@ TEST(HfCheckpoint, GoldenGpt2FromAnIndependentImplementationMatches) {
   const auto config = gpt2_config_from_hf(checkpoint.config, kGolden);
   const Golden golden = read_golden();
 
+  // The golden logits are inference's; the checkpoint's config has HF's dropout of 0.1.
+  EXPECT_EQ(config.resid_pdrop, 0.1);
   Gpt2LmHeadModel model(config);
+  model->eval();
   ASSERT_GT(golden_difference(model->forward(golden.input_ids, golden.attention_mask), golden),
             0.1);
   load_hf_tensors(*model, checkpoint.tensors, "gpt2", kGolden);
@@ -203,6 +206,7 @@ TEST(HfCheckpoint, GoldenGpt2FromAnIndependentImplementationMatches) {
   // Loaded into a float64 model (F32 → F64 on load) it matches to float64 precision:
   // the remaining float32 difference above is rounding, not a mapping error.
   Gpt2LmHeadModel model64(config);
+  model64->eval();
   model64->to(torch::kDouble);
   load_hf_tensors(*model64, checkpoint.tensors, "gpt2", kGolden);
   EXPECT_EQ(model64->gpt2()->wte->weight.scalar_type(), torch::kDouble);
@@ -223,6 +227,7 @@ TEST(HfCheckpoint, AcceptsNamesWithoutTransformerPrefixAndAPresentTiedHead) {
   bare.emplace_back("lm_head.weight", find(bare, "wte.weight"));
 
   Gpt2LmHeadModel model(config);
+  model->eval();  // inference logits, as the golden's
   load_hf_tensors(*model, bare, "gpt2", "bare");
   torch::NoGradGuard no_grad;
   EXPECT_LE(golden_difference(model->forward(golden.input_ids, golden.attention_mask), golden),

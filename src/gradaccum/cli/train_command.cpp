@@ -117,7 +117,13 @@ core::TrainingState resume_state(const io::LoadedCheckpoint& loaded, const io::T
            "checkpoint {}: it was saved with seed {} and this run has seed {}; the data order would "
            "change",
            loaded.directory, loaded.seed, config.trainer.seed);
-  if (state.global_batch != geometry.global_batch()) {
+  GA_CHECK(state.window_tokens == config.trainer.window_tokens,
+           "checkpoint {}: it was saved with window_tokens {} and this run has {}; that changes the windows",
+           loaded.directory, state.window_tokens, config.trainer.window_tokens);
+  // Token windows do not depend on b, N or W: any decomposition continues them between windows.
+  if (state.window_tokens > 0) {
+    state.global_batch = geometry.global_batch();
+  } else if (state.global_batch != geometry.global_batch()) {
     GA_CHECK(config.allow_batch_change,
              "checkpoint {}: it was saved with global batch {} and this run has {}; that changes the "
              "trajectory (set allow_batch_change=true to continue anyway)",

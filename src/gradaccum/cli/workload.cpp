@@ -34,6 +34,10 @@ class SpreadSubset final : public core::Dataset {
     auto lengths = inner_->sample_lengths();
     return lengths.defined() ? lengths.index_select(0, indices_) : lengths;
   }
+  torch::Tensor sample_items() const override {
+    auto items = inner_->sample_items();
+    return items.defined() ? items.index_select(0, indices_) : items;
+  }
 
  private:
   std::shared_ptr<core::Dataset> inner_;
@@ -231,7 +235,8 @@ Workload make_workload(const io::TrainConfig& config, bool with_eval) {
 
   w.model = config.model.hf_checkpoint.empty()
                 ? models::make_language_model(config.model, vocab, num_labels, config.trainer.seed)
-                : models::load_language_model(config.model.hf_checkpoint, num_labels, config.trainer.seed);
+                : models::load_language_model(config.model.hf_checkpoint, num_labels, config.trainer.seed,
+                                                            &config.model);
   apply_memory_options(w.model, config.model);
   GA_CHECK(w.model.vocab_size >= vocab, "model: its vocabulary has {} ids, {} {}: they do not fit",
            w.model.vocab_size, vocab_source, vocab);

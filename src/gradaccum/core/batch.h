@@ -5,6 +5,15 @@
 
 namespace gradaccum::core {
 
+// Who the rows of a training micro-batch are. Per-sample randomness (models/sample_dropout.h) is a
+// function of these and never of the micro-batch a sample lands in, so that it does not depend
+// on how a window is cut into micro-batches and ranks.
+struct SampleKeys {
+  torch::Tensor ids;  // int64 [rows]: the samples' dataset indices; undefined outside training
+  int64_t step = 0;   // the optimizer step the micro-batch belongs to (1-based)
+  uint64_t seed = 0;  // the run's seed
+};
+
 // One micro-batch as the data pipeline delivers it. Models read the fields they
 // need: images use `input`/`target`; language models `input` (token ids),
 // `target` (labels, -100 = ignored) and `attention_mask`.
@@ -13,6 +22,7 @@ struct Batch {
   torch::Tensor target;
   torch::Tensor attention_mask;  // undefined when the task has no padding
   int64_t samples = 0;           // rows in this micro-batch
+  SampleKeys keys;               // set by the engine for training micro-batches
 };
 
 // A loss as a sum over items and the number of items it covers (samples for

@@ -36,6 +36,10 @@ class Dataset {
   // Each sample's length in tokens (int64 [size()]) for length-grouped
   // windows; undefined when samples have no length.
   virtual torch::Tensor sample_lengths() const { return {}; }
+  // Each sample's count of the items its loss counts — a causal language model's targets, the
+  // tokens that are not ignore_index (int64 [size()]) — for windows closed by a token count
+  // (window_tokens); undefined when the dataset does not know them before the forward pass.
+  virtual torch::Tensor sample_items() const { return {}; }
 };
 
 }  // namespace gradaccum::core

@@ -41,6 +41,11 @@ optim::NamedParameters Trainer::named_parameters() const {
 }
 
 BatchGeometry TrainerOptions::geometry(int64_t world_size) const {
+  if (window_tokens > 0) {
+    GA_CHECK(global_batch_size == 0,
+             "key 'global_batch_size': cannot be combined with window_tokens (the windows are measured in tokens)");
+    return BatchGeometry::from_accumulation(per_device_train_batch_size, 1, world_size);
+  }
   if (global_batch_size > 0) {
     return BatchGeometry::from_global(per_device_train_batch_size, global_batch_size, world_size);
   }
@@ -83,6 +88,12 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
   if (options_.group_by_length) {
     GA_CHECK(lengths.defined(), "key 'data.group_by_length': this dataset's samples have no length");
     plan_.group_by_length(lengths);
+  }
+  if (options_.window_tokens > 0) {
+    GA_CHECK(options_.loss_normalization != LossNormalization::micro_batch,
+             "key 'window_tokens': needs loss_normalization window or sum, not micro_batch (N varies per window)");
+    plan_.set_window_tokens(options_.window_tokens, train_data_.sample_items());
+    total_steps_ = total_optimizer_steps(options_, plan_);
   }
   model_.module().to(options_.device, options_.dtype);
   model_.module().train();
@@ -136,8 +147,9 @@ void Trainer::shrink_micro_batch(const WindowOutOfMemory& oom, int64_t step) {
   micro_batch_from_oom_recovery_ = true;
 }
 
-core::Batch Trainer::fetch(const torch::Tensor& indices) const {
+core::Batch Trainer::fetch(const torch::Tensor& indices, int64_t step) const {
   auto batch = train_data_.get(indices, options_.dtype);
+  batch.keys = SampleKeys{indices, step, options_.seed};
   // To a GPU from page-locked memory, the copy is queued like a kernel; from
   // pageable memory the host would wait for the device before copying, on every
   // micro-step (the batches are small: pinning them costs a host copy).
@@ -163,16 +175,19 @@ void Trainer::restore(const TrainingState& state) {
     micro_batch_from_oom_recovery_ = true;
   }
   const auto& g = plan_.geometry();
-  GA_CHECK(state.global_batch == g.global_batch(),
+  GA_CHECK(state.window_tokens == options_.window_tokens,
+           "checkpoint: it was saved with window_tokens {} and this run has {}", state.window_tokens,
+           options_.window_tokens);
+  GA_CHECK(options_.window_tokens > 0 || state.global_batch == g.global_batch(),
            "checkpoint: it was saved with global batch {} and this run has {}", state.global_batch,
            g.global_batch());
   GA_CHECK(state.position.step <= total_steps_,
            "checkpoint: it is at step {}, beyond this run's {} steps", state.position.step,
            total_steps_);
   // With carry, windows are numbered across epochs (the step count bounds them above).
-  GA_CHECK(plan_.carries() || state.position.window < plan_.windows_per_epoch(),
+  GA_CHECK(plan_.carries() || state.position.window < plan_.windows_in_epoch(state.position.epoch),
            "checkpoint: window {} does not exist in an epoch of {} windows", state.position.window,
-           plan_.windows_per_epoch());
+           plan_.windows_in_epoch(state.position.epoch));
   GA_CHECK(state.position.micro_step == 0 || !options_.deterministic_accumulation,
            "checkpoint: it was saved inside a window (micro-step {}), whose sums deterministic_accumulation "
            "cannot continue in its tree order; resume it without deterministic_accumulation",
@@ -233,6 +248,7 @@ TrainingState Trainer::state_at(const TrainingPosition& position) const {
   state.accumulation_steps = g.accumulation_steps();
   state.world_size = g.world_size();
   state.global_batch = g.global_batch();
+  state.window_tokens = options_.window_tokens;
   state.micro_batch_from_oom_recovery = micro_batch_from_oom_recovery_;
   if (scaler_) state.loss_scaler = scaler_->state();
   return state;
@@ -313,7 +329,7 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
     // nothing more in this window but still takes part in its collectives.
     if (indices.size(0) > 0 && !out_of_memory) {
       try {
-        auto batch = fetch(indices);
+        auto batch = fetch(indices, window_id + 1);
         data_time += seconds_since(fetch_start);
         LossSum micro;
         {
@@ -471,7 +487,8 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.micro_batch_size = plan_.geometry().micro_batch();
   record.padded_tokens = window.padded_tokens();
   record.sample_tokens = window.sample_tokens();
-  record.gradient_accumulation_steps = plan_.geometry().accumulation_steps();
+  record.gradient_accumulation_steps =
+      options_.window_tokens > 0 ? window.micro_steps() : plan_.geometry().accumulation_steps();
   record.world_size = sync_.world_size();
   record.allreduce_calls = sync_.allreduce_calls();
   record.allreduce_bytes = sync_.allreduce_bytes();
@@ -501,7 +518,7 @@ TrainSummary Trainer::run() {
     pos.micro_step = 0;
     if (plan_.carries()) {  // windows are numbered across epochs
       pos.epoch = plan_.epoch_of_carried_window(++pos.window);
-    } else if (++pos.window == plan_.windows_per_epoch()) {
+    } else if (++pos.window == plan_.windows_in_epoch(pos.epoch)) {
       pos.window = 0;
       ++pos.epoch;
     }

@@ -69,6 +69,12 @@ struct TrainerOptions {
   // > 0: each window's samples are cut into micro-batches of at most this many padded tokens
   // instead of b rows (WindowPlan::set_token_budget): N varies per window, memory follows K.
   int64_t max_tokens_per_micro_batch = 0;
+  // > 0: a window closes where its samples' items (a language model's targets) reach this many,
+  // and its gradient is normalized by its own count (WindowPlan::set_window_tokens). Micro-batches
+  // hold b samples (or follow max_tokens_per_micro_batch) and their number follows the window;
+  // gradient_accumulation_steps is unused (taken as 1) and global_batch_size must be 0. The LR
+  // schedule counts these windows.
+  int64_t window_tokens = 0;
   torch::ScalarType dtype = torch::kFloat;
   torch::Device device = torch::kCPU;
   // bf16 / fp16 autocast of the forward and the loss (mixed_precision.h);
@@ -121,7 +127,8 @@ class Trainer {
   optim::NamedParameters named_parameters() const;
 
  private:
-  core::Batch fetch(const torch::Tensor& indices) const;
+  // The micro-batch of `indices` on the training device, keyed for optimizer step `step`.
+  core::Batch fetch(const torch::Tensor& indices, int64_t step) const;
   // Runs micro-steps [first, N) of `window`; nullopt when a stop request ended
   // it early (then *partial holds the accumulated state).
   std::optional<StepRecord> run_window(const Window& window, int64_t first_micro_step,

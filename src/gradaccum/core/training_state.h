@@ -47,6 +47,7 @@ struct TrainingState {
   int64_t accumulation_steps = 0;
   int64_t world_size = 0;
   int64_t global_batch = 0;
+  int64_t window_tokens = 0;  // > 0: windows were measured in tokens (window_plan.h)
   // The micro-batch is smaller than configured because a window ran out of memory
   // (out_of_memory.h): a resumed run keeps it instead of running out of memory again.
   bool micro_batch_from_oom_recovery = false;

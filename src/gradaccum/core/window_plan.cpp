@@ -102,15 +102,43 @@ WindowPlan::WindowPlan(int64_t dataset_size, BatchGeometry geometry, LastWindow 
 }
 
 int64_t WindowPlan::windows_per_epoch() const {
+  if (window_tokens_ > 0) return windows_in_epoch(0);
   const int64_t full = dataset_size_ / geometry_.global_batch();
   if (carries()) return std::max<int64_t>(full, 1);
   const bool remainder = dataset_size_ % geometry_.global_batch() != 0;
   return full + (remainder && last_window_ == LastWindow::partial ? 1 : 0);
 }
 
+int64_t WindowPlan::windows_in_epoch(int64_t epoch) const {
+  if (window_tokens_ == 0) return windows_per_epoch();
+  const auto& starts = starts_epoch_ == epoch ? starts_ : window_starts(epoch, permutation(epoch));
+  return static_cast<int64_t>(starts.size()) - 1;
+}
+
 int64_t WindowPlan::windows_in_epochs(int64_t epochs) const {
-  if (!carries()) return epochs * windows_per_epoch();
-  return ceil_div(epochs * dataset_size_, geometry_.global_batch());
+  if (carries()) return ceil_div(epochs * dataset_size_, geometry_.global_batch());
+  if (window_tokens_ == 0) return epochs * windows_per_epoch();
+  int64_t windows = 0;
+  for (int64_t e = 0; e < epochs; ++e) windows += windows_in_epoch(e);
+  return windows;
+}
+
+const std::vector<int64_t>& WindowPlan::window_starts(int64_t epoch, const torch::Tensor& permutation) const {
+  if (starts_epoch_ == epoch) return starts_;
+  const auto order = permutation.contiguous();
+  const int64_t* sample = order.data_ptr<int64_t>();
+  starts_.assign(1, 0);
+  int64_t items = 0;
+  for (int64_t i = 0; i < dataset_size_; ++i) {
+    items += items_[static_cast<size_t>(sample[i])];
+    if (items >= window_tokens_) {
+      starts_.push_back(i + 1);
+      items = 0;
+    }
+  }
+  if (starts_.back() < dataset_size_ && last_window_ == LastWindow::partial) starts_.push_back(dataset_size_);
+  starts_epoch_ = epoch;
+  return starts_;
 }
 
 uint64_t WindowPlan::epoch_seed(uint64_t seed, int64_t epoch) {
@@ -134,6 +162,12 @@ torch::Tensor WindowPlan::permutation(int64_t epoch) const {
 }
 
 Window WindowPlan::window(const torch::Tensor& permutation, int64_t epoch, int64_t k) const {
+  if (window_tokens_ > 0) {
+    const auto& starts = window_starts(epoch, permutation);
+    GA_CHECK(k >= 0 && k + 1 < static_cast<int64_t>(starts.size()), "window {} out of range [0, {})", k,
+             starts.size() - 1);
+    return make_window(epoch, k, permutation.slice(0, starts[static_cast<size_t>(k)], starts[static_cast<size_t>(k) + 1]));
+  }
   GA_CHECK(k >= 0 && k < windows_per_epoch(), "window {} out of range [0, {})", k,
            windows_per_epoch());
   const int64_t begin = k * geometry_.global_batch();
@@ -165,6 +199,32 @@ void WindowPlan::set_token_budget(int64_t tokens) {
            "key 'max_tokens_per_micro_batch': cannot be combined with deterministic_accumulation (the number of "
            "micro-batches per rank would depend on the world size)");
   token_budget_ = tokens;
+}
+
+void WindowPlan::set_window_tokens(int64_t tokens, torch::Tensor items) {
+  GA_CHECK(tokens >= 0, "key 'window_tokens': must be >= 0, got {}", tokens);
+  if (tokens == 0) {
+    window_tokens_ = 0;
+    return;
+  }
+  GA_CHECK(items.defined(),
+           "key 'window_tokens': this dataset's samples have no token count (windows of tokens need a causal "
+           "language model's data)");
+  GA_CHECK(items.dim() == 1 && items.size(0) == dataset_size_, "window_tokens: {} item counts for {} samples",
+           items.numel(), dataset_size_);
+  GA_CHECK(!carries(), "key 'window_tokens': cannot be combined with last_window: carry");
+  GA_CHECK(chunk_order_ == ChunkOrder::interleaved,
+           "key 'window_tokens': cannot be combined with deterministic_accumulation (its tree needs the same "
+           "number of micro-batches in every window)");
+  items = items.to(torch::kLong).contiguous();
+  items_.assign(items.data_ptr<int64_t>(), items.data_ptr<int64_t>() + items.numel());
+  window_tokens_ = tokens;
+  starts_epoch_ = -1;
+  const int64_t total = std::accumulate(items_.begin(), items_.end(), int64_t{0});
+  GA_CHECK(windows_in_epoch(0) > 0,
+           "key 'window_tokens': the training data holds {} tokens to predict, fewer than one window of {} with "
+           "last_window: drop",
+           total, tokens);
 }
 
 const torch::Tensor& WindowPlan::cached_permutation(int64_t epoch) const {

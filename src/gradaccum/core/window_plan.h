@@ -5,6 +5,11 @@
 // permutation[kB, (k+1)B). So the *set* of samples behind every optimizer step
 // is the same for every decomposition of B, which is what makes the results
 // comparable (DESIGN.md §1).
+//
+// With a token count T (WindowPlan::set_window_tokens) windows are measured in tokens instead:
+// a window closes at the first sample boundary, in the permutation's order, where its samples'
+// items (a language model's non-ignored targets) reach T. The boundaries depend on (seed, epoch,
+// the samples' items, T) only, so again every b and W cut the same windows.
 #pragma once
 
 #include <torch/torch.h>
@@ -105,8 +110,12 @@ class WindowPlan {
   bool carries() const { return last_window_ == LastWindow::carry; }
   // Optimizer steps per epoch: floor(n / B), plus one for a partial remainder (carry: n / B
   // rounded down, for display; windows are counted across epochs, windows_in_epochs()).
+  // Token windows: epoch 0's count (windows_in_epoch() gives each epoch's).
   int64_t windows_per_epoch() const;
-  // Optimizer steps in `epochs` epochs: epochs × windows_per_epoch(), or with carry
+  // Optimizer steps in epoch `epoch` (the same for every epoch unless windows are measured in
+  // tokens: then each epoch's permutation closes its own number of windows).
+  int64_t windows_in_epoch(int64_t epoch) const;
+  // Optimizer steps in `epochs` epochs: the sum of windows_in_epoch(), or with carry
   // ceil(epochs × n / B).
   int64_t windows_in_epochs(int64_t epochs) const;
   // The permutation of epoch `epoch`: a pure function of (seed, epoch, n);
@@ -142,6 +151,14 @@ class WindowPlan {
   // max_tokens_per_micro_batch: windows are cut into chunks of at most `tokens` padded tokens
   // (Window), by the lengths of set_lengths. 0 turns it off.
   void set_token_budget(int64_t tokens);
+  // window_tokens: each window closes at the first sample boundary where the Σ of `items` (one
+  // count per sample, Dataset::sample_items) of its samples reaches `tokens`; the epoch's last
+  // window holds the rest (fewer tokens; skipped with LastWindow::drop). Each window is cut into
+  // chunks of b samples (or by the token budget), interleaved over the ranks, so N varies from
+  // window to window and the geometry's N is unused. 0 turns it off. Not with carry or the
+  // contiguous chunk order.
+  void set_window_tokens(int64_t tokens, torch::Tensor items);
+  int64_t window_tokens() const { return window_tokens_; }
   // How windows hand their chunks to ranks and micro-steps (default interleaved).
   void set_chunk_order(ChunkOrder order) { chunk_order_ = order; }
 
@@ -160,6 +177,14 @@ class WindowPlan {
   int64_t token_budget_ = 0;
   ChunkOrder chunk_order_ = ChunkOrder::interleaved;
   mutable std::vector<std::pair<int64_t, torch::Tensor>> permutations_;  // carry: the last two
+
+  int64_t window_tokens_ = 0;
+  std::vector<int64_t> items_;  // window_tokens: every sample's items
+  // window_tokens: where epoch `epoch`'s windows begin in its permutation, then the end of the
+  // last one; cached for the epoch asked last.
+  const std::vector<int64_t>& window_starts(int64_t epoch, const torch::Tensor& permutation) const;
+  mutable int64_t starts_epoch_ = -1;
+  mutable std::vector<int64_t> starts_;
 };
 
 }  // namespace gradaccum::core

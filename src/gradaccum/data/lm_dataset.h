@@ -47,6 +47,8 @@ class CausalLmDataset final : public core::Dataset {
   // Each sample's real token count (for length-grouped windows), and their sum.
   const std::vector<int64_t>& lengths() const { return rows_.lengths(); }
   torch::Tensor sample_lengths() const override { return rows_.length_tensor(); }
+  // A row of n real tokens has n - 1 targets (the loss shifts the labels; padding is ignored).
+  torch::Tensor sample_items() const override { return rows_.length_tensor() - 1; }
   int64_t tokens() const { return rows_.tokens(); }
 
   int64_t documents() const { return documents_; }                   // as given

@@ -41,6 +41,8 @@ class RandomTokensDataset final : public core::Dataset {
   core::Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const override;
   // Every row is max_length tokens long.
   torch::Tensor sample_lengths() const override;
+  // max_length - 1 targets per row.
+  torch::Tensor sample_items() const override { return sample_lengths() - 1; }
 
   const RandomTokensOptions& options() const { return options_; }
   const torch::Tensor& ids() const { return ids_; }  // [size(), max_length] int64

@@ -185,6 +185,7 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
         {"micro_batch_from_oom_recovery", c.state.micro_batch_from_oom_recovery},
         {"world_size", c.state.world_size},
         {"global_batch", c.state.global_batch},
+        {"window_tokens", c.state.window_tokens},
         {"loss_scaler", c.state.loss_scaler
                             ? nlohmann::json{{"scale", c.state.loss_scaler->scale},
                                              {"growth_tracker", c.state.loss_scaler->growth_tracker}}
@@ -326,6 +327,8 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   loaded.state.micro_batch_from_oom_recovery = ts.value("micro_batch_from_oom_recovery", false);
   loaded.state.world_size = field<int64_t>(ts, "world_size", ts_what);
   loaded.state.global_batch = field<int64_t>(ts, "global_batch", ts_what);
+  loaded.state.window_tokens = ts.value("window_tokens", int64_t{0});  // absent before token windows
+  GA_CHECK(loaded.state.window_tokens >= 0, "{}: negative window_tokens", ts_what);
   loaded.seed = field<uint64_t>(ts, "seed", ts_what);
   loaded.resolved_config = field<std::string>(ts, "config", ts_what);
   const bool per_rank = field<bool>(ts, "optimizer_per_rank", ts_what);

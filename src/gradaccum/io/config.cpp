@@ -35,6 +35,13 @@ model:
   n_positions: 128                # gpt2's context; bloom (ALiBi) has no limit
   vocab_size: 0                   # 0 = the tokenizer's
   hf_checkpoint: ""               # start from an HF checkpoint directory instead
+  resid_pdrop: -1                 # dropout, HF's names (-1 = the hf_checkpoint's config.json, else 0); gpt2: residual branches
+  embd_pdrop: -1                  # gpt2: after the embeddings
+  attn_pdrop: -1                  # gpt2: attention probabilities
+  hidden_dropout: -1              # bloom: residual branches
+  attention_dropout: -1           # bloom: attention probabilities
+  dropout: 0.0                    # cnn: after the dense layer
+  dropout_rng: per_sample         # per_sample (masks independent of the decomposition) | libtorch
 data:
   type: fashion_mnist             # fashion_mnist | kjv | kjv_testament | text | random_tokens
   directory: ""                   # fashion_mnist: "" = /usr/share/datasets/fashion-mnist
@@ -102,6 +109,7 @@ sync_each_micro_step: false       # true: all-reduce every micro-step (compariso
 zero_stage: 0                     # 1: shard optimizer state across ranks (ZeRO-1)
 deterministic_accumulation: false # true: for a fixed b, bit-identical gradients for every N x W (W a power of two)
 max_tokens_per_micro_batch: 0     # > 0: cut each window into micro-batches of at most this many padded tokens (N varies)
+window_tokens: 0                  # > 0: a window closes where its samples' targets reach this many tokens (N varies; gradient_accumulation_steps unused)
 oom_recovery: true                # a window that runs out of memory is trained again at half the micro-batch, twice the steps
 )";
   return yaml;
@@ -274,6 +282,16 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   c.model.vocab_size = get_int(root, "model.vocab_size");
   require(c.model.vocab_size >= 0, "model.vocab_size", ">= 0 (0 = the tokenizer's)", std::to_string(c.model.vocab_size));
   c.model.hf_checkpoint = get_string(root, "model.hf_checkpoint");
+  for (auto [key, value] : {std::pair{"model.resid_pdrop", &c.model.resid_pdrop}, std::pair{"model.embd_pdrop", &c.model.embd_pdrop},
+                            std::pair{"model.attn_pdrop", &c.model.attn_pdrop}, std::pair{"model.hidden_dropout", &c.model.hidden_dropout},
+                            std::pair{"model.attention_dropout", &c.model.attention_dropout}}) {
+    *value = get_double(root, key);
+    require(*value == -1 || (*value >= 0 && *value < 1), key, "in [0, 1), or -1 for the checkpoint's (else 0)",
+            fmt::format("{}", *value));
+  }
+  c.model.dropout = get_double(root, "model.dropout");
+  require(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", "in [0, 1)", fmt::format("{}", c.model.dropout));
+  c.model.dropout_rng = models::parse_dropout_rng(one_of(root, "model.dropout_rng", {"per_sample", "libtorch"}));
 
   c.data.type = one_of(root, "data.type", {"fashion_mnist", "kjv", "kjv_testament", "text", "random_tokens"});
   const bool text_data = c.data.type != "fashion_mnist";
@@ -464,6 +482,19 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   GA_CHECK(t.max_tokens_per_micro_batch == 0 || !t.deterministic_accumulation,
            "key 'max_tokens_per_micro_batch': cannot be combined with deterministic_accumulation (the number of "
            "micro-batches per rank would depend on the world size)");
+  t.window_tokens = get_int(root, "window_tokens");
+  require(t.window_tokens >= 0, "window_tokens", ">= 0 (0 = windows of b x N x W samples)",
+          std::to_string(t.window_tokens));
+  if (t.window_tokens > 0) {
+    GA_CHECK(!t.deterministic_accumulation,
+             "key 'window_tokens': cannot be combined with deterministic_accumulation (its tree needs the same "
+             "number of micro-batches in every window)");
+    GA_CHECK(t.last_window != core::LastWindow::carry, "key 'window_tokens': cannot be combined with last_window: carry");
+    GA_CHECK(t.loss_normalization != core::LossNormalization::micro_batch,
+             "key 'window_tokens': needs loss_normalization window or sum, not micro_batch (N varies per window)");
+    GA_CHECK(!c.plan_decomposition && t.global_batch_size == 0,
+             "key 'window_tokens': cannot be combined with global_batch_size (the windows are measured in tokens)");
+  }
   if (t.deterministic_accumulation) {
     GA_CHECK(t.loss_normalization != core::LossNormalization::micro_batch,
              "key 'deterministic_accumulation': needs loss_normalization window or sum, not micro_batch");

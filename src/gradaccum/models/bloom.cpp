@@ -72,10 +72,16 @@ torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int
   return (slopes.view({1, n_head, 1, 1}) * positions.unsqueeze(1).unsqueeze(1)).to(dtype);
 }
 
-BloomAttentionImpl::BloomAttentionImpl(const BloomConfig& config) : n_head_(config.n_head) {
+// Dropout sites per block i: 3i the attention probabilities, 3i + 1 the attention's output,
+// 3i + 2 the MLP's output.
+BloomAttentionImpl::BloomAttentionImpl(const BloomConfig& config, int64_t layer) : n_head_(config.n_head) {
   query_key_value = register_module(
       "query_key_value", torch::nn::Linear(config.hidden_size, 3 * config.hidden_size));
   dense = register_module("dense", torch::nn::Linear(config.hidden_size, config.hidden_size));
+  attention_dropout = register_module("attention_dropout",
+                                      SampleDropout(config.attention_dropout, 3 * layer, config.dropout_rng));
+  hidden_dropout =
+      register_module("hidden_dropout", SampleDropout(config.hidden_dropout, 3 * layer + 1, config.dropout_rng));
 }
 
 torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& alibi,
@@ -90,30 +96,32 @@ torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::T
   // alibi + q·kᵀ / √D, in HF's order (baddbmm with alpha = 1/√D).
   const double inv_norm = 1.0 / std::sqrt(static_cast<double>(head_dim));
   auto scores = alibi + torch::matmul(q, k.transpose(-2, -1)) * inv_norm;  // [B, H, T, T]
-  auto y = torch::matmul(masked_softmax(scores, allowed), v);              // [B, H, T, D]
-  return linear(dense, y.transpose(1, 2).reshape({batch, time, channels}));
+  auto y = torch::matmul(attention_dropout->forward(masked_softmax(scores, allowed)), v);  // [B, H, T, D]
+  return hidden_dropout->forward(linear(dense, y.transpose(1, 2).reshape({batch, time, channels})));
 }
 
 torch::Tensor bloom_gelu(const torch::Tensor& x) {
   return x * 0.5 * (1.0 + torch::tanh(0.79788456 * x * (1.0 + 0.044715 * x * x)));
 }
 
-BloomMlpImpl::BloomMlpImpl(const BloomConfig& config) {
+BloomMlpImpl::BloomMlpImpl(const BloomConfig& config, int64_t layer) {
   dense_h_to_4h = register_module(
       "dense_h_to_4h", torch::nn::Linear(config.hidden_size, 4 * config.hidden_size));
   dense_4h_to_h = register_module(
       "dense_4h_to_h", torch::nn::Linear(4 * config.hidden_size, config.hidden_size));
+  hidden_dropout =
+      register_module("hidden_dropout", SampleDropout(config.hidden_dropout, 3 * layer + 2, config.dropout_rng));
 }
 
 torch::Tensor BloomMlpImpl::forward(const torch::Tensor& x) {
-  return linear(dense_4h_to_h, bloom_gelu(linear(dense_h_to_4h, x)));
+  return hidden_dropout->forward(linear(dense_4h_to_h, bloom_gelu(linear(dense_h_to_4h, x))));
 }
 
-BloomBlockImpl::BloomBlockImpl(const BloomConfig& config) {
+BloomBlockImpl::BloomBlockImpl(const BloomConfig& config, int64_t layer) {
   input_layernorm = register_module("input_layernorm", layer_norm(config));
-  self_attention = register_module("self_attention", BloomAttention(config));
+  self_attention = register_module("self_attention", BloomAttention(config, layer));
   post_attention_layernorm = register_module("post_attention_layernorm", layer_norm(config));
-  mlp = register_module("mlp", BloomMlp(config));
+  mlp = register_module("mlp", BloomMlp(config, layer));
 }
 
 torch::Tensor BloomBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& alibi,
@@ -135,7 +143,7 @@ BloomModelImpl::BloomModelImpl(const BloomConfig& config) : config_(config) {
                                     torch::nn::Embedding(config.vocab_size, config.hidden_size));
   word_embeddings_layernorm = register_module("word_embeddings_layernorm", layer_norm(config));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(BloomBlock(config));
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(BloomBlock(config, i));
   ln_f = register_module("ln_f", layer_norm(config));
   init_weights(*this, config);
 }

@@ -26,7 +26,9 @@
 //   head_dim], not as q | k | v blocks.
 // Both: causal mask ∧ key is real (decoder.h's masked_softmax), tanh-GELU MLP
 // of width 4·hidden, pre-LayerNorm residual blocks (HF's
-// apply_residual_connection_post_layernorm = false), final ln_f. No dropout.
+// apply_residual_connection_post_layernorm = false), final ln_f. Dropout at HF's places
+// (attention probabilities; each residual branch's output, HF's dropout_add), off by default,
+// drawn per sample (sample_dropout.h) unless dropout_rng says libtorch.
 //
 // The GELU is HF's BLOOM GELU exactly, with √(2/π) written as the literal
 // 0.79788456 (bloom_gelu): torch's tanh GELU, with the exact constant, moves
@@ -39,6 +41,7 @@
 
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/decoder.h"
+#include "gradaccum/models/sample_dropout.h"
 
 namespace gradaccum::models {
 
@@ -55,6 +58,11 @@ struct BloomConfig {
   // weights, independent of the global RNG.
   uint64_t init_seed = 0;
   bool tie_word_embeddings = true;  // the LM head is word_embeddings (false: its own lm_head.weight)
+  // Dropout probabilities (HF's names and defaults): each residual branch's output, and the
+  // attention probabilities.
+  double hidden_dropout = 0.0;
+  double attention_dropout = 0.0;
+  DropoutRng dropout_rng = DropoutRng::per_sample;
 };
 
 // ALiBi's per-head slopes, [n_head] float64. With p the largest power of two ≤
@@ -73,13 +81,16 @@ torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int
 // Self-attention with the fused, per-head-interleaved query_key_value.
 class BloomAttentionImpl : public torch::nn::Module {
  public:
-  explicit BloomAttentionImpl(const BloomConfig& config);
+  // `layer`: the block's index (numbers its dropout sites).
+  BloomAttentionImpl(const BloomConfig& config, int64_t layer);
   // x [B, T, C]; alibi [B or 1, H, 1, T]; allowed [B or 1, 1, T, T] bool.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& alibi,
                         const torch::Tensor& allowed);
 
   torch::nn::Linear query_key_value{nullptr};
   torch::nn::Linear dense{nullptr};
+  SampleDropout attention_dropout{nullptr};  // on the probabilities
+  SampleDropout hidden_dropout{nullptr};     // on the output
 
  private:
   int64_t n_head_;
@@ -94,11 +105,12 @@ torch::Tensor bloom_gelu(const torch::Tensor& x);
 // Linear(C, 4C) → bloom_gelu → Linear(4C, C).
 class BloomMlpImpl : public torch::nn::Module {
  public:
-  explicit BloomMlpImpl(const BloomConfig& config);
+  BloomMlpImpl(const BloomConfig& config, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear dense_h_to_4h{nullptr};
   torch::nn::Linear dense_4h_to_h{nullptr};
+  SampleDropout hidden_dropout{nullptr};
 };
 TORCH_MODULE(BloomMlp);
 
@@ -106,7 +118,7 @@ TORCH_MODULE(BloomMlp);
 // + mlp(post_attention_layernorm(·)).
 class BloomBlockImpl : public torch::nn::Module {
  public:
-  explicit BloomBlockImpl(const BloomConfig& config);
+  BloomBlockImpl(const BloomConfig& config, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& alibi,
                         const torch::Tensor& allowed);
 

@@ -47,6 +47,38 @@ BuiltModel assemble(const std::string& architecture, const Gpt2Config* gpt2, con
   return built;
 }
 
+// The model.<name> dropout keys over a config's own values (-1: keep them). A key of the other
+// architecture is an error, so that a misspelt intent does not pass silently.
+void apply_dropout(const ModelConfig& config, Gpt2Config& c) {
+  for (const auto& [key, value] : {std::pair{"hidden_dropout", config.hidden_dropout},
+                                   std::pair{"attention_dropout", config.attention_dropout}}) {
+    GA_CHECK(value == -1, "key 'model.{}': a BLOOM setting; GPT-2's dropouts are resid_pdrop, embd_pdrop and attn_pdrop",
+             key);
+  }
+  GA_CHECK(config.dropout == 0.0, "key 'model.dropout': the cnn's; GPT-2's dropouts are resid_pdrop, embd_pdrop and attn_pdrop");
+  if (config.resid_pdrop != -1) c.resid_pdrop = config.resid_pdrop;
+  if (config.embd_pdrop != -1) c.embd_pdrop = config.embd_pdrop;
+  if (config.attn_pdrop != -1) c.attn_pdrop = config.attn_pdrop;
+  check_dropout_probability("model.resid_pdrop", c.resid_pdrop);
+  check_dropout_probability("model.embd_pdrop", c.embd_pdrop);
+  check_dropout_probability("model.attn_pdrop", c.attn_pdrop);
+  c.dropout_rng = config.dropout_rng;
+}
+
+void apply_dropout(const ModelConfig& config, BloomConfig& c) {
+  for (const auto& [key, value] : {std::pair{"resid_pdrop", config.resid_pdrop}, std::pair{"embd_pdrop", config.embd_pdrop},
+                                   std::pair{"attn_pdrop", config.attn_pdrop}}) {
+    GA_CHECK(value == -1, "key 'model.{}': a GPT-2 setting; BLOOM's dropouts are hidden_dropout and attention_dropout",
+             key);
+  }
+  GA_CHECK(config.dropout == 0.0, "key 'model.dropout': the cnn's; BLOOM's dropouts are hidden_dropout and attention_dropout");
+  if (config.hidden_dropout != -1) c.hidden_dropout = config.hidden_dropout;
+  if (config.attention_dropout != -1) c.attention_dropout = config.attention_dropout;
+  check_dropout_probability("model.hidden_dropout", c.hidden_dropout);
+  check_dropout_probability("model.attention_dropout", c.attention_dropout);
+  c.dropout_rng = config.dropout_rng;
+}
+
 }  // namespace
 
 WeightList BuiltModel::weights() {
@@ -99,6 +131,7 @@ BuiltModel make_language_model(const ModelConfig& config, int64_t vocab_size, in
     c.n_layer = config.n_layer;
     c.n_head = config.n_head;
     c.init_seed = init_seed;
+    apply_dropout(config, c);
     return assemble("gpt2", &c, nullptr, num_labels, init_seed);
   }
   GA_CHECK(config.type == "bloom", "key 'model.type': '{}' is not a language model", config.type);
@@ -108,10 +141,12 @@ BuiltModel make_language_model(const ModelConfig& config, int64_t vocab_size, in
   c.n_layer = config.n_layer;
   c.n_head = config.n_head;
   c.init_seed = init_seed;
+  apply_dropout(config, c);
   return assemble("bloom", nullptr, &c, num_labels, init_seed);
 }
 
-BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint64_t init_seed) {
+BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint64_t init_seed,
+                               const ModelConfig* config) {
   auto checkpoint = read_hf_checkpoint(dir);
   const auto what = dir + "/config.json";
   const auto type = hf_model_type(checkpoint.config, what);
@@ -119,10 +154,12 @@ BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint6
   const int64_t labels = num_labels < 0 ? saved_labels : num_labels;
   BuiltModel built;
   if (type == "gpt2") {
-    const auto c = gpt2_config_from_hf(checkpoint.config, what);
+    auto c = gpt2_config_from_hf(checkpoint.config, what);
+    if (config != nullptr) apply_dropout(*config, c);
     built = assemble("gpt2", &c, nullptr, labels, init_seed);
   } else {
-    const auto c = bloom_config_from_hf(checkpoint.config, what);
+    auto c = bloom_config_from_hf(checkpoint.config, what);
+    if (config != nullptr) apply_dropout(*config, c);
     built = assemble("bloom", nullptr, &c, labels, init_seed);
   }
   // A causal-LM checkpoint fine-tuned as a classifier starts its head fresh;

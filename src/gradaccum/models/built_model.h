@@ -57,8 +57,10 @@ BuiltModel make_language_model(const ModelConfig& config, int64_t vocab_size, in
 // A model from an HF checkpoint directory (config.json + model.safetensors).
 // `num_labels` < 0: the task the checkpoint was saved for; 0: a causal LM;
 // > 0: a classifier — from a causal-LM checkpoint the `score` head starts
-// fresh (seeded by `init_seed`), as HF's from_pretrained does.
-BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint64_t init_seed);
+// fresh (seeded by `init_seed`), as HF's from_pretrained does. `config`, when given, overrides
+// the checkpoint's dropout with its model.<name> keys that are not -1.
+BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint64_t init_seed,
+                               const ModelConfig* config = nullptr);
 
 // An image classifier as a BuiltModel (see make_image_classifier).
 BuiltModel make_image_model(const ModelConfig& config, int64_t classes);

@@ -58,29 +58,42 @@ torch::Tensor gpt2_position_ids(const torch::Tensor& attention_mask) {
   return (mask.cumsum(-1) - 1).masked_fill(mask.eq(0), 1);
 }
 
-Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& config) : n_head_(config.n_head) {
+// Dropout sites: 0 the embeddings, then per block 3i + 1 the attention probabilities, 3i + 2 the
+// attention's output, 3i + 3 the MLP's output.
+Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& config, int64_t layer) : n_head_(config.n_head) {
   c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
+  attn_dropout =
+      register_module("attn_dropout", SampleDropout(config.attn_pdrop, 3 * layer + 1, config.dropout_rng));
+  resid_dropout =
+      register_module("resid_dropout", SampleDropout(config.resid_pdrop, 3 * layer + 2, config.dropout_rng));
 }
 
 torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& allowed) {
-  return linear(c_proj, qkv_attention(linear(c_attn, x), n_head_, allowed));
+  const auto qkv = linear(c_attn, x);
+  // Dropout on the probabilities needs them as a tensor: the libtorch expression then.
+  const auto y = attn_dropout->p() > 0.0 && is_training()
+                     ? qkv_attention_transformed(qkv, n_head_, allowed,
+                                               [this](const torch::Tensor& p) { return attn_dropout->forward(p); })
+                     : qkv_attention(qkv, n_head_, allowed);
+  return resid_dropout->forward(linear(c_proj, y));
 }
 
-Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& config) {
+Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& config, int64_t layer) {
   c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+  dropout = register_module("dropout", SampleDropout(config.resid_pdrop, 3 * layer + 3, config.dropout_rng));
 }
 
 torch::Tensor Gpt2MlpImpl::forward(const torch::Tensor& x) {
-  return linear(c_proj, gelu_tanh(linear(c_fc, x)));
+  return dropout->forward(linear(c_proj, gelu_tanh(linear(c_fc, x))));
 }
 
-Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& config) {
+Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& config, int64_t layer) {
   ln_1 = register_module("ln_1", layer_norm(config));
-  attn = register_module("attn", Gpt2Attention(config));
+  attn = register_module("attn", Gpt2Attention(config, layer));
   ln_2 = register_module("ln_2", layer_norm(config));
-  mlp = register_module("mlp", Gpt2Mlp(config));
+  mlp = register_module("mlp", Gpt2Mlp(config, layer));
 }
 
 torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& allowed) {
@@ -98,8 +111,9 @@ Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& config) : config_(config) {
            config.n_embd, config.n_head);
   wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
   wpe = register_module("wpe", torch::nn::Embedding(config.n_positions, config.n_embd));
+  drop = register_module("drop", SampleDropout(config.embd_pdrop, 0, config.dropout_rng));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Gpt2Block(config));
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Gpt2Block(config, i));
   ln_f = register_module("ln_f", layer_norm(config));
   init_weights(*this, config);
 }
@@ -124,7 +138,7 @@ torch::Tensor Gpt2ModelImpl::hidden_states(const torch::Tensor& input_ids,
                                                  .dtype(torch::kLong)
                                                  .device(input_ids.device()))
                              .unsqueeze(0);
-  auto x = lookup_tokens(wte->weight, input_ids, embedding_grad) + wpe->forward(positions);
+  auto x = drop->forward(lookup_tokens(wte->weight, input_ids, embedding_grad) + wpe->forward(positions));
   const bool checkpointed = checkpoint_blocks();
   for (const auto& module : *h) {
     auto block = std::static_pointer_cast<Gpt2BlockImpl>(module);

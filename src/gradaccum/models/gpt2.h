@@ -18,8 +18,9 @@
 //
 // Differences from HF: the projections are torch::nn::Linear, whose weight is
 // [out, in]; HF's Conv1D stores [in, out]. A loader of HF checkpoints must
-// transpose c_attn, c_proj and c_fc weights. No dropout (the engine's tests need
-// a deterministic forward).
+// transpose c_attn, c_proj and c_fc weights. Dropout at HF's places (the embeddings' sum,
+// the attention probabilities, each residual branch's output), off by default and drawn per
+// sample (sample_dropout.h) unless dropout_rng says libtorch.
 //
 // Padding: attention_mask (1 = real token, 0 = padding) is combined with the
 // causal mask, and position ids are computed from it as HF's generate() does
@@ -34,6 +35,7 @@
 
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/decoder.h"
+#include "gradaccum/models/sample_dropout.h"
 
 namespace gradaccum::models {
 
@@ -50,17 +52,26 @@ struct Gpt2Config {
   // weights, independent of the global RNG.
   uint64_t init_seed = 0;
   bool tie_word_embeddings = true;  // the LM head is wte (false: its own lm_head.weight)
+  // Dropout probabilities (HF's names; 0 here, 0.1 in HF's GPT2Config): after the embeddings'
+  // sum, after each residual branch, on the attention probabilities.
+  double embd_pdrop = 0.0;
+  double resid_pdrop = 0.0;
+  double attn_pdrop = 0.0;
+  DropoutRng dropout_rng = DropoutRng::per_sample;
 };
 
 // Causal multi-head self-attention with fused q, k, v projection.
 class Gpt2AttentionImpl : public torch::nn::Module {
  public:
-  explicit Gpt2AttentionImpl(const Gpt2Config& config);
+  // `layer`: the block's index (numbers its dropout sites).
+  Gpt2AttentionImpl(const Gpt2Config& config, int64_t layer);
   // x [B, T, C]; allowed [B, 1, T, T] bool (causal ∧ key is a real token).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& allowed);
 
   torch::nn::Linear c_attn{nullptr};
   torch::nn::Linear c_proj{nullptr};
+  SampleDropout attn_dropout{nullptr};   // on the probabilities
+  SampleDropout resid_dropout{nullptr};  // on the output
 
  private:
   int64_t n_head_;
@@ -70,18 +81,19 @@ TORCH_MODULE(Gpt2Attention);
 // Linear(C, 4C) → GELU (tanh approximation, HF's "gelu_new") → Linear(4C, C).
 class Gpt2MlpImpl : public torch::nn::Module {
  public:
-  explicit Gpt2MlpImpl(const Gpt2Config& config);
+  Gpt2MlpImpl(const Gpt2Config& config, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear c_fc{nullptr};
   torch::nn::Linear c_proj{nullptr};
+  SampleDropout dropout{nullptr};
 };
 TORCH_MODULE(Gpt2Mlp);
 
 // Pre-LayerNorm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
 class Gpt2BlockImpl : public torch::nn::Module {
  public:
-  explicit Gpt2BlockImpl(const Gpt2Config& config);
+  Gpt2BlockImpl(const Gpt2Config& config, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& allowed);
 
   torch::nn::LayerNorm ln_1{nullptr};
@@ -111,6 +123,7 @@ class Gpt2ModelImpl : public DecoderImpl {
 
   torch::nn::Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
+  SampleDropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
 

@@ -144,6 +144,15 @@ double optional_positive_number(const nlohmann::json& config, const char* key, d
   return x;
 }
 
+double optional_probability(const nlohmann::json& config, const char* key, double fallback, const std::string& what) {
+  const auto* value = field(config, key);
+  if (value == nullptr) return fallback;
+  GA_CHECK(value->is_number(), "{}: config.json \"{}\" must be a number, got {}", what, key, value->dump());
+  const auto x = value->get<double>();
+  GA_CHECK(x >= 0.0 && x < 1.0, "{}: config.json \"{}\" must be a probability in [0, 1), got {}", what, key, x);
+  return x;
+}
+
 bool optional_bool(const nlohmann::json& config, const char* key, bool fallback, const std::string& what) {
   const auto* value = field(config, key);
   if (value == nullptr) return fallback;
@@ -388,10 +397,9 @@ nlohmann::json gpt2_hf_config(const Gpt2Config& config, int64_t num_labels) {
       {"activation_function", "gelu_new"},
       {"layer_norm_epsilon", config.layer_norm_epsilon},
       {"initializer_range", config.initializer_range},
-      // The model these weights come from has no dropout.
-      {"resid_pdrop", 0.0},
-      {"embd_pdrop", 0.0},
-      {"attn_pdrop", 0.0},
+      {"resid_pdrop", config.resid_pdrop},
+      {"embd_pdrop", config.embd_pdrop},
+      {"attn_pdrop", config.attn_pdrop},
       {"scale_attn_weights", true},
       {"scale_attn_by_inverse_layer_idx", false},
       {"reorder_and_upcast_attn", false},
@@ -435,6 +443,10 @@ Gpt2Config gpt2_config_from_hf(const nlohmann::json& config, const std::string& 
              what, inner->dump(), 4 * c.n_embd);
   }
   c.tie_word_embeddings = optional_bool(config, "tie_word_embeddings", true, what);
+  // HF's GPT2Config defaults when absent.
+  c.resid_pdrop = optional_probability(config, "resid_pdrop", 0.1, what);
+  c.embd_pdrop = optional_probability(config, "embd_pdrop", 0.1, what);
+  c.attn_pdrop = optional_probability(config, "attn_pdrop", 0.1, what);
   require_if_present(config, "scale_attn_weights", true, what);
   require_if_present(config, "scale_attn_by_inverse_layer_idx", false, what);
   require_if_present(config, "add_cross_attention", false, what);
@@ -453,9 +465,8 @@ nlohmann::json bloom_hf_config(const BloomConfig& config, int64_t num_labels) {
       {"layer_norm_epsilon", config.layer_norm_epsilon},
       {"initializer_range", config.initializer_range},
       {"apply_residual_connection_post_layernorm", false},
-      // The model these weights come from has no dropout.
-      {"hidden_dropout", 0.0},
-      {"attention_dropout", 0.0},
+      {"hidden_dropout", config.hidden_dropout},
+      {"attention_dropout", config.attention_dropout},
       {"pretraining_tp", 1},
       {"slow_but_exact", false},
       {"tie_word_embeddings", config.tie_word_embeddings},
@@ -487,6 +498,9 @@ BloomConfig bloom_config_from_hf(const nlohmann::json& config, const std::string
   c.init_seed = 0;
   require_if_present(config, "apply_residual_connection_post_layernorm", false, what);
   c.tie_word_embeddings = optional_bool(config, "tie_word_embeddings", true, what);
+  // HF's BloomConfig defaults when absent.
+  c.hidden_dropout = optional_probability(config, "hidden_dropout", 0.0, what);
+  c.attention_dropout = optional_probability(config, "attention_dropout", 0.0, what);
   return c;
 }
 

@@ -83,13 +83,14 @@ int64_t hf_num_labels(const nlohmann::json& config, const std::string& what);
 
 // HF's GPT2Config for `config`: model_type "gpt2", architectures
 // ["GPT2LMHeadModel"], or ["GPT2ForSequenceClassification"] with id2label and
-// label2id when num_labels > 0; activation "gelu_new", tied embeddings, no
-// dropout (the model has none), bos/eos 50256 for GPT-2's 50257-token vocab.
+// label2id when num_labels > 0; activation "gelu_new", tied embeddings, the
+// config's dropout probabilities, bos/eos 50256 for GPT-2's 50257-token vocab.
 nlohmann::json gpt2_hf_config(const Gpt2Config& config, int64_t num_labels = 0);
 
 // The Gpt2Config of an HF GPT2Config. Required: model_type "gpt2", vocab_size,
 // n_positions, n_embd, n_layer, n_head (positive integers); optional:
-// layer_norm_epsilon, initializer_range. Settings this model cannot honour
+// layer_norm_epsilon, initializer_range, resid_pdrop, embd_pdrop, attn_pdrop
+// (HF's default 0.1 when absent). Settings this model cannot honour
 // (another activation, n_inner != 4 n_embd, untied embeddings, cross
 // attention, unscaled or layer-scaled attention) are errors naming the key.
 // init_seed is 0: the checkpoint's weights replace the initialization.
@@ -98,13 +99,14 @@ Gpt2Config gpt2_config_from_hf(const nlohmann::json& config, const std::string& 
 // HF's BloomConfig for `config`: model_type "bloom", architectures
 // ["BloomForCausalLM"], or ["BloomForSequenceClassification"] with id2label
 // and label2id when num_labels > 0; pre-LayerNorm residuals, tied embeddings,
-// no dropout; bos/eos/pad 1/2/3 for BLOOM's 250880-token vocabulary.
+// the config's dropout probabilities; bos/eos/pad 1/2/3 for BLOOM's 250880-token vocabulary.
 nlohmann::json bloom_hf_config(const BloomConfig& config, int64_t num_labels = 0);
 
 // The BloomConfig of an HF BloomConfig. Required: model_type "bloom",
 // vocab_size, hidden_size (or its old name n_embed), n_layer (or
 // num_hidden_layers), n_head (or num_attention_heads); optional:
-// layer_norm_epsilon, initializer_range. Post-LayerNorm residuals
+// layer_norm_epsilon, initializer_range, hidden_dropout, attention_dropout
+// (HF's default 0 when absent). Post-LayerNorm residuals
 // (apply_residual_connection_post_layernorm) and untied embeddings are errors.
 BloomConfig bloom_config_from_hf(const nlohmann::json& config, const std::string& what);
 

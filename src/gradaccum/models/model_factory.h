@@ -7,6 +7,7 @@
 
 #include "gradaccum/core/trainable.h"
 #include "gradaccum/models/norm.h"
+#include "gradaccum/models/sample_dropout.h"
 
 namespace gradaccum::models {
 
@@ -26,6 +27,11 @@ struct ModelConfig {
   // Memory savings (top-level keys, as in HF TrainingArguments).
   bool gradient_checkpointing = false;  // recompute block activations in backward
   int64_t loss_chunk_tokens = 0;        // fused LM-head loss chunk; 0 = automatic
+  // Dropout under HF's config names; -1: the hf_checkpoint's config.json value, else 0.
+  double resid_pdrop = -1, embd_pdrop = -1, attn_pdrop = -1;  // GPT-2
+  double hidden_dropout = -1, attention_dropout = -1;          // BLOOM
+  double dropout = 0.0;  // the cnn: after its dense layer
+  DropoutRng dropout_rng = DropoutRng::per_sample;
 };
 
 // An image classifier for 28×28 grey images and `classes` classes.

@@ -36,7 +36,7 @@ nn::Sequential image_mlp(int64_t in_features, const std::vector<int64_t>& hidden
 }
 
 nn::Sequential small_cnn(const std::vector<int64_t>& channels, int64_t hidden, int64_t classes,
-                         NormKind norm, int64_t groups) {
+                         NormKind norm, int64_t groups, double dropout, DropoutRng dropout_rng) {
   nn::Sequential net;
   int64_t in = 1;
   int64_t side = 28;
@@ -55,6 +55,7 @@ nn::Sequential small_cnn(const std::vector<int64_t>& channels, int64_t hidden, i
   net->push_back("flatten", nn::Flatten());
   net->push_back("fc", nn::Linear(in * side * side, hidden));
   net->push_back("relu_fc", nn::ReLU());
+  if (dropout > 0.0) net->push_back("drop_fc", SampleDropout(dropout, 0, dropout_rng));
   net->push_back("head", nn::Linear(hidden, classes));
   return net;
 }

@@ -341,6 +341,14 @@ torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head,
   return merge_heads(torch::matmul(masked_softmax(scores, allowed), v));
 }
 
+torch::Tensor qkv_attention_transformed(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
+                                      const std::function<torch::Tensor(const torch::Tensor&)>& on_probabilities) {
+  check_shapes(qkv, n_head, allowed);
+  const auto [q, k, v] = split_heads(qkv, n_head);
+  const auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
+  return merge_heads(torch::matmul(on_probabilities(masked_softmax(scores, allowed)), v));
+}
+
 torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
   check_shapes(qkv, n_head, allowed);
   if (!qkv_attention_fuses(qkv, n_head, allowed)) return qkv_attention_sdpa(qkv, n_head, allowed);

@@ -1,5 +1,7 @@
 #include "gradaccum/models/sequence_classifier.h"
 
+#include "gradaccum/models/sample_dropout.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "gradaccum/core/check.h"
@@ -68,6 +70,7 @@ torch::Tensor SequenceClassifier::loss_sum(const torch::Tensor& logits,
 }
 
 core::LossSum SequenceClassifier::loss(const core::Batch& batch) {
+  set_sample_keys(*model_, batch.keys);
   auto logits = model_->forward(batch.input, batch.attention_mask);
   auto count = torch::scalar_tensor(
       logits.size(0), torch::TensorOptions().dtype(torch::kLong).device(logits.device()));

@@ -1,5 +1,7 @@
 #include "gradaccum/models/tasks.h"
 
+#include "gradaccum/models/sample_dropout.h"
+
 namespace gradaccum::models {
 
 namespace {
@@ -10,6 +12,7 @@ torch::Tensor count_tensor(int64_t n, const torch::Tensor& like) {
 }  // namespace
 
 core::LossSum Classifier::loss(const core::Batch& batch) {
+  set_sample_keys(*net_, batch.keys);
   auto logits = net_->forward(batch.input);
   auto sum = torch::nn::functional::cross_entropy(
       logits, batch.target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
