@@ -16,6 +16,7 @@
 #include "gradaccum/dist/process_group.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
+#include "gradaccum/models/sample_dropout.h"
 #include "padded_batches.h"
 #include "test_support.h"
 #include "tiny_decoders.h"
@@ -157,6 +158,31 @@ std::string tiny_gpt_run(const std::string& dir) {
 // The program with device: cuda, on padded documents (the masked loss): in float64, 4 x 4 on
 // CUDA gives the CPU's 16 x 1 step by step; under bf16 autocast on CUDA it stays within
 // bfloat16's rounding of it.
+// The per-sample dropout masks are the same bits on a GPU (int64 tensor arithmetic wraps there
+// as on the CPU), and a dropout run on CUDA follows the CPU's in float64.
+TEST(GpuDropout, PerSampleMasksOnCudaEqualTheCpusAndTrainingFollowsIt) {
+  SKIP_WITHOUT_CUDA();
+  const gradaccum::core::SampleKeys keys{torch::tensor({3, 17, 123456789}, torch::kLong), 5, 42};
+  const auto x = torch::ones({3, 2, 40, 40});
+  const auto cpu = gradaccum::models::per_sample_dropout_scale(x, 0.1, keys, 7);
+  const auto cuda = gradaccum::models::per_sample_dropout_scale(x.cuda(), 0.1, keys, 7);
+  EXPECT_TRUE(torch::equal(cuda.cpu(), cpu));
+  const auto dir = gradaccum::testing::make_temp_dir("gpu-dropout");
+  const std::string run = tiny_gpt_run(dir) + " --set dtype=float64 --set model.resid_pdrop=0.1 "
+                                              "--set model.embd_pdrop=0.1 --set model.attn_pdrop=0.1";
+  const auto on_cpu = gradaccum::testing::train_steps(
+      run + " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=1", dir + "/cpu");
+  const auto on_cuda = gradaccum::testing::train_steps(
+      run + " --set device=cuda --set per_device_train_batch_size=4 --set gradient_accumulation_steps=4", dir + "/cuda");
+  ASSERT_EQ(on_cuda.size(), on_cpu.size());
+  for (size_t i = 0; i < on_cpu.size(); ++i) {
+    EXPECT_LE(relative_difference(on_cuda[i]["loss"].get<double>(), on_cpu[i]["loss"].get<double>()), 1e-10) << i;
+    EXPECT_LE(relative_difference(on_cuda[i]["grad_norm"].get<double>(), on_cpu[i]["grad_norm"].get<double>()), 1e-10)
+        << i;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GpuCli, GptOnPaddedDocumentsFollowsTheCpuFullBatch) {
   SKIP_WITHOUT_CUDA();
   const auto dir = gradaccum::testing::make_temp_dir("gpu-cli");
