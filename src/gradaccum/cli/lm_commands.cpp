@@ -5,7 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "gradaccum/cli/runtime.h"
+#include "gradaccum/run/runtime.h"
 #include "gradaccum/cli/workload.h"
 #include "gradaccum/core/check.h"
 #include "gradaccum/data/lm_dataset.h"
@@ -39,7 +39,7 @@ models::BuiltModel load_causal_lm(const std::string& dir) {
 }  // namespace
 
 int run_generate(const GenerateArgs& args) {
-  configure_threads(args.threads, 1);
+  run::configure_threads(args.threads, 1);
   auto model = load_causal_lm(args.checkpoint);
   const auto tokenizer = load_tokenizer(args.tokenizer, args.checkpoint);
   const auto prompt = tokenizer.encode(args.prompt);
@@ -61,7 +61,7 @@ int run_generate(const GenerateArgs& args) {
 
 int run_eval(const EvalArgs& args) {
   GA_CHECK(args.batch_size >= 1, "--batch-size must be >= 1, got {}", args.batch_size);
-  configure_threads(args.threads, 1);
+  run::configure_threads(args.threads, 1);
   auto model = load_causal_lm(args.checkpoint);
   const auto tokenizer = load_tokenizer(args.tokenizer, args.checkpoint);
   GA_CHECK(!args.file.empty(), "eval: a text FILE is required");

@@ -7,7 +7,7 @@
 #include "gradaccum/cli/lm_commands.h"
 #include "gradaccum/cli/plan_command.h"
 #include "gradaccum/cli/plot_command.h"
-#include "gradaccum/cli/runtime.h"
+#include "gradaccum/run/runtime.h"
 #include "gradaccum/cli/tokenize_command.h"
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/cli/verify_command.h"
@@ -22,8 +22,8 @@ int main(int argc, char** argv) {
   CLI::App app{"gradaccum: exact, fast gradient accumulation on libtorch"};
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("gradaccum {}\nlibtorch: {}\nkernels: {}", GRADACCUM_VERSION,
-                                                gradaccum::cli::libtorch_description(),
-                                                gradaccum::cli::kernels_description()));
+                                                gradaccum::run::libtorch_description(),
+                                                gradaccum::run::kernels_description()));
 
   gradaccum::cli::TrainArgs train;
   auto* train_cmd = app.add_subcommand("train", "Train a model (no CONFIG: the built-in default run)");

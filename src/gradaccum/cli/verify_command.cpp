@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "gradaccum/cli/plot_command.h"
-#include "gradaccum/cli/runtime.h"
+#include "gradaccum/run/runtime.h"
 #include "gradaccum/core/check.h"
 #include "gradaccum/cli/workload.h"
 #include "gradaccum/core/trainer.h"
@@ -82,7 +82,7 @@ int run_verify(const VerifyArgs& args) {
   for (const char* o : {"dtype=float64", "data.eval_limit=-1", "global_batch_size=0"}) overrides.emplace_back(o);
   overrides.push_back(fmt::format("max_steps={}", args.steps));
   const auto base = io::load_config(args.config_path, overrides);
-  configure_threads(base.threads, 1);
+  run::configure_threads(base.threads, 1);
 
   fmt::print("verify: {} steps in float64, global batch {}, tolerance {:.0e}\n", args.steps,
              splits[0].micro_batch * splits[0].steps, args.tolerance);

@@ -1,10 +1,10 @@
-#include "gradaccum/cli/progress.h"
+#include "gradaccum/run/progress.h"
 
 #include <fmt/format.h>
 
 #include <cmath>
 
-namespace gradaccum::cli {
+namespace gradaccum::run {
 
 Progress::Progress(FILE* out, bool terminal, int64_t logging_steps)
     : out_(out), terminal_(terminal), logging_steps_(logging_steps) {}
@@ -70,4 +70,4 @@ void Progress::on_end(const core::TrainSummary& s) {
   std::fflush(out_);
 }
 
-}  // namespace gradaccum::cli
+}  // namespace gradaccum::run

@@ -1,4 +1,4 @@
-#include "gradaccum/cli/launcher.h"
+#include "gradaccum/run/launcher.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -14,7 +14,7 @@
 
 #include "gradaccum/core/check.h"
 
-namespace gradaccum::cli {
+namespace gradaccum::run {
 
 namespace {
 
@@ -126,4 +126,4 @@ int launch_local(int64_t nproc, const std::vector<std::string>& child_args) {
   return exit_code;
 }
 
-}  // namespace gradaccum::cli
+}  // namespace gradaccum::run

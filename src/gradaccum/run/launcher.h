@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-namespace gradaccum::cli {
+namespace gradaccum::run {
 
 // `child_args` are the arguments after the program name, without --nproc.
 // Returns the exit code for the launcher process.
 int launch_local(int64_t nproc, const std::vector<std::string>& child_args);
 
-}  // namespace gradaccum::cli
+}  // namespace gradaccum::run

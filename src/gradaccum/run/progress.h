@@ -6,7 +6,7 @@
 
 #include "gradaccum/core/training_observer.h"
 
-namespace gradaccum::cli {
+namespace gradaccum::run {
 
 class Progress final : public core::TrainingObserver {
  public:
@@ -29,4 +29,4 @@ class Progress final : public core::TrainingObserver {
   std::chrono::steady_clock::time_point last_draw_{};
 };
 
-}  // namespace gradaccum::cli
+}  // namespace gradaccum::run

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-namespace gradaccum::cli {
+namespace gradaccum::run {
 
 // Sets libtorch's intra-op threads to `requested`, or (0) this host's cores shared among its
 // `local_ranks`. Returns the count set.
@@ -18,4 +18,4 @@ std::string libtorch_description();
 // e.g. "BLAS mkl, ATen AVX512 kernels".
 std::string kernels_description();
 
-}  // namespace gradaccum::cli
+}  // namespace gradaccum::run

@@ -1,4 +1,4 @@
-#include "gradaccum/cli/runtime.h"
+#include "gradaccum/run/runtime.h"
 
 #include <ATen/Version.h>
 #include <fmt/format.h>
@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-namespace gradaccum::cli {
+namespace gradaccum::run {
 namespace {
 
 // A field of at::show_config()'s "Build settings" line ("BLAS_INFO=mkl, ..."); "" if absent.
@@ -48,4 +48,4 @@ std::string kernels_description() {
                      at::get_cpu_capability());
 }
 
-}  // namespace gradaccum::cli
+}  // namespace gradaccum::run

@@ -1,0 +1,37 @@
+#include "gradaccum/run/checkpoint_writer.h"
+
+#include "gradaccum/core/check.h"
+#include "gradaccum/dist/sharded_optimizer.h"
+
+namespace gradaccum::run {
+
+CheckpointWriter::CheckpointWriter(io::CheckpointStore& store, const ModelFiles& files, bool rank0,
+                                   bool optimizer_per_rank, std::string description, uint64_t seed)
+    : store_(store),
+      files_(files),
+      rank0_(rank0),
+      optimizer_per_rank_(optimizer_per_rank),
+      description_(std::move(description)),
+      seed_(seed) {}
+
+void CheckpointWriter::set_optimizer(torch::optim::Optimizer& optimizer, optim::NamedParameters parameters) {
+  optimizer_ = &optimizer;
+  parameters_ = std::move(parameters);
+}
+
+void CheckpointWriter::save(const core::TrainingState& state, core::SaveReason /*reason*/) {
+  GA_CHECK(optimizer_ != nullptr, "checkpoint: the writer has no optimizer to save");
+  io::CheckpointContents contents;
+  contents.state = state;
+  if (rank0_) {
+    contents.model = files_.weights();
+    contents.model_config = files_.config;
+  }
+  if (rank0_ || optimizer_per_rank_) contents.optimizer = dist::named_optimizer_state(*optimizer_, parameters_);
+  contents.optimizer_per_rank = optimizer_per_rank_;
+  contents.resolved_config = description_;
+  contents.seed = seed_;
+  last_ = store_.save(contents);
+}
+
+}  // namespace gradaccum::run

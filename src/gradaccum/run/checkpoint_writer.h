@@ -1,0 +1,38 @@
+// The checkpoint hook of a run: what the training loop hands over (its position and a partial
+// window) plus what the run owns — the weights under their file names, the optimizer state, the
+// configuration and the seed — written through io::CheckpointStore.
+#pragma once
+
+#include <string>
+
+#include "gradaccum/core/training_state.h"
+#include "gradaccum/io/checkpoint.h"
+#include "gradaccum/optim/optimizer_state.h"
+#include "gradaccum/run/fit.h"
+
+namespace gradaccum::run {
+
+class CheckpointWriter final : public core::CheckpointHook {
+ public:
+  // `files` names the weights; rank 0 saves them, every rank its optimizer shard under ZeRO-1
+  // (`optimizer_per_rank`), else rank 0 the whole optimizer.
+  CheckpointWriter(io::CheckpointStore& store, const ModelFiles& files, bool rank0, bool optimizer_per_rank,
+                   std::string description, uint64_t seed);
+
+  void set_optimizer(torch::optim::Optimizer& optimizer, optim::NamedParameters parameters);
+  void save(const core::TrainingState& state, core::SaveReason reason) override;
+  const std::string& last() const { return last_; }
+
+ private:
+  io::CheckpointStore& store_;
+  const ModelFiles& files_;
+  bool rank0_;
+  bool optimizer_per_rank_;
+  std::string description_;
+  uint64_t seed_;
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  optim::NamedParameters parameters_;
+  std::string last_;
+};
+
+}  // namespace gradaccum::run

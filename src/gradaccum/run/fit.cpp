@@ -1,0 +1,310 @@
+#include "gradaccum/run/fit.h"
+
+#include <unistd.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <filesystem>
+#include <mutex>
+#include <optional>
+
+#include "gradaccum/core/batch_dependence.h"
+#include "gradaccum/core/check.h"
+#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/core/float32_cpu_matmuls.h"
+#include "gradaccum/dist/bucketed_grad_sync.h"
+#include "gradaccum/dist/environment.h"
+#include "gradaccum/dist/process_group.h"
+#include "gradaccum/dist/sharded_optimizer.h"
+#include "gradaccum/dist/store_stop_agreement.h"
+#include "gradaccum/dist/tree_grad_sync.h"
+#include "gradaccum/io/checkpoint.h"
+#include "gradaccum/io/grad_flow_writer.h"
+#include "gradaccum/io/heap_retention.h"
+#include "gradaccum/io/metrics_writer.h"
+#include "gradaccum/io/process_stats.h"
+#include "gradaccum/io/safetensors.h"
+#include "gradaccum/io/tensorboard_writer.h"
+#include "gradaccum/models/built_model.h"
+#include "gradaccum/models/hf_checkpoint.h"
+#include "gradaccum/models/module_tensors.h"
+#include "gradaccum/run/checkpoint_writer.h"
+#include "gradaccum/run/progress.h"
+#include "gradaccum/run/runtime.h"
+#include "gradaccum/run/stop_signals.h"
+
+namespace gradaccum::run {
+
+namespace fs = std::filesystem;
+
+ModelFiles model_files(models::BuiltModel& model) {
+  ModelFiles files;
+  files.weights = [&model] { return model.weights(); };
+  files.load = [&model](const models::WeightList& weights, const std::string& what) {
+    model.load_weights(weights, what);
+  };
+  files.config = model.hf_config;
+  return files;
+}
+
+namespace {
+
+// The default names: the module's own.
+ModelFiles complete(const ModelFiles& given, core::Trainable& model) {
+  ModelFiles files = given;
+  if (!files.weights) files.weights = [&model] { return models::module_tensors(model.module()); };
+  if (!files.load) {
+    files.load = [&model](const models::WeightList& weights, const std::string& what) {
+      models::load_module_tensors(model.module(), weights, what);
+    };
+  }
+  return files;
+}
+
+// Checks a checkpoint against this run and adapts its position when a different global batch
+// is allowed.
+core::TrainingState resume_state(const io::LoadedCheckpoint& loaded, const RunOptions& options,
+                                 const core::BatchGeometry& geometry) {
+  auto state = loaded.state;
+  GA_CHECK(loaded.seed == options.trainer.seed,
+           "checkpoint {}: it was saved with seed {} and this run has seed {}; the data order would "
+           "change",
+           loaded.directory, loaded.seed, options.trainer.seed);
+  GA_CHECK(state.window_tokens == options.trainer.window_tokens,
+           "checkpoint {}: it was saved with window_tokens {} and this run has {}; that changes the windows",
+           loaded.directory, state.window_tokens, options.trainer.window_tokens);
+  // Token windows do not depend on b, N or W: any decomposition continues them between windows.
+  if (state.window_tokens > 0) {
+    state.global_batch = geometry.global_batch();
+  } else if (state.global_batch != geometry.global_batch()) {
+    GA_CHECK(options.allow_batch_change,
+             "checkpoint {}: it was saved with global batch {} and this run has {}; that changes the "
+             "trajectory (set allow_batch_change=true to continue anyway)",
+             loaded.directory, state.global_batch, geometry.global_batch());
+    GA_CHECK(state.position.micro_step == 0,
+             "checkpoint {}: saved inside a window, it cannot continue with another global batch",
+             loaded.directory);
+    // Continue at the window holding the first sample not yet seen.
+    state.position.window = state.position.window * state.global_batch / geometry.global_batch();
+    state.global_batch = geometry.global_batch();
+  }
+  return state;
+}
+
+// Peak RSS as of the latest optimizer step, i.e. before the end-of-run checkpoint and final save
+// (rank 0's metrics lines carry the same figure).
+class StepPeakRss final : public core::TrainingObserver {
+ public:
+  void on_step(const core::StepRecord&) override { mb_ = io::peak_rss_mb(); }
+  double mb() const { return mb_; }
+
+ private:
+  double mb_ = 0.0;
+};
+
+// 1. Threads, custom kernels, and how CPU autocast multiplies.
+int set_up_process(const RunOptions& options, int64_t local_ranks, bool rank0) {
+  const int threads = configure_threads(options.threads, local_ranks);
+  core::set_custom_kernels(options.custom_kernels);
+  // Keep the memory a step frees for the next step instead of re-faulting it (heap_retention.h).
+  if (core::custom_kernel_enabled(core::CustomKernel::heap_retention)) io::retain_freed_heap();
+  const auto& t = options.trainer;
+  if (core::routes_cpu_matmuls_through_float32(options.bf16_cpu_matmuls, t.mixed_precision, t.device,
+                                               core::cpu_has_native_bf16(), core::cpu_has_native_fp16())) {
+    core::route_cpu_autocast_matmuls_through_float32();
+    if (rank0 && t.mixed_precision == core::MixedPrecision::bf16) {
+      fmt::print(stderr, "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands (bf16_cpu_matmuls: {})\n",
+                 options.bf16_cpu_matmuls);
+    } else if (rank0) {
+      fmt::print(stderr, "fp16 matmuls: float32 GEMMs on float16-rounded operands (this CPU has no AVX512-FP16)\n");
+    }
+  }
+  GA_CHECK(!t.device.is_cuda() || torch::cuda::is_available(),
+           "key 'device': cuda requested but this libtorch has no CUDA device");
+  return threads;
+}
+
+// 2. Data parallel: connect, refuse mismatched configurations, and hook the reducer onto the
+// parameters in their final device and dtype.
+struct DataParallel {
+  c10::intrusive_ptr<c10d::Backend> group;
+  std::unique_ptr<core::GradSync> sync;
+  std::unique_ptr<torch::optim::Optimizer> sharded;
+  std::unique_ptr<dist::StoreStopAgreement> stop_agreement;
+};
+
+DataParallel connect(const RunOptions& options, const dist::DistEnvironment& env, core::Trainable& model) {
+  DataParallel dp;
+  if (!env.distributed()) return dp;
+  const auto& t = options.trainer;
+  auto connection = dist::connect(env, std::chrono::seconds(options.dist_timeout_s), t.device);
+  dp.group = connection.group;
+  dp.stop_agreement = std::make_unique<dist::StoreStopAgreement>(connection.store, env.rank);
+  dist::check_same_on_all_ranks(*dp.group, static_cast<int64_t>(std::hash<std::string>{}(options.description) >> 1),
+                                "configuration");
+  model.module().to(t.device, t.dtype);
+  std::vector<torch::Tensor> params;
+  for (auto& p : model.module().parameters()) {
+    if (p.requires_grad()) params.push_back(p);
+  }
+  if (t.deterministic_accumulation) {
+    dp.sync = std::make_unique<dist::TreeGradSync>(dp.group, params);  // the canonical tree's top levels
+  } else {
+    dist::GradSyncOptions sync_options;
+    sync_options.bucket_bytes = options.ddp_bucket_cap_mb * 1024 * 1024;
+    sync_options.sync_each_micro_step = options.sync_each_micro_step;
+    dp.sync = std::make_unique<dist::BucketedGradSync>(dp.group, params, sync_options);
+  }
+  if (options.zero_stage == 1) dp.sharded = std::make_unique<dist::ShardedOptimizer>(dp.group, params, t.optimizer);
+  return dp;
+}
+
+// 4. Rank 0's outputs, every figure global.
+struct Outputs {
+  std::unique_ptr<io::MetricsWriter> metrics;
+  std::unique_ptr<Progress> progress;
+  std::unique_ptr<io::TensorBoardWriter> tensorboard;
+  std::unique_ptr<io::GradFlowWriter> grad_flow;
+};
+
+Outputs open_outputs(const RunOptions& options, int64_t resumed_step, core::ObserverList& observers) {
+  Outputs out;
+  fs::create_directories(options.output_dir);
+  if (!options.description.empty()) {
+    io::write_file_atomically((fs::path(options.output_dir) / "config.yaml").string(), options.description);
+  }
+  out.metrics = std::make_unique<io::MetricsWriter>(options.output_dir, options.items_are_tokens, resumed_step);
+  observers.add(*out.metrics);
+  if (options.console) {
+    out.progress = std::make_unique<Progress>(stdout, isatty(STDOUT_FILENO) != 0, options.logging_steps);
+    observers.add(*out.progress);
+  }
+  if (options.trainer.grad_flow_steps > 0) {
+    out.grad_flow = std::make_unique<io::GradFlowWriter>(options.output_dir, resumed_step);
+    observers.add(*out.grad_flow);
+  }
+  if (options.tensorboard) {
+    const auto dir = options.logging_dir.empty() ? (fs::path(options.output_dir) / "runs").string() : options.logging_dir;
+    out.tensorboard = std::make_unique<io::TensorBoardWriter>(dir, options.items_are_tokens, options.logging_steps);
+    observers.add(*out.tensorboard);
+  }
+  return out;
+}
+
+// 6. The trained model on its own: an HF checkpoint when the model has a config.json, else the
+// weights alone.
+void save_final(const ModelFiles& files, const std::string& dir) {
+  if (!files.config.is_null()) {
+    models::write_hf_checkpoint(dir, {files.config, files.weights()});
+    return;
+  }
+  fs::create_directories(dir);
+  io::save_safetensors(dir + "/model.safetensors", files.weights());
+}
+
+}  // namespace
+
+RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dataset& train_data,
+              const core::Dataset* eval_data, const ModelFiles& given_files, core::TrainingObserver* observer) {
+  const auto env = dist::read_environment();
+  const bool rank0 = env.rank == 0;
+  const auto files = complete(given_files, model);
+  const int threads = set_up_process(options, env.local_world_size, rank0);
+
+  // 3. Everything that can fail on bad input happens before output_dir is created.
+  std::optional<io::LoadedCheckpoint> checkpoint;
+  if (!options.resume_from_checkpoint.empty()) {
+    checkpoint = io::read_checkpoint(io::resolve_checkpoint(options.resume_from_checkpoint, options.output_dir),
+                                     env.rank);
+  }
+  const auto geometry = options.trainer.geometry(env.world_size);
+  if (const auto warning =
+          core::batch_dependence_warning(model.module(), geometry.accumulation_steps(), geometry.world_size());
+      !warning.empty() && rank0) {
+    fmt::print(stderr, "{}\n", warning);
+  }
+  std::optional<core::TrainingState> resumed;
+  if (checkpoint) resumed = resume_state(*checkpoint, options, geometry);
+
+  auto dp = connect(options, env, model);
+
+  core::ObserverList observers;
+  StepPeakRss step_peak;
+  observers.add(step_peak);
+  if (observer != nullptr) observers.add(*observer);
+  Outputs outputs;
+  if (rank0) {
+    outputs = open_outputs(options, resumed ? resumed->position.step : -1, observers);
+    if (options.console) {
+      fmt::print("threads: {}, dtype: {}, device: {}, world size: {}, output: {}\n", threads,
+                 options.trainer.dtype == torch::kDouble ? "float64" : "float32", options.trainer.device.str(),
+                 env.world_size, options.output_dir);
+      fmt::print("libtorch: {}\nkernels: {}; custom: {}\n", libtorch_description(), kernels_description(),
+                 core::custom_kernels_description());
+      if (!options.data_description.empty()) fmt::print("data: {}\n", options.data_description);
+    }
+  }
+
+  const bool optimizer_per_rank = dp.sharded != nullptr;
+  core::Trainer trainer(options.trainer, model, train_data, rank0 ? eval_data : nullptr, observers, dp.sync.get(),
+                        std::move(dp.sharded));
+  if (checkpoint) {
+    const auto& dir = checkpoint->directory;
+    files.load(checkpoint->model, dir + "/model.safetensors");
+    dist::load_named_optimizer_state(trainer.optimizer(), trainer.named_parameters(), checkpoint->optimizer, dir);
+    if (checkpoint->rng_state.defined()) {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(checkpoint->rng_state);
+    }
+    trainer.restore(*resumed);
+    if (rank0 && options.console) {
+      fmt::print("resuming from {} at step {} (epoch {}, window {}, micro-step {})\n", dir, resumed->position.step,
+                 resumed->position.epoch, resumed->position.window, resumed->position.micro_step);
+    }
+  }
+
+  // 5. Checkpoints and preemption.
+  io::CheckpointStoreOptions store_options;
+  store_options.output_dir = options.output_dir;
+  store_options.rank = env.rank;
+  store_options.world_size = env.world_size;
+  store_options.save_total_limit = options.save_total_limit;
+  if (dp.group) store_options.barrier = [&dp] { dist::barrier(*dp.group, "the checkpoint barrier"); };
+  io::CheckpointStore store(store_options);
+  CheckpointWriter writer(store, files, rank0, optimizer_per_rank, options.description, options.trainer.seed);
+  writer.set_optimizer(trainer.optimizer(), trainer.named_parameters());
+  trainer.set_checkpointing(&writer, &install_stop_signals(), dp.stop_agreement.get());
+
+  RunResult result;
+  result.rank = env.rank;
+  result.world_size = env.world_size;
+  result.summary = trainer.run();
+  result.last_checkpoint = writer.last();
+  if (result.summary.preempted) {
+    if (rank0 && options.console) {
+      fmt::print("stopped at step {} on request; checkpoint: {}\nresume with: --set resume_from_checkpoint=latest\n",
+                 result.summary.steps, writer.last());
+    }
+  } else if (rank0) {
+    result.final_dir = (fs::path(options.output_dir) / "final").string();
+    save_final(files, result.final_dir);
+  }
+  if (!rank0) {
+    // Memory is per process: every rank leaves its own figures beside the summary, for the whole
+    // run and for the training loop alone.
+    const nlohmann::json figures = {
+        {"rank", env.rank}, {"peak_rss_mb", io::peak_rss_mb()}, {"train_peak_rss_mb", step_peak.mb()}};
+    io::write_file_atomically((fs::path(options.output_dir) / fmt::format("rank{}.json", env.rank)).string(),
+                              figures.dump() + "\n");
+  }
+  if (dp.group) {
+    // Every rank is done with its outputs; then the group is shut down, not just dropped
+    // (libtorch's NCCL backend warns and may leak communicators otherwise).
+    dist::barrier(*dp.group, "the end of the run");
+    dp.group->shutdown();
+  }
+  return result;
+}
+
+}  // namespace gradaccum::run
