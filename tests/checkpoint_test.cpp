@@ -22,6 +22,7 @@
 #include "gradaccum/models/tasks.h"
 #include "gradaccum/optim/optimizer_factory.h"
 #include "gradaccum/optim/optimizer_state.h"
+#include "stop_inside_window.h"
 #include "test_support.h"
 
 extern char** environ;
@@ -415,37 +416,8 @@ TEST(NanPolicy, AbortNamesTheStepAndMicroStepSkipLeavesWeightsUnchanged) {
 // In-process: a stop request raised from inside a window (by the dataset, at a
 // known micro-step) hands over the partial window; a fresh trainer restored
 // from it ends with exactly the weights of an uninterrupted run.
-class StopAfterFetches final : public core::Dataset {
- public:
-  StopAfterFetches(const core::Dataset& inner, std::atomic<bool>& stop, int64_t fetches)
-      : inner_(inner), stop_(stop), left_(fetches) {}
-  int64_t size() const override { return inner_.size(); }
-  core::Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const override {
-    if (--left_ == 0) stop_ = true;
-    return inner_.get(indices, dtype);
-  }
-
- private:
-  const core::Dataset& inner_;
-  std::atomic<bool>& stop_;
-  mutable int64_t left_;
-};
-
-class MemoryHook final : public core::CheckpointHook {
- public:
-  void save(const core::TrainingState& state, core::SaveReason reason) override {
-    if (reason != core::SaveReason::preempted) return;
-    saved = state;
-    optimizer = gradaccum::io::serialize_safetensors(gradaccum::optim::optimizer_state(*optimizer_, names_));
-    weights = gradaccum::models::module_tensors(*module_);
-  }
-  torch::optim::Optimizer* optimizer_ = nullptr;
-  gradaccum::optim::NamedParameters names_;
-  torch::nn::Module* module_ = nullptr;
-  core::TrainingState saved;
-  std::string optimizer;
-  std::vector<std::pair<std::string, torch::Tensor>> weights;
-};
+using gradaccum::testing::MemoryHook;
+using gradaccum::testing::StopAfterFetches;
 
 TEST(CheckpointPreemption, StopInsideAWindowThenRestoreGivesIdenticalWeights) {
   torch::manual_seed(3);

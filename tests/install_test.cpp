@@ -39,7 +39,8 @@ TEST(InstalledPackage, AnOutsideProjectBuildsOnItAndTrainsAlikeOnTwoRanks) {
 
   ASSERT_EQ(shell("'" + cmake + "' -S '" + GRADACCUM_SOURCE_DIR + "/examples/custom_model' -B '" + example +
                       "' -DCMAKE_BUILD_TYPE=Release '-DCMAKE_PREFIX_PATH=" + prefix + ";" + GRADACCUM_TORCH_PREFIX +
-                      "' && '" + cmake + "' --build '" + example + "'",
+                      "' '-DCMAKE_CXX_FLAGS=" + GRADACCUM_EXAMPLE_FLAGS + "' '-DCMAKE_EXE_LINKER_FLAGS=" +
+                      GRADACCUM_EXAMPLE_FLAGS + "' && '" + cmake + "' --build '" + example + "'",
                   dir + "/build.log"),
             0)
       << read_text(dir + "/build.log");

@@ -103,6 +103,16 @@ TEST(SampleDropout, EvalModeAndZeroAreTheIdentityAndMissingKeysAreAnError) {
             "key 'dropout': a dropout probability must be in [0, 1), got 1");
 }
 
+// Three rows of 10 token ids, the second padded after 6.
+core::Batch padded_batch() {
+  core::Batch batch;
+  batch.input = torch::randint(1, 64, {3, 10}, at::detail::createCPUGenerator(5), torch::kLong);
+  batch.attention_mask = torch::ones({3, 10}, torch::kLong);
+  batch.attention_mask.slice(1, 6, 10)[1].fill_(0);
+  batch.target = batch.input.masked_fill(batch.attention_mask.eq(0), -100);
+  return batch;
+}
+
 // Loss and gradients of one padded micro-batch of the tiny GPT-2 with every dropout at 0.1.
 struct Outcome {
   double loss;
@@ -115,11 +125,7 @@ Outcome gpt2_step(bool checkpointed, models::DropoutRng rng) {
   models::CausalLm model{models::Gpt2LmHeadModel(config)};
   model.model()->transformer->set_gradient_checkpointing(checkpointed);
   model.module().to(torch::kDouble);
-  core::Batch batch;
-  batch.input = torch::randint(1, 64, {3, 10}, at::detail::createCPUGenerator(5), torch::kLong);
-  batch.attention_mask = torch::ones({3, 10}, torch::kLong);
-  batch.attention_mask.slice(1, 6, 10)[1].fill_(0);
-  batch.target = batch.input.masked_fill(batch.attention_mask.eq(0), -100);
+  auto batch = padded_batch();
   batch.keys = keys({4, 8, 15});
   torch::manual_seed(0);
   const auto l = model.loss(batch);
@@ -136,12 +142,7 @@ TEST(SampleDropout, ACheckpointedBlockRecomputesTheSameMasks) {
   auto config = support::tiny_gpt2_config();
   models::CausalLm bare{models::Gpt2LmHeadModel(config)};
   bare.module().to(torch::kDouble);
-  core::Batch batch;
-  batch.input = torch::randint(1, 64, {3, 10}, at::detail::createCPUGenerator(5), torch::kLong);
-  batch.attention_mask = torch::ones({3, 10}, torch::kLong);
-  batch.attention_mask.slice(1, 6, 10)[1].fill_(0);
-  batch.target = batch.input.masked_fill(batch.attention_mask.eq(0), -100);
-  EXPECT_GT(std::abs(bare.loss(batch).sum.item<double>() - plain.loss), 1e-3);
+  EXPECT_GT(std::abs(bare.loss(padded_batch()).sum.item<double>() - plain.loss), 1e-3);
 }
 
 TEST(SampleDropout, HfConfigNamesAreWrittenAndRead) {

@@ -21,6 +21,7 @@
 #include "gradaccum/models/module_tensors.h"
 #include "gradaccum/optim/optimizer_state.h"
 #include "in_process_ranks.h"
+#include "stop_inside_window.h"
 #include "test_support.h"
 #include "tiny_decoders.h"
 
@@ -245,40 +246,8 @@ TEST(WindowTokensRuns, OneSampleFourSamplesAndTwoRanksTrainAlike) {
   expect_same_trajectory(budget, one);
 }
 
-// Raises the stop flag when the `fetches`-th micro-batch is fetched.
-class StopAfterFetches final : public core::Dataset {
- public:
-  StopAfterFetches(const core::Dataset& inner, std::atomic<bool>& stop, int64_t fetches)
-      : inner_(inner), stop_(stop), left_(fetches) {}
-  int64_t size() const override { return inner_.size(); }
-  core::Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const override {
-    if (--left_ == 0) stop_ = true;
-    return inner_.get(indices, dtype);
-  }
-  torch::Tensor sample_lengths() const override { return inner_.sample_lengths(); }
-  torch::Tensor sample_items() const override { return inner_.sample_items(); }
-
- private:
-  const core::Dataset& inner_;
-  std::atomic<bool>& stop_;
-  mutable int64_t left_;
-};
-
-class MemoryHook final : public core::CheckpointHook {
- public:
-  void save(const core::TrainingState& state, core::SaveReason reason) override {
-    if (reason != core::SaveReason::preempted) return;
-    saved = state;
-    optimizer = gradaccum::io::serialize_safetensors(gradaccum::optim::optimizer_state(*optimizer_, names_));
-    weights = models::module_tensors(*module_);
-  }
-  torch::optim::Optimizer* optimizer_ = nullptr;
-  gradaccum::optim::NamedParameters names_;
-  torch::nn::Module* module_ = nullptr;
-  core::TrainingState saved;
-  std::string optimizer;
-  std::vector<std::pair<std::string, torch::Tensor>> weights;
-};
+using gradaccum::testing::MemoryHook;
+using gradaccum::testing::StopAfterFetches;
 
 // Stops inside the first window from step 3 on that has at least two micro-steps (the stop
 // flag is raised while its first micro-batch is fetched), restores a fresh trainer from what was
