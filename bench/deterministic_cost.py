@@ -7,32 +7,15 @@ JSON line and a Markdown table of medians: tokens/s, peak RSS, and the ratios.
   /opt/gradaccum/venv/bin/python bench/deterministic_cost.py [--build build] [--runs 5]
       [--threads 2] [--steps 8] [--warmup-steps 2] [--accumulation 4,16]
 """
-import argparse
-import json
-import os
 import statistics
-import subprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run(binary, args, deterministic):
-    command = [binary] + args + (["--deterministic-accumulation"] if deterministic else [])
-    line = subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    print(line, flush=True)
-    return json.loads(line)
+import lm_runs
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--build", default=os.path.join(REPO, "build"))
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser = lm_runs.options(__doc__)
     parser.add_argument("--accumulation", default="4,16")
     a = parser.parse_args()
-    binary = os.path.join(a.build, "bench", "lm_throughput")
     rows = []
     for n in [int(x) for x in a.accumulation.split(",")]:
         args = ["--threads", str(a.threads), "--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps),
@@ -40,7 +23,8 @@ def main():
         results = {False: [], True: []}
         for r in range(a.runs):
             for deterministic in ([False, True] if r % 2 == 0 else [True, False]):
-                results[deterministic].append(run(binary, args, deterministic))
+                extra = ["--deterministic-accumulation"] if deterministic else []
+                results[deterministic].append(lm_runs.run(a.build, args + extra))
         med = {d: {k: statistics.median(x[k] for x in results[d]) for k in ("tokens_per_s", "peak_rss_mb")}
                for d in results}
         rows.append((n, med))

@@ -7,42 +7,26 @@ process's JSON line and a Markdown table of medians: tokens/s, peak RSS, and the
   /opt/gradaccum/venv/bin/python bench/dropout_cost.py [--build build] [--runs 5] [--threads 2]
       [--steps 8] [--warmup-steps 2] [--dropout 0.1] [--shape small]
 """
-import argparse
-import json
-import os
 import statistics
-import subprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import lm_runs
+
 MODES = {"none": [], "libtorch": ["--dropout-rng", "libtorch"], "per_sample": ["--dropout-rng", "per_sample"]}
 
 
-def run(binary, args, mode, p):
-    extra = [] if mode == "none" else ["--dropout", str(p)] + MODES[mode]
-    line = subprocess.run([binary] + args + extra, check=True, capture_output=True,
-                          text=True).stdout.strip().splitlines()[-1]
-    print(line, flush=True)
-    return json.loads(line)
-
-
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--build", default=os.path.join(REPO, "build"))
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser = lm_runs.options(__doc__)
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--shape", default="small")
     a = parser.parse_args()
-    binary = os.path.join(a.build, "bench", "lm_throughput")
     args = ["--threads", str(a.threads), "--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps),
             "--shape", a.shape]
     modes = list(MODES)
     results = {m: [] for m in modes}
     for r in range(a.runs):
         for m in modes[r % 3:] + modes[:r % 3]:
-            results[m].append(run(binary, args, m, a.dropout))
+            extra = [] if m == "none" else ["--dropout", str(a.dropout)] + MODES[m]
+            results[m].append(lm_runs.run(a.build, args + extra))
     med = {m: {k: statistics.median(x[k] for x in results[m]) for k in ("tokens_per_s", "peak_rss_mb")}
            for m in modes}
     print(f"\n| dropout {a.dropout} ({a.shape}) | tokens/s | vs no dropout | vs libtorch's | peak RSS MB |")
