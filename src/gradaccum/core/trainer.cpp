@@ -164,6 +164,7 @@ core::Batch Trainer::fetch(const torch::Tensor& indices, int64_t step) const {
   to_device(batch.input);
   to_device(batch.target);
   to_device(batch.attention_mask);
+  to_device(batch.keys.ids);  // per-sample dropout reads them on the device
   return batch;
 }
 
