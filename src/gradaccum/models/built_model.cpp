@@ -47,35 +47,48 @@ BuiltModel assemble(const std::string& architecture, const Gpt2Config* gpt2, con
   return built;
 }
 
-// The model.<name> dropout keys over a config's own values (-1: keep them). A key of the other
-// architecture is an error, so that a misspelt intent does not pass silently.
-void apply_dropout(const ModelConfig& config, Gpt2Config& c) {
-  for (const auto& [key, value] : {std::pair{"hidden_dropout", config.hidden_dropout},
-                                   std::pair{"attention_dropout", config.attention_dropout}}) {
-    GA_CHECK(value == -1, "key 'model.{}': a BLOOM setting; GPT-2's dropouts are resid_pdrop, embd_pdrop and attn_pdrop",
-             key);
+// One dropout key of an architecture: its name, the value the configuration gives (-1: none),
+// and the model config's field it sets.
+struct DropoutKey {
+  const char* name;
+  double given;
+  double* field;
+};
+
+// The model.<name> dropout keys over a config's own values (-1: keep them), each checked. A key of
+// another architecture (or the cnn's model.dropout) is an error naming this one's keys, so that a
+// misspelt intent does not pass silently.
+void apply_dropout_keys(const ModelConfig& config, const char* model, std::initializer_list<DropoutKey> own,
+                        const char* other_model, std::initializer_list<std::pair<const char*, double>> other) {
+  std::string names;
+  for (size_t i = 0; i < own.size(); ++i) {
+    names += (i == 0 ? "" : i + 1 == own.size() ? " and " : ", ") + std::string(own.begin()[i].name);
   }
-  GA_CHECK(config.dropout == 0.0, "key 'model.dropout': the cnn's; GPT-2's dropouts are resid_pdrop, embd_pdrop and attn_pdrop");
-  if (config.resid_pdrop != -1) c.resid_pdrop = config.resid_pdrop;
-  if (config.embd_pdrop != -1) c.embd_pdrop = config.embd_pdrop;
-  if (config.attn_pdrop != -1) c.attn_pdrop = config.attn_pdrop;
-  check_dropout_probability("model.resid_pdrop", c.resid_pdrop);
-  check_dropout_probability("model.embd_pdrop", c.embd_pdrop);
-  check_dropout_probability("model.attn_pdrop", c.attn_pdrop);
+  for (const auto& [key, value] : other) {
+    GA_CHECK(value == -1, "key 'model.{}': a {} setting; {}'s dropouts are {}", key, other_model, model, names);
+  }
+  GA_CHECK(config.dropout == 0.0, "key 'model.dropout': the cnn's; {}'s dropouts are {}", model, names);
+  for (const auto& key : own) {
+    if (key.given != -1) *key.field = key.given;
+    check_dropout_probability(fmt::format("model.{}", key.name), *key.field);
+  }
+}
+
+void apply_dropout(const ModelConfig& config, Gpt2Config& c) {
+  apply_dropout_keys(config, "GPT-2",
+                     {{"resid_pdrop", config.resid_pdrop, &c.resid_pdrop},
+                      {"embd_pdrop", config.embd_pdrop, &c.embd_pdrop},
+                      {"attn_pdrop", config.attn_pdrop, &c.attn_pdrop}},
+                     "BLOOM", {{"hidden_dropout", config.hidden_dropout}, {"attention_dropout", config.attention_dropout}});
   c.dropout_rng = config.dropout_rng;
 }
 
 void apply_dropout(const ModelConfig& config, BloomConfig& c) {
-  for (const auto& [key, value] : {std::pair{"resid_pdrop", config.resid_pdrop}, std::pair{"embd_pdrop", config.embd_pdrop},
-                                   std::pair{"attn_pdrop", config.attn_pdrop}}) {
-    GA_CHECK(value == -1, "key 'model.{}': a GPT-2 setting; BLOOM's dropouts are hidden_dropout and attention_dropout",
-             key);
-  }
-  GA_CHECK(config.dropout == 0.0, "key 'model.dropout': the cnn's; BLOOM's dropouts are hidden_dropout and attention_dropout");
-  if (config.hidden_dropout != -1) c.hidden_dropout = config.hidden_dropout;
-  if (config.attention_dropout != -1) c.attention_dropout = config.attention_dropout;
-  check_dropout_probability("model.hidden_dropout", c.hidden_dropout);
-  check_dropout_probability("model.attention_dropout", c.attention_dropout);
+  apply_dropout_keys(config, "BLOOM",
+                     {{"hidden_dropout", config.hidden_dropout, &c.hidden_dropout},
+                      {"attention_dropout", config.attention_dropout, &c.attention_dropout}},
+                     "GPT-2",
+                     {{"resid_pdrop", config.resid_pdrop}, {"embd_pdrop", config.embd_pdrop}, {"attn_pdrop", config.attn_pdrop}});
   c.dropout_rng = config.dropout_rng;
 }
 

@@ -5,7 +5,6 @@
 
 #include "gradaccum/core/check.h"
 #include "gradaccum/models/chunked_cross_entropy.h"
-#include "gradaccum/models/sample_dropout.h"
 
 namespace gradaccum::models {
 
@@ -75,7 +74,7 @@ core::LossSum CausalLm::loss(const core::Batch& batch) {
   // the CPU: adding a sparse gradient coalesces it, and on a GPU coalescing reads its
   // size on the host, a synchronization per micro-step (core/host_reads.h).
   // An untied head leaves the lookup as the table's only gradient: dense then.
-  set_sample_keys(*model_, batch.keys);
+  dropout_sites_.set_keys(batch.keys);
   auto& transformer = model_->transformer;
   const auto head = model_->head_weight();
   const auto lookup_grad =

@@ -13,6 +13,7 @@
 
 #include "gradaccum/core/trainable.h"
 #include "gradaccum/models/decoder.h"
+#include "gradaccum/models/sample_dropout.h"
 
 namespace gradaccum::models {
 
@@ -66,7 +67,8 @@ core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
 // to rounding; evaluation follows the same setting.
 class CausalLm final : public core::Trainable {
  public:
-  explicit CausalLm(CausalLmHead model, int64_t loss_chunk_tokens = 0) : model_(std::move(model)) {
+  explicit CausalLm(CausalLmHead model, int64_t loss_chunk_tokens = 0)
+      : model_(std::move(model)), dropout_sites_(*model_) {
     set_loss_chunk_tokens(loss_chunk_tokens);
   }
   template <typename Impl, typename = std::enable_if_t<std::is_base_of_v<CausalLmHeadImpl, Impl> &&
@@ -87,6 +89,7 @@ class CausalLm final : public core::Trainable {
 
  private:
   CausalLmHead model_;
+  SampleDropoutSites dropout_sites_;
   int64_t loss_chunk_tokens_ = 0;
 };
 

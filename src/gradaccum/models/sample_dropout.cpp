@@ -85,10 +85,14 @@ torch::Tensor SampleDropoutImpl::forward(const torch::Tensor& x) {
   return x * per_sample_dropout_scale(x, p_, keys_, site_);
 }
 
-void set_sample_keys(torch::nn::Module& model, const core::SampleKeys& keys) {
+SampleDropoutSites::SampleDropoutSites(torch::nn::Module& model) {
   for (const auto& m : model.modules(/*include_self=*/true)) {
-    if (auto* site = dynamic_cast<SampleDropoutImpl*>(m.get())) site->set_keys(keys);
+    if (auto site = std::dynamic_pointer_cast<SampleDropoutImpl>(m)) sites_.push_back(std::move(site));
   }
+}
+
+void SampleDropoutSites::set_keys(const core::SampleKeys& keys) const {
+  for (const auto& site : sites_) site->set_keys(keys);
 }
 
 }  // namespace gradaccum::models

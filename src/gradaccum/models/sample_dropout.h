@@ -17,7 +17,9 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "gradaccum/core/batch.h"
 
@@ -39,8 +41,8 @@ torch::Tensor per_sample_dropout_scale(const torch::Tensor& x, double p, const c
 
 // One dropout site of a model (HF's nn.Dropout modules: GPT-2's drop, attn_dropout,
 // resid_dropout; BLOOM's dropout_add). A module without parameters, so checkpoints do not see it.
-// The task sets every site's keys before its forward (set_sample_keys); the keys stay until the
-// next call, so a checkpointed block recomputed in the backward draws the same masks.
+// The task sets every site's keys before its forward (SampleDropoutSites); the keys stay until the
+// next micro-batch's, so a checkpointed block recomputed in the backward draws the same masks.
 class SampleDropoutImpl : public torch::nn::Module {
  public:
   // p in [0, 1); `site` numbers the sites of one model (part of the mask's key).
@@ -58,8 +60,16 @@ class SampleDropoutImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SampleDropout);
 
-// Gives every SampleDropout module in `model` the keys of the micro-batch about to run.
-void set_sample_keys(torch::nn::Module& model, const core::SampleKeys& keys);
+// A model's SampleDropout modules, found once when its task is built; before each forward the
+// task hands them the micro-batch's keys (no walk over the module tree per micro-step).
+class SampleDropoutSites {
+ public:
+  explicit SampleDropoutSites(torch::nn::Module& model);
+  void set_keys(const core::SampleKeys& keys) const;
+
+ private:
+  std::vector<std::shared_ptr<SampleDropoutImpl>> sites_;
+};
 
 // Throws gradaccum::Error naming `key` unless 0 ≤ p < 1.
 void check_dropout_probability(const std::string& key, double p);

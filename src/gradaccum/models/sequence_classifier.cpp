@@ -1,7 +1,5 @@
 #include "gradaccum/models/sequence_classifier.h"
 
-#include "gradaccum/models/sample_dropout.h"
-
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "gradaccum/core/check.h"
@@ -70,7 +68,7 @@ torch::Tensor SequenceClassifier::loss_sum(const torch::Tensor& logits,
 }
 
 core::LossSum SequenceClassifier::loss(const core::Batch& batch) {
-  set_sample_keys(*model_, batch.keys);
+  dropout_sites_.set_keys(batch.keys);
   auto logits = model_->forward(batch.input, batch.attention_mask);
   auto count = torch::scalar_tensor(
       logits.size(0), torch::TensorOptions().dtype(torch::kLong).device(logits.device()));

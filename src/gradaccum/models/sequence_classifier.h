@@ -17,6 +17,7 @@
 
 #include "gradaccum/core/trainable.h"
 #include "gradaccum/models/decoder.h"
+#include "gradaccum/models/sample_dropout.h"
 
 namespace gradaccum::models {
 
@@ -48,7 +49,8 @@ TORCH_MODULE(SequenceClassificationModel);
 // all of the window's rows however they were split.
 class SequenceClassifier final : public core::Trainable {
  public:
-  explicit SequenceClassifier(SequenceClassificationModel model) : model_(std::move(model)) {}
+  explicit SequenceClassifier(SequenceClassificationModel model)
+      : model_(std::move(model)), dropout_sites_(*model_) {}
   core::LossSum loss(const core::Batch& batch) override;
   // Loss sum, rows, and `correct` = rows whose argmax logit is the label.
   core::EvalSums evaluate(const core::Batch& batch) override;
@@ -60,6 +62,7 @@ class SequenceClassifier final : public core::Trainable {
   torch::Tensor loss_sum(const torch::Tensor& logits, const core::Batch& batch) const;
 
   SequenceClassificationModel model_;
+  SampleDropoutSites dropout_sites_;
 };
 
 }  // namespace gradaccum::models

@@ -1,7 +1,5 @@
 #include "gradaccum/models/tasks.h"
 
-#include "gradaccum/models/sample_dropout.h"
-
 namespace gradaccum::models {
 
 namespace {
@@ -12,7 +10,7 @@ torch::Tensor count_tensor(int64_t n, const torch::Tensor& like) {
 }  // namespace
 
 core::LossSum Classifier::loss(const core::Batch& batch) {
-  set_sample_keys(*net_, batch.keys);
+  dropout_sites_.set_keys(batch.keys);
   auto logits = net_->forward(batch.input);
   auto sum = torch::nn::functional::cross_entropy(
       logits, batch.target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));

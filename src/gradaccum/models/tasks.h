@@ -8,13 +8,14 @@
 #include <memory>
 
 #include "gradaccum/core/trainable.h"
+#include "gradaccum/models/sample_dropout.h"
 
 namespace gradaccum::models {
 
 // Cross-entropy over classes; one item per sample.
 class Classifier final : public core::Trainable {
  public:
-  explicit Classifier(torch::nn::Sequential net) : net_(std::move(net)) {}
+  explicit Classifier(torch::nn::Sequential net) : net_(std::move(net)), dropout_sites_(*net_) {}
   core::LossSum loss(const core::Batch& batch) override;
   core::EvalSums evaluate(const core::Batch& batch) override;
   torch::nn::Module& module() override { return *net_; }
@@ -22,6 +23,7 @@ class Classifier final : public core::Trainable {
 
  private:
   torch::nn::Sequential net_;
+  SampleDropoutSites dropout_sites_;
 };
 
 // Squared error; one item per target element (the mean of MSELoss).
