@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/core/trainer.h"
 
 namespace gradaccum::bench {

@@ -1,6 +1,6 @@
 #!/opt/gradaccum/venv/bin/python
 """What each hand-written kernel buys end to end: the engine with all of them, with none, and
-with all but one, on the benchmark each kernel serves (core/custom_kernels.h).
+with all but one, on the benchmark each kernel serves (kernels/custom_kernels.h).
 
   lm   bench/lm_throughput (GPT-2 of 3.4M parameters, 8 x 4 micro-steps, fp32): tokens/s
   mlp  bench/mlp_microstep (seed 000's MLP, 1 x 16, 1 thread): us per micro-step

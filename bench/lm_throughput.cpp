@@ -18,7 +18,7 @@
 // of allocated memory (PyTorch's max_memory_allocated), 0 on the CPU.
 //
 // --custom-kernels and --bf16-cpu-matmuls are the config keys custom_kernels
-// (core/custom_kernels.h) and bf16_cpu_matmuls of `gradaccum train`.
+// (kernels/custom_kernels.h) and bf16_cpu_matmuls of `gradaccum train`.
 //
 // --mixed-precision bf16 sets TrainerOptions::mixed_precision: the forward
 // and the loss run under bfloat16 autocast, the backward outside it; weights,
@@ -49,7 +49,7 @@
 // each micro-batch's gradient kept apart and added in the canonical tree), whose cost
 // bench/deterministic_cost.py measures against the plain accumulation.
 //
-// Like `gradaccum`, the program keeps freed heap memory (io::retain_freed_heap).
+// Like `gradaccum`, the program keeps freed heap memory (run::retain_freed_heap).
 //
 // --dropout P sets GPT-2's resid_pdrop, embd_pdrop and attn_pdrop to P (default 0), drawn by
 // --dropout-rng (model.dropout_rng, models/sample_dropout.h; default per_sample).
@@ -79,14 +79,14 @@
 #include <fmt/format.h>
 
 #include "bench_support.h"
-#include "gradaccum/core/check.h"
-#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/trainer.h"
-#include "gradaccum/io/heap_retention.h"
+#include "gradaccum/run/heap_retention.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
@@ -98,6 +98,7 @@ using gradaccum::bench::median;
 using gradaccum::bench::parse_count;
 
 namespace core = gradaccum::core;
+namespace kernels = gradaccum::kernels;
 namespace models = gradaccum::models;
 using Clock = std::chrono::steady_clock;
 
@@ -192,7 +193,7 @@ Options parse_options(int argc, char** argv) {
     } else if (key == "--loss-chunk-tokens") {
       o.loss_chunk_tokens = parse_count("lm_throughput", key, value);
     } else if (key == "--custom-kernels") {
-      gradaccum::core::parse_custom_kernels(value);
+      gradaccum::kernels::parse_custom_kernels(value);
       o.custom_kernels = value;
     } else if (key == "--bf16-cpu-matmuls") {
       GA_CHECK(value == "auto" || value == "float32" || value == "libtorch",
@@ -325,8 +326,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   // As `gradaccum train` does with its custom_kernels setting.
-  core::set_custom_kernels(opts.custom_kernels);
-  if (core::custom_kernel_enabled(core::CustomKernel::heap_retention)) gradaccum::io::retain_freed_heap();
+  kernels::set_custom_kernels(opts.custom_kernels);
+  if (kernels::custom_kernel_enabled(kernels::CustomKernel::heap_retention)) gradaccum::run::retain_freed_heap();
   const int64_t threads = opts.threads, warmup = opts.warmup, steps = opts.steps;
   const bool profile = opts.profile;
   const core::MixedPrecision precision = opts.precision;
@@ -456,7 +457,7 @@ int main(int argc, char** argv) {
       "\"gemm_square_gflops_before_after\": [{:.2f}, {:.2f}], \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
       "\"peak_rss_mb\": {:.1f}, \"device\": \"{}\", \"peak_device_mb\": {:.1f}, \"deterministic_accumulation\": {}, \"dropout\": {}, \"dropout_rng\": \"{}\"{}}}\n",
-      profile ? "gradaccum-profile" : "gradaccum", opts.shape_name, core::custom_kernels_description(),
+      profile ? "gradaccum-profile" : "gradaccum", opts.shape_name, kernels::custom_kernels_description(),
       at::get_cpu_capability(),
       core::to_string(precision),
       gemm_dtype == torch::kBFloat16 ? "bfloat16" : "float32", threads,

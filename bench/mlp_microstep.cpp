@@ -9,7 +9,7 @@
 //   mlp_microstep [--threads 1] [--warmup-steps 20] [--repeats 7] [--steps 50] [--raw | --unfused]
 //                 [--custom-kernels all|none|LIST]
 //
-// --custom-kernels is `gradaccum train`'s custom_kernels (core/custom_kernels.h).
+// --custom-kernels is `gradaccum train`'s custom_kernels (kernels/custom_kernels.h).
 //
 // The engine trains seed000_mlp(), a models::GeluMlp, which on these sizes is
 // one fused autograd node. --unfused trains the plain Sequential of libtorch
@@ -36,9 +36,9 @@
 #include <fmt/ranges.h>
 
 #include "bench_support.h"
-#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/core/trainer.h"
-#include "gradaccum/io/heap_retention.h"
+#include "gradaccum/run/heap_retention.h"
 #include "gradaccum/data/gather_rows.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/models/networks.h"
@@ -49,6 +49,7 @@ namespace {
 using gradaccum::bench::median;
 
 namespace core = gradaccum::core;
+namespace kernels = gradaccum::kernels;
 
 // Samples held in memory: x [n, 16], y [n, 1].
 class RandomRegression final : public core::Dataset {
@@ -143,12 +144,12 @@ int main(int argc, char** argv) {
   constexpr int64_t kMicroBatch = 1;
   constexpr int64_t kAccumulation = 16;
   try {
-    core::set_custom_kernels(string_flag(argc, argv, "--custom-kernels", "all"));
+    kernels::set_custom_kernels(string_flag(argc, argv, "--custom-kernels", "all"));
   } catch (const gradaccum::Error& e) {
     fmt::print(stderr, "mlp_microstep: {}\n", e.what());
     return 2;
   }
-  if (core::custom_kernel_enabled(core::CustomKernel::heap_retention)) gradaccum::io::retain_freed_heap();
+  if (kernels::custom_kernel_enabled(kernels::CustomKernel::heap_retention)) gradaccum::run::retain_freed_heap();
 
   at::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(42);
@@ -191,7 +192,7 @@ int main(int argc, char** argv) {
       "\"us_per_micro_step\": {:.2f}, \"us_per_micro_step_min\": {:.2f}, \"repeats_us\": [{:.2f}], "
       "\"final_loss\": {}, \"peak_rss_mb\": {:.1f}}}\n",
       raw ? "libtorch-raw" : unfused ? "gradaccum-unfused" : "gradaccum",
-      core::custom_kernels_description(), threads, kMicroBatch, kAccumulation, warmup, repeats, steps, median(us_per_micro_step),
+      kernels::custom_kernels_description(), threads, kMicroBatch, kAccumulation, warmup, repeats, steps, median(us_per_micro_step),
       *std::min_element(us_per_micro_step.begin(), us_per_micro_step.end()),
       fmt::join(us_per_micro_step, ", "),
       raw ? std::string("null") : fmt::format("{:.6f}", final_loss), gradaccum::io::peak_rss_mb());

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/io/config.h"
 #include "fuzz_check.h"
 

@@ -1,22 +1,23 @@
-// libFuzzer target: io::parse_safetensors on arbitrary bytes.
+// libFuzzer target: formats::parse_safetensors on arbitrary bytes.
 //
 // A finding is a crash, a sanitizer report, or an exception other than
 // gradaccum::Error. When the bytes parse, the tensors must survive
-// serialize_safetensors → parse_safetensors byte for byte (names, dtypes,
+// formats::serialize_safetensors → formats::parse_safetensors byte for byte (names, dtypes,
 // shapes and data), and the metadata must come back unchanged.
 #include <cstdint>
 #include <cstring>
 #include <string_view>
 
-#include "gradaccum/core/check.h"
-#include "gradaccum/io/safetensors.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/formats/safetensors.h"
 #include "fuzz_check.h"
 
-using gradaccum::io::NamedTensors;
+using gradaccum::formats::NamedTensors;
+namespace formats = gradaccum::formats;
 
 namespace {
 
-void check_same(const NamedTensors& a, const NamedTensors& b) {
+void check_same(const formats::NamedTensors& a, const formats::NamedTensors& b) {
   FUZZ_CHECK(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     FUZZ_CHECK(a[i].first == b[i].first);
@@ -36,15 +37,15 @@ void check_same(const NamedTensors& a, const NamedTensors& b) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   std::map<std::string, std::string> metadata;
-  NamedTensors tensors;
+  formats::NamedTensors tensors;
   try {
-    tensors = gradaccum::io::parse_safetensors(bytes, "fuzz", &metadata);
+    tensors = gradaccum::formats::parse_safetensors(bytes, "fuzz", &metadata);
   } catch (const gradaccum::Error&) {
     return 0;  // a rejected file is the expected outcome for most inputs
   }
   std::map<std::string, std::string> metadata2;
-  const auto again = gradaccum::io::parse_safetensors(
-      gradaccum::io::serialize_safetensors(tensors, metadata), "fuzz round trip", &metadata2);
+  const auto again = gradaccum::formats::parse_safetensors(
+      gradaccum::formats::serialize_safetensors(tensors, metadata), "fuzz round trip", &metadata2);
   check_same(tensors, again);
   FUZZ_CHECK(metadata == metadata2);
   return 0;

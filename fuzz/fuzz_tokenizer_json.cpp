@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/data/tokenizer.h"
 #include "fuzz_check.h"
 

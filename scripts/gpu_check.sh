@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA GPU, in one run: the GPU tests (tests/gpu_test.cpp) and GPT-2 124M
+# The checks that need a CUDA GPU, in one run: the GPU tests (tests/gpu/gpu_test.cpp) and GPT-2 124M
 # at context 1024 against PyTorch's eager loop on the same GPU, in fp32 and bf16
 # (bench/compare_lm.py --device cuda).
 #

@@ -18,7 +18,7 @@ packages=(
   libgloo-dev   # headers for c10d's ProcessGroupGloo.hpp: the wheel links gloo in but ships none
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
   libgtest-dev googletest
-  libprotobuf-dev protobuf-compiler   # TensorBoard's event messages (io/tensorboard_event.proto)
+  libprotobuf-dev protobuf-compiler   # TensorBoard's event messages (formats/tensorboard_event.proto)
   libboost-dev  # Boost.CRC: the CRC32C of TensorBoard's records (header-only)
   libplplot-dev plplot-driver-cairo fonts-dejavu-core   # `gradaccum plot`: PLplot's pngcairo figures
   libpng-dev    # the report tests read the figures' pixels

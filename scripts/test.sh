@@ -7,7 +7,7 @@ bash scripts/build.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 900
 # The GPU path, compiled and linked, not run (no GPU here): the library, the CLI and the tests
 # against libtorch's CUDA libraries with NCCL (GRADACCUM_WITH_NCCL), so that code cannot rot.
-# Its GPU tests (tests/gpu_test.cpp) and the GPU benchmark run where a GPU is visible:
+# Its GPU tests (tests/gpu/gpu_test.cpp) and the GPU benchmark run where a GPU is visible:
 # scripts/gpu_check.sh build-cuda.
 start=$(date +%s)
 BUILD_DIR=build-cuda CMAKE_ARGS="-DGRADACCUM_WITH_NCCL=ON" \

@@ -12,7 +12,7 @@
 
 #include "gradaccum/core/trainable.h"
 #include "gradaccum/core/training_state.h"
-#include "gradaccum/io/safetensors.h"
+#include "gradaccum/formats/safetensors.h"
 #include "gradaccum/models/module_tensors.h"
 #include "gradaccum/optim/optimizer_state.h"
 
@@ -43,7 +43,7 @@ class MemoryHook final : public core::CheckpointHook {
   void save(const core::TrainingState& state, core::SaveReason reason) override {
     if (reason != core::SaveReason::preempted) return;
     saved = state;
-    optimizer = io::serialize_safetensors(optim::optimizer_state(*optimizer_, names_));
+    optimizer = formats::serialize_safetensors(optim::optimizer_state(*optimizer_, names_));
     weights = models::module_tensors(*module_);
   }
   torch::optim::Optimizer* optimizer_ = nullptr;

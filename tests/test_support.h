@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "gradaccum/core/check.h"
-#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/trainable.h"
 
@@ -155,15 +155,15 @@ inline double relative_difference(double a, double b) {
 }
 
 // Per-step loss and grad norm, and the final weights (on the CPU), of one training run.
-// Sets the process-wide custom kernel switch (core/custom_kernels.h) to `spec` for its
+// Sets the process-wide custom kernel switch (kernels/custom_kernels.h) to `spec` for its
 // lifetime and restores the previous setting after.
 class CustomKernelsScope {
  public:
   explicit CustomKernelsScope(const std::string& spec)
-      : previous_(core::custom_kernels_description()) {
-    core::set_custom_kernels(spec);
+      : previous_(kernels::custom_kernels_description()) {
+    kernels::set_custom_kernels(spec);
   }
-  ~CustomKernelsScope() { core::set_custom_kernels(previous_); }
+  ~CustomKernelsScope() { kernels::set_custom_kernels(previous_); }
   CustomKernelsScope(const CustomKernelsScope&) = delete;
   CustomKernelsScope& operator=(const CustomKernelsScope&) = delete;
 

@@ -36,7 +36,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "tests", "data", "tokenizer"))
+sys.path.insert(0, os.path.join(REPO, "tests", "fixtures", "tokenizer"))
 
 ACCUMULATION = 16
 LR = 5e-5

@@ -2,7 +2,7 @@
 // network on synthetic points, micro-batches of 8 and a global batch of 32 (4 micro-steps on one
 // process, 2 on each of two), through gradaccum::run::fit.
 //   custom_model OUTPUT_DIR [--nproc N]
-#include <gradaccum/core/check.h>
+#include <gradaccum/base/check.h>
 #include <gradaccum/run/fit.h>
 #include <gradaccum/run/launcher.h>
 

@@ -1,5 +1,5 @@
 #!/opt/gradaccum/venv/bin/python
-"""transformers' side of tests/hf_interop_test.cpp's second direction: checkpoints written by
+"""transformers' side of tests/models/hf_interop_test.cpp's second direction: checkpoints written by
 gradaccum (models/hf_checkpoint.h, what a run's final/ holds) loaded with
 AutoModelForCausalLM / AutoModelForSequenceClassification.from_pretrained.
 

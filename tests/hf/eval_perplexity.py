@@ -1,5 +1,5 @@
 #!/opt/gradaccum/venv/bin/python
-"""The reference of `gradaccum eval` (tests/hf_interop_test.cpp): transformers' loss and perplexity of a
+"""The reference of `gradaccum eval` (tests/models/hf_interop_test.cpp): transformers' loss and perplexity of a
 text under checkpoints that gradaccum wrote.
 
   /opt/gradaccum/venv/bin/python tests/hf/eval_perplexity.py DIR
@@ -21,7 +21,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tokenizer"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "tokenizer"))
 from gpt2_reference import gpt2_encoding  # noqa: E402  tiktoken's GPT-2 encoding, offline
 
 

@@ -1,5 +1,5 @@
 #!/opt/gradaccum/venv/bin/python
-"""Reference models for tests/hf_interop_test.cpp, made by Hugging Face transformers itself.
+"""Reference models for tests/models/hf_interop_test.cpp, made by Hugging Face transformers itself.
 
 For each case below: a random-init GPT-2 or BLOOM model (causal LM or sequence classifier,
 shapes other than the defaults) written with `save_pretrained` into OUT/<case>/ (config.json +

@@ -49,7 +49,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tokenizer"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "tokenizer"))
 from gpt2_reference import gpt2_encoding  # noqa: E402  tiktoken's GPT-2 encoding, offline
 
 MICRO_BATCH = 4

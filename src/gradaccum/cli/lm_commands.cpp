@@ -6,8 +6,8 @@
 #include <filesystem>
 
 #include "gradaccum/run/runtime.h"
-#include "gradaccum/cli/workload.h"
-#include "gradaccum/core/check.h"
+#include "gradaccum/io/workload.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/data/lm_dataset.h"
 #include "gradaccum/data/text_source.h"
 #include "gradaccum/models/built_model.h"
@@ -25,7 +25,7 @@ data::Tokenizer load_tokenizer(const std::string& configured, const std::string&
                              fs::exists(fs::path(checkpoint) / "encoder.json"))) {
     return data::Tokenizer::load(checkpoint);
   }
-  return data::Tokenizer::load(tokenizer_directory(configured));
+  return data::Tokenizer::load(io::tokenizer_directory(configured));
 }
 
 models::BuiltModel load_causal_lm(const std::string& dir) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "gradaccum/cli/config_command.h"
 #include "gradaccum/cli/lm_commands.h"
 #include "gradaccum/cli/plan_command.h"
 #include "gradaccum/cli/plot_command.h"
@@ -11,7 +12,7 @@
 #include "gradaccum/cli/tokenize_command.h"
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/cli/verify_command.h"
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace {
 // c10::Error messages carry a C++ backtrace after the first line.
@@ -102,6 +103,11 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("--tokenizer", eval.tokenizer, "Tokenizer (default: the checkpoint's own)");
   eval_cmd->add_option("--threads", eval.threads, "Intra-op threads (0 = all cores)");
 
+  gradaccum::cli::ConfigArgs config;
+  auto* config_cmd = app.add_subcommand(
+      "config", "Print the default configuration (every key, its default and help) or, with --reference, the Markdown reference");
+  config_cmd->add_flag("--reference", config.reference, "The configuration reference in Markdown (docs/config.md)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -124,6 +130,7 @@ int main(int argc, char** argv) {
     if (eval_cmd->parsed()) return gradaccum::cli::run_eval(eval);
     if (plot_cmd->parsed()) return gradaccum::cli::run_plot(plot);
     if (plan_cmd->parsed()) return gradaccum::cli::run_plan(plan);
+    if (config_cmd->parsed()) return gradaccum::cli::run_config(config);
   } catch (const gradaccum::Error& e) {
     fmt::print(stderr, "gradaccum: error: {}\n", e.what());
     return 1;

@@ -11,7 +11,7 @@
 #include <regex>
 #include <sstream>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/io/config.h"
 
 namespace gradaccum::cli {

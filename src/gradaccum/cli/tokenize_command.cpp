@@ -11,8 +11,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "gradaccum/core/check.h"
-#include "gradaccum/cli/workload.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/io/workload.h"
 #include "gradaccum/data/tokenizer.h"
 
 namespace gradaccum::cli {
@@ -39,7 +39,7 @@ std::vector<data::TokenId> parse_ids(const std::string& line, std::size_t line_n
 }  // namespace
 
 int run_tokenize(const TokenizeArgs& args) {
-  const auto tokenizer = data::Tokenizer::load(tokenizer_directory(args.tokenizer_dir));
+  const auto tokenizer = data::Tokenizer::load(io::tokenizer_directory(args.tokenizer_dir));
 
   std::ifstream file;
   std::istream* in = &std::cin;

@@ -5,8 +5,8 @@
 
 #include "gradaccum/cli/plan_command.h"
 #include "gradaccum/cli/plot_command.h"
-#include "gradaccum/cli/workload.h"
-#include "gradaccum/core/check.h"
+#include "gradaccum/io/workload.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/io/config.h"
 #include "gradaccum/models/generation.h"
@@ -21,15 +21,15 @@ namespace {
 // A language model's final/ also holds the tokenizer's files (gpt2.tiktoken, tokenizer.json, or
 // encoder.json + vocab.bpe: whatever it was loaded from), so that `generate` and HF's loaders
 // need nothing else.
-void copy_tokenizer_files(const Workload& workload, const std::string& dir) {
+void copy_tokenizer_files(const io::Workload& workload, const std::string& dir) {
   if (!workload.tokenizer || !workload.model.is_language_model()) return;
-  for (const auto& file : tokenizer_files(*workload.tokenizer)) {
+  for (const auto& file : io::tokenizer_files(*workload.tokenizer)) {
     std::filesystem::copy_file(file, std::filesystem::path(dir) / std::filesystem::path(file).filename(),
                                std::filesystem::copy_options::overwrite_existing);
   }
 }
 
-void print_sample(Workload& workload, const io::SampleConfig& sample) {
+void print_sample(io::Workload& workload, const io::SampleConfig& sample) {
   const auto& tokenizer = *workload.tokenizer;
   const auto prompt = tokenizer.encode(sample.prompt);
   if (prompt.empty()) return;
@@ -48,7 +48,7 @@ void print_sample(Workload& workload, const io::SampleConfig& sample) {
 }
 
 // The configuration's keys as fit()'s options.
-run::RunOptions run_options(const io::TrainConfig& config, const Workload& workload) {
+run::RunOptions run_options(const io::TrainConfig& config, const io::Workload& workload) {
   run::RunOptions options;
   options.trainer = config.trainer;
   options.output_dir = config.output_dir;
@@ -119,7 +119,7 @@ int run_train(const TrainArgs& args) {
   // Threads first: loading and tokenizing the data uses them.
   run::configure_threads(config.threads, env.local_world_size);
   torch::manual_seed(config.trainer.seed);
-  auto workload = make_workload(config, /*with_eval=*/env.rank == 0);  // rank 0 evaluates and reports
+  auto workload = io::make_workload(config, /*with_eval=*/env.rank == 0);  // rank 0 evaluates and reports
 
   const auto options = run_options(config, workload);
   const auto result = run::fit(options, *workload.model.task, *workload.train, workload.eval.get(),

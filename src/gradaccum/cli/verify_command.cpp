@@ -6,8 +6,8 @@
 
 #include "gradaccum/cli/plot_command.h"
 #include "gradaccum/run/runtime.h"
-#include "gradaccum/core/check.h"
-#include "gradaccum/cli/workload.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/io/workload.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/metrics_writer.h"
@@ -99,7 +99,7 @@ int run_verify(const VerifyArgs& args) {
     options.per_device_train_batch_size = splits[k].micro_batch;
     options.gradient_accumulation_steps = splits[k].steps;
     torch::manual_seed(options.seed);  // the same initial weights for every split
-    auto workload = make_workload(base, /*with_eval=*/false);  // any data.type and model.type
+    auto workload = io::make_workload(base, /*with_eval=*/false);  // any data.type and model.type
     auto& model = *workload.model.task;
     Trajectory trajectory;
     core::Trainer(options, model, *workload.train, nullptr, trajectory).run();

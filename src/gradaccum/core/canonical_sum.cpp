@@ -1,6 +1,6 @@
 #include "gradaccum/core/canonical_sum.h"
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::core {
 

@@ -1,6 +1,6 @@
 #include "gradaccum/core/grad_flow.h"
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::core {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "gradaccum/core/canonical_sum.h"
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/core/evaluator.h"
 #include "gradaccum/core/grad_flow.h"
 #include "gradaccum/optim/grad_clip.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::core {
 

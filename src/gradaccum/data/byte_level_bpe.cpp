@@ -5,7 +5,7 @@
 #include <limits>
 #include <queue>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/data/utf8.h"
 
 namespace gradaccum::data {

@@ -5,7 +5,7 @@
 #include <map>
 #include <random>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::data {
 

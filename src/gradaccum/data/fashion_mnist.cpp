@@ -4,7 +4,7 @@
 
 #include <fmt/ranges.h>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/data/gather_rows.h"
 #include "gradaccum/data/idx_file.h"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::data {
 

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::data {
 

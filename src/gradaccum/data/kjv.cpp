@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/data/data_split.h"
 #include "gradaccum/data/text_lines.h"
 

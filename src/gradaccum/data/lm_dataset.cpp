@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "gradaccum/core/check.h"
-#include "gradaccum/models/causal_lm.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/core/batch.h"
 
 namespace gradaccum::data {
 
@@ -64,7 +64,7 @@ core::Batch CausalLmDataset::get(const torch::Tensor& indices, torch::ScalarType
   // The pad id only fills cells the mask marks as padding: with packing there are none.
   auto rows = rows_.gather(indices, std::max<TokenId>(options_.pad_token_id, 0), "lm dataset");
   core::Batch batch;
-  batch.target = rows.ids.masked_fill(rows.mask.eq(0), models::kIgnoreIndex);
+  batch.target = rows.ids.masked_fill(rows.mask.eq(0), core::kIgnoreIndex);
   batch.input = std::move(rows.ids);
   batch.attention_mask = std::move(rows.mask);
   batch.samples = batch.input.size(0);

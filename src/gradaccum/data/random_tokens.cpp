@@ -1,6 +1,6 @@
 #include "gradaccum/data/random_tokens.h"
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::data {
 

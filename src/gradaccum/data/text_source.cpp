@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string_view>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/data/text_lines.h"
 
 namespace gradaccum::data {

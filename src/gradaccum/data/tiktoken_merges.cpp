@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <unordered_map>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::data {
 namespace {

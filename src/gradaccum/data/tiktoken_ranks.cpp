@@ -6,7 +6,7 @@
 #include <limits>
 #include <unordered_map>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/data/text_lines.h"
 
 namespace gradaccum::data {

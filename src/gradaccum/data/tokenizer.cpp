@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/data/bloom_pretokenizer.h"
 #include "gradaccum/data/gpt2_pretokenizer.h"
 #include "gradaccum/data/tiktoken_merges.h"

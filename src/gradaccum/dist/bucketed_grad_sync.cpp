@@ -2,7 +2,7 @@
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/dist/process_group.h"
 
 namespace gradaccum::dist {

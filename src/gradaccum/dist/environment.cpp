@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::dist {
 

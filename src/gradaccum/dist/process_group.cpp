@@ -4,7 +4,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef GRADACCUM_WITH_CUDA
 // The NCCL path is compiled only with -DGRADACCUM_WITH_CUDA=ON (or GRADACCUM_WITH_NCCL). CI compiles
-// and links it; it has not run on a GPU yet (tests/gpu_test.cpp runs it where one is visible).
+// and links it; it has not run on a GPU yet (tests/gpu/gpu_test.cpp runs it where one is visible).
 #ifndef USE_C10D_NCCL
 #error "GRADACCUM_WITH_NCCL needs a libtorch built with NCCL (its targets do not define USE_C10D_NCCL)"
 #endif
@@ -14,7 +14,7 @@
 
 #include <cstdlib>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::dist {
 

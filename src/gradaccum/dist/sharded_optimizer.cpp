@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::dist {
 

@@ -3,7 +3,7 @@
 #include <utility>
 #include <vector>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::dist {
 

@@ -1,6 +1,6 @@
 #include "gradaccum/dist/tree_grad_sync.h"
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/dist/process_group.h"
 
 namespace gradaccum::dist {

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string_view>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::io {
 
@@ -168,14 +168,14 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
 
   if (c.optimizer_per_rank || rank0) {
     GA_CHECK(c.optimizer.has_value(), "checkpoint: rank {} has no optimizer state to save", options_.rank);
-    save_safetensors((tmp / optimizer_file(c.optimizer_per_rank, options_.rank)).string(), *c.optimizer);
+    formats::save_safetensors((tmp / optimizer_file(c.optimizer_per_rank, options_.rank)).string(), *c.optimizer);
   }
   if (rank0) {
-    save_safetensors((tmp / kModel).string(), c.model);
+    formats::save_safetensors((tmp / kModel).string(), c.model);
     if (!c.model_config.is_null()) {
-      write_file_atomically_fsync((tmp / kModelConfig).string(), c.model_config.dump(2) + "\n");
+      formats::write_file_atomically_fsync((tmp / kModelConfig).string(), c.model_config.dump(2) + "\n");
     }
-    save_safetensors((tmp / kStateTensors).string(),
+    formats::save_safetensors((tmp / kStateTensors).string(),
                      {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
     nlohmann::json trainer_state = {
         {"format_version", kCheckpointFormatVersion},
@@ -193,14 +193,14 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
         {"seed", c.seed},
         {"optimizer_per_rank", c.optimizer_per_rank},
         {"config", c.resolved_config}};
-    write_file_atomically_fsync((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
+    formats::write_file_atomically_fsync((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
   }
   if (c.state.position.micro_step > 0) {
     // Inside a window every rank keeps its own sums: ranks may have stopped
     // after different micro-steps, and their gradients differ until the
     // window's all-reduce.
     const auto long_scalar = [](int64_t v) { return torch::full({1}, v, torch::kLong); };
-    NamedTensors window{{"micro_step", long_scalar(c.state.position.micro_step)},
+    formats::NamedTensors window{{"micro_step", long_scalar(c.state.position.micro_step)},
                         {"grad_count", long_scalar(static_cast<int64_t>(c.state.partial.grads.size()))},
                         {"totals", c.state.partial.totals}};
     if (c.state.partial.micro_items.defined()) window.emplace_back("micro_items", c.state.partial.micro_items);
@@ -208,7 +208,7 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
       const auto& g = c.state.partial.grads[i];
       if (g.defined()) window.emplace_back(fmt::format("grad.{:05d}", i), g);
     }
-    save_safetensors((tmp / window_file(options_.rank)).string(), window);
+    formats::save_safetensors((tmp / window_file(options_.rank)).string(), window);
   }
   barrier();  // every rank's files are in place
 
@@ -219,11 +219,11 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
       files[entry.path().filename().string()] = {{"bytes", size}, {"crc32", crc}};
     }
     const nlohmann::json manifest = {{"format_version", kCheckpointFormatVersion}, {"files", files}};
-    write_file_atomically_fsync((tmp / kManifest).string(), manifest.dump(2) + "\n");
-    fsync_directory(tmp.string());
+    formats::write_file_atomically_fsync((tmp / kManifest).string(), manifest.dump(2) + "\n");
+    formats::fsync_directory(tmp.string());
     if (fs::exists(final_dir)) remove_checkpoint(final_dir);  // a rerun saving the same step
     fs::rename(tmp, final_dir);
-    fsync_directory(root.string());
+    formats::fsync_directory(root.string());
 
     if (options_.save_total_limit > 0) {
       auto all = complete_checkpoints(root);
@@ -340,7 +340,7 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
            "window; resume it with the same b x N x W",
            directory, loaded.state.world_size, rank);
 
-  const auto state_tensors = parse_safetensors(need(kStateTensors), what(kStateTensors));
+  const auto state_tensors = formats::parse_safetensors(need(kStateTensors), what(kStateTensors));
   for (const auto& [name, tensor] : state_tensors) {
     if (name == "rng.cpu") loaded.rng_state = tensor;
   }
@@ -348,7 +348,7 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
     // The window's sums: each rank's in its own file, with its own micro-step.
     auto& partial = loaded.state.partial;
     const std::string file = window_file(rank);
-    const auto tensors = parse_safetensors(need(file), what(file.c_str()));
+    const auto tensors = formats::parse_safetensors(need(file), what(file.c_str()));
     const auto where = what(file.c_str());
     int64_t grad_count = -1;
     for (const auto& [name, tensor] : tensors) {
@@ -382,9 +382,9 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
       partial.grads[static_cast<size_t>(index)] = tensor;
     }
   }
-  loaded.model = parse_safetensors(need(kModel), what(kModel));
+  loaded.model = formats::parse_safetensors(need(kModel), what(kModel));
   const auto optimizer = optimizer_file(per_rank, rank);
-  loaded.optimizer = parse_safetensors(need(optimizer), what(optimizer.c_str()));
+  loaded.optimizer = formats::parse_safetensors(need(optimizer), what(optimizer.c_str()));
   return loaded;
 }
 

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/io/process_stats.h"
 
 namespace gradaccum::io {

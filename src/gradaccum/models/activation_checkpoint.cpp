@@ -9,7 +9,7 @@
 #include <mutex>
 #include <utility>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::models {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/models/activation_checkpoint.h"
 #include "gradaccum/models/linear.h"
 

@@ -1,6 +1,6 @@
 #include "gradaccum/models/built_model.h"
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/models/bloom.h"
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/models/hf_checkpoint.h"
@@ -126,8 +126,10 @@ void BuiltModel::set_loss_chunk_tokens(int64_t tokens) {
   lm->set_loss_chunk_tokens(tokens);
 }
 
-BuiltModel make_language_model(const ModelConfig& config, int64_t vocab_size, int64_t num_labels,
-                               uint64_t init_seed) {
+namespace {
+
+// The vocabulary of a fresh language model, after the checks both architectures share.
+int64_t checked_language_config(const ModelConfig& config, int64_t vocab_size) {
   GA_CHECK(config.n_layer >= 1 && config.n_embd >= 1 && config.n_head >= 1,
            "model: n_layer, n_embd and n_head must be >= 1");
   GA_CHECK(config.n_embd % config.n_head == 0, "model: n_embd {} is not a multiple of n_head {}",
@@ -135,19 +137,27 @@ BuiltModel make_language_model(const ModelConfig& config, int64_t vocab_size, in
   const int64_t vocab = config.vocab_size > 0 ? config.vocab_size : vocab_size;
   GA_CHECK(vocab >= vocab_size, "key 'model.vocab_size': {} is smaller than the tokenizer's {} ids",
            vocab, vocab_size);
-  if (config.type == "gpt2") {
-    GA_CHECK(config.n_positions >= 2, "key 'model.n_positions': must be >= 2, got {}", config.n_positions);
-    Gpt2Config c;
-    c.vocab_size = vocab;
-    c.n_positions = config.n_positions;
-    c.n_embd = config.n_embd;
-    c.n_layer = config.n_layer;
-    c.n_head = config.n_head;
-    c.init_seed = init_seed;
-    apply_dropout(config, c);
-    return assemble("gpt2", &c, nullptr, num_labels, init_seed);
-  }
-  GA_CHECK(config.type == "bloom", "key 'model.type': '{}' is not a language model", config.type);
+  return vocab;
+}
+
+}  // namespace
+
+BuiltModel make_gpt2(const ModelConfig& config, int64_t vocab_size, int64_t num_labels, uint64_t init_seed) {
+  const int64_t vocab = checked_language_config(config, vocab_size);
+  GA_CHECK(config.n_positions >= 2, "key 'model.n_positions': must be >= 2, got {}", config.n_positions);
+  Gpt2Config c;
+  c.vocab_size = vocab;
+  c.n_positions = config.n_positions;
+  c.n_embd = config.n_embd;
+  c.n_layer = config.n_layer;
+  c.n_head = config.n_head;
+  c.init_seed = init_seed;
+  apply_dropout(config, c);
+  return assemble("gpt2", &c, nullptr, num_labels, init_seed);
+}
+
+BuiltModel make_bloom(const ModelConfig& config, int64_t vocab_size, int64_t num_labels, uint64_t init_seed) {
+  const int64_t vocab = checked_language_config(config, vocab_size);
   BloomConfig c;
   c.vocab_size = vocab;
   c.hidden_size = config.n_embd;
@@ -182,13 +192,6 @@ BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint6
   std::vector<std::string> fresh;
   if (saved_labels == 0 && labels > 0) fresh.push_back("score.weight");
   built.load_weights(checkpoint.tensors, dir + "/model.safetensors", fresh);
-  return built;
-}
-
-BuiltModel make_image_model(const ModelConfig& config, int64_t classes) {
-  BuiltModel built;
-  built.task = make_image_classifier(config, classes);
-  built.num_labels = classes;
   return built;
 }
 

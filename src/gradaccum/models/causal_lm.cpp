@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/models/chunked_cross_entropy.h"
 
 namespace gradaccum::models {
@@ -40,11 +40,11 @@ core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& l
   auto sum = torch::nn::functional::cross_entropy(shifted_logits, shifted_labels,
                                                   torch::nn::functional::CrossEntropyFuncOptions()
                                                       .reduction(torch::kSum)
-                                                      .ignore_index(kIgnoreIndex));
+                                                      .ignore_index(core::kIgnoreIndex));
   // The count of exactly the labels cross_entropy did not ignore: after the
   // shift, so a row's first token (never a target) is not counted and a row
   // with n real tokens contributes n - 1.
-  auto count = shifted_labels.ne(kIgnoreIndex).sum();
+  auto count = shifted_labels.ne(core::kIgnoreIndex).sum();
   return {sum, count};
 }
 
@@ -72,7 +72,7 @@ core::LossSum CausalLm::loss(const core::Batch& batch) {
   // returns a dense gradient of the embedding table whenever the table gets one at all,
   // so the lookup may return its rows sparsely (decoder.h, TokenEmbeddingGrad). Only on
   // the CPU: adding a sparse gradient coalesces it, and on a GPU coalescing reads its
-  // size on the host, a synchronization per micro-step (core/host_reads.h).
+  // size on the host, a synchronization per micro-step (base/host_reads.h).
   // An untied head leaves the lookup as the table's only gradient: dense then.
   dropout_sites_.set_keys(batch.keys);
   auto& transformer = model_->transformer;

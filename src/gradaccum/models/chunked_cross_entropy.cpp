@@ -10,10 +10,10 @@
 #include <tuple>
 #include <utility>
 
-#include "gradaccum/core/check.h"
-#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/core/float32_cpu_matmuls.h"
-#include "gradaccum/core/host_reads.h"
+#include "gradaccum/base/host_reads.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/softmax_cross_entropy.h"
 
@@ -67,7 +67,7 @@ Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight)
 // the kernel computes in the softmax dtype (float32 for float32 and bfloat16
 // logits, float64 for float64).
 bool fused_softmax(const torch::Tensor& logits, const Precision& p) {
-  if (!core::custom_kernel_enabled(core::CustomKernel::softmax_cross_entropy) ||
+  if (!kernels::custom_kernel_enabled(kernels::CustomKernel::softmax_cross_entropy) ||
       !softmax_cross_entropy_supports(logits)) {
     return false;
   }
@@ -253,11 +253,11 @@ core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::T
   const int64_t batch = labels.size(0);
   const int64_t time = labels.size(1);
   // The shift: position t is scored against labels[:, t + 1]; the last
-  // position of each row has no label (kIgnoreIndex).
-  auto next = torch::full({batch, time}, kIgnoreIndex, labels.options().dtype(torch::kLong));
+  // position of each row has no label (core::kIgnoreIndex).
+  auto next = torch::full({batch, time}, core::kIgnoreIndex, labels.options().dtype(torch::kLong));
   if (time > 1) next.slice(1, 0, time - 1).copy_(labels.slice(1, 1, time));
   next = next.reshape({-1});
-  const auto scored = next.ne(kIgnoreIndex);
+  const auto scored = next.ne(core::kIgnoreIndex);
   const int64_t vocab = weight.size(0);
   if (selection == TargetSelection::automatic) {
     selection = hidden.is_cpu() ? TargetSelection::compact : TargetSelection::masked;
@@ -267,7 +267,7 @@ core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::T
   torch::Tensor positions, targets, valid;
   if (compact) {
     // The same call either way; on the CPU, where reading the labels is free, it runs inside
-    // the range of expected host reads (core/host_reads.h).
+    // the range of expected host reads (base/host_reads.h).
     if (labels.is_cpu()) {
       GRADACCUM_CPU_HOST_READ_SCOPE();
       std::tie(positions, targets) = compact_targets(next, scored, vocab);

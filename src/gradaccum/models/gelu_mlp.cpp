@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/kernels/custom_kernels.h"
 
 namespace gradaccum::models {
 
@@ -178,7 +178,7 @@ GeluMlpImpl::GeluMlpImpl(int64_t in_features, int64_t hidden_features, int64_t o
 }
 
 bool GeluMlpImpl::fuses(const torch::Tensor& x) const {
-  if (!core::custom_kernel_enabled(core::CustomKernel::gelu_mlp)) return false;
+  if (!kernels::custom_kernel_enabled(kernels::CustomKernel::gelu_mlp)) return false;
   const auto dtype = x.scalar_type();
   if (dtype != torch::kFloat && dtype != torch::kDouble) return false;
   if (at::autocast::is_autocast_enabled(at::kCPU)) return false;  // autocast runs the Linear layers in bf16

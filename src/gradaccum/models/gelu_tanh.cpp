@@ -3,8 +3,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
-#include "gradaccum/core/check.h"
-#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/models/vector_exp.h"
 
 namespace gradaccum::models {
@@ -123,7 +123,7 @@ class FusedGeluTanh : public torch::autograd::Function<FusedGeluTanh> {
 }  // namespace
 
 bool gelu_tanh_fuses(const torch::Tensor& x) {
-  return core::custom_kernel_enabled(core::CustomKernel::gelu_tanh) && x.defined() && x.is_cpu() &&
+  return kernels::custom_kernel_enabled(kernels::CustomKernel::gelu_tanh) && x.defined() && x.is_cpu() &&
          x.is_contiguous() && (x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16);
 }
 

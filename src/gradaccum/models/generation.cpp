@@ -2,7 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::models {
 

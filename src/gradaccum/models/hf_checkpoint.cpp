@@ -12,7 +12,7 @@
 #include <map>
 #include <sstream>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::models {
 
@@ -203,7 +203,7 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   HfCheckpoint checkpoint;
   checkpoint.config = read_json_file(config_path);
   GA_CHECK(checkpoint.config.is_object(), "{}: not a JSON object", config_path.string());
-  checkpoint.tensors = io::load_safetensors(weights.string());
+  checkpoint.tensors = formats::load_safetensors(weights.string());
   return checkpoint;
 }
 
@@ -219,10 +219,10 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
   GA_CHECK(fs::create_directory(staging, ec), "{}: cannot create {}: {}", dir, staging.string(),
            ec.message());
   try {
-    io::write_file_atomically_fsync((staging / "config.json").string(),
+    formats::write_file_atomically_fsync((staging / "config.json").string(),
                                     checkpoint.config.dump(2) + "\n");
-    io::save_safetensors((staging / "model.safetensors").string(), checkpoint.tensors);
-    io::fsync_directory(staging.string());
+    formats::save_safetensors((staging / "model.safetensors").string(), checkpoint.tensors);
+    formats::fsync_directory(staging.string());
     if (fs::exists(target)) {
       // Linux swaps the two directories in one step (renameat2 RENAME_EXCHANGE);
       // where the filesystem cannot, the old one is moved aside first, leaving a
@@ -244,7 +244,7 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
       GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it", dir,
                staging.string());
     }
-    io::fsync_directory(parent.string());
+    formats::fsync_directory(parent.string());
   } catch (...) {
     fs::remove_all(staging, ec);
     throw;

@@ -1,12 +1,15 @@
 #include "gradaccum/models/model_factory.h"
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
 
 namespace gradaccum::models {
 
-std::unique_ptr<core::Trainable> make_image_classifier(const ModelConfig& config, int64_t classes) {
+namespace {
+
+// What every image network checks of its section, before its own checks.
+NormKind checked_image_config(const ModelConfig& config) {
   const auto norm = parse_norm_kind(config.norm);
   GA_CHECK(config.norm_groups >= 1, "model.norm_groups must be >= 1, got {}", config.norm_groups);
   for (auto c : config.channels) GA_CHECK(c >= 1, "model.channels: widths must be >= 1, got {}", c);
@@ -19,22 +22,29 @@ std::unique_ptr<core::Trainable> make_image_classifier(const ModelConfig& config
                                    std::pair{"attention_dropout", config.attention_dropout}}) {
     GA_CHECK(value == -1, "key 'model.{}': a language model's dropout; the {} takes model.dropout", key, config.type);
   }
-  if (config.type == "mlp") {
-    return std::make_unique<Classifier>(image_mlp(28 * 28, config.hidden, classes, norm, config.norm_groups));
-  }
-  if (config.type == "cnn") {
-    GA_CHECK(!config.channels.empty() && config.channels.size() <= 4,
-             "model.channels: the cnn takes 1 to 4 conv widths, got {}", config.channels.size());
-    GA_CHECK(!config.hidden.empty(), "model.hidden: the cnn needs one dense width");
-    return std::make_unique<Classifier>(
-        small_cnn(config.channels, config.hidden.front(), classes, norm, config.norm_groups, config.dropout,
-                  config.dropout_rng));
-  }
-  if (config.type == "resnet") {
-    GA_CHECK(!config.channels.empty(), "model.channels: the resnet needs at least one block width");
-    return std::make_unique<Classifier>(small_resnet(config.channels, classes, norm, config.norm_groups));
-  }
-  throw Error(fmt::format("model.type: unknown model '{}' (mlp | cnn | resnet)", config.type));
+  return norm;
+}
+
+}  // namespace
+
+std::unique_ptr<core::Trainable> make_mlp(const ModelConfig& config, int64_t classes) {
+  const auto norm = checked_image_config(config);
+  return std::make_unique<Classifier>(image_mlp(28 * 28, config.hidden, classes, norm, config.norm_groups));
+}
+
+std::unique_ptr<core::Trainable> make_cnn(const ModelConfig& config, int64_t classes) {
+  const auto norm = checked_image_config(config);
+  GA_CHECK(!config.channels.empty() && config.channels.size() <= 4,
+           "model.channels: the cnn takes 1 to 4 conv widths, got {}", config.channels.size());
+  GA_CHECK(!config.hidden.empty(), "model.hidden: the cnn needs one dense width");
+  return std::make_unique<Classifier>(small_cnn(config.channels, config.hidden.front(), classes, norm,
+                                                config.norm_groups, config.dropout, config.dropout_rng));
+}
+
+std::unique_ptr<core::Trainable> make_resnet(const ModelConfig& config, int64_t classes) {
+  const auto norm = checked_image_config(config);
+  GA_CHECK(!config.channels.empty(), "model.channels: the resnet needs at least one block width");
+  return std::make_unique<Classifier>(small_resnet(config.channels, classes, norm, config.norm_groups));
 }
 
 }  // namespace gradaccum::models

@@ -4,7 +4,7 @@
 
 #include <map>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::models {
 

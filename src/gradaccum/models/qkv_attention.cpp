@@ -9,9 +9,9 @@
 #include <limits>
 #include <vector>
 
-#include "gradaccum/core/check.h"
-#include "gradaccum/core/custom_kernels.h"
-#include "gradaccum/io/blas_gemm.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/kernels/custom_kernels.h"
+#include "gradaccum/kernels/blas_gemm.h"
 #include "gradaccum/models/decoder.h"
 #include "gradaccum/models/vector_exp.h"
 
@@ -180,10 +180,10 @@ void attention_forward(const Layout& s, const T* qkv, const T* allowed, T* probs
       for (int64_t block = 0; block < blocks; ++block) {
         const int64_t r0 = block * kQueryBlock, rows = std::min(kQueryBlock, s.time - r0);
         const int64_t keys = block_keys[static_cast<size_t>(m * blocks + block)];
-        io::blas_gemm(false, true, rows, keys, s.head_dim, T(1), q + r0 * s.row(), s.row(), k,
+        kernels::blas_gemm(false, true, rows, keys, s.head_dim, T(1), q + r0 * s.row(), s.row(), k,
                       s.row(), T(0), p + r0 * s.time, s.time);  // scores = q kᵀ
         softmax_rows(p + r0 * s.time, mask + r0 * s.time, rows, keys, s.time, scale);
-        io::blas_gemm(false, false, rows, s.head_dim, keys, T(1), p + r0 * s.time, s.time, v,
+        kernels::blas_gemm(false, false, rows, s.head_dim, keys, T(1), p + r0 * s.time, s.time, v,
                       s.row(), T(0), out + r0 * s.channels, s.channels);  // y = p v
       }
     }
@@ -218,14 +218,14 @@ void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T
         const T* mask = allowed + m * tt + r0 * s.time;
         T* ds = grad_scores.data() + r0 * s.time;
         const T* dy_rows = dy + r0 * s.channels;
-        io::blas_gemm(false, true, rows, keys, s.head_dim, T(1), dy_rows, s.channels, v, s.row(),
+        kernels::blas_gemm(false, true, rows, keys, s.head_dim, T(1), dy_rows, s.channels, v, s.row(),
                       T(0), ds, s.time);  // d p = d y vᵀ
-        io::blas_gemm(true, false, keys, s.head_dim, rows, T(1), p, s.time, dy_rows, s.channels,
+        kernels::blas_gemm(true, false, keys, s.head_dim, rows, T(1), p, s.time, dy_rows, s.channels,
                       T(1), dv, s.row());  // d v += pᵀ d y
         softmax_grad_rows(ds, p, mask, rows, keys, s.time, scale);
-        io::blas_gemm(false, false, rows, s.head_dim, keys, T(1), ds, s.time, k, s.row(), T(0),
+        kernels::blas_gemm(false, false, rows, s.head_dim, keys, T(1), ds, s.time, k, s.row(), T(0),
                       dq + r0 * s.row(), s.row());  // d q = d scores k
-        io::blas_gemm(true, false, keys, s.head_dim, rows, T(1), ds, s.time, q + r0 * s.row(),
+        kernels::blas_gemm(true, false, keys, s.head_dim, rows, T(1), ds, s.time, q + r0 * s.row(),
                       s.row(), T(1), dk, s.row());  // d k += d scoresᵀ q
       }
     }
@@ -293,9 +293,9 @@ bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::
       autocast ? (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
                      at::autocast::get_autocast_dtype(at::kCPU) == dtype
                : dtype == torch::kFloat || dtype == torch::kDouble;
-  return core::custom_kernel_enabled(core::CustomKernel::qkv_attention) && qkv.is_cpu() &&
+  return kernels::custom_kernel_enabled(kernels::CustomKernel::qkv_attention) && qkv.is_cpu() &&
          allowed.is_cpu() && dtype_fuses && qkv.is_contiguous() && allowed.is_contiguous() &&
-         io::blas_gemm_available();
+         kernels::blas_gemm_available();
 }
 
 namespace {

@@ -2,8 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "gradaccum/core/check.h"
-#include "gradaccum/core/host_reads.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/base/host_reads.h"
 
 namespace gradaccum::models {
 

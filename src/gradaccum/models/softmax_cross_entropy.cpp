@@ -11,7 +11,7 @@
 #include <limits>
 #include <vector>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/models/vector_exp.h"
 
 namespace gradaccum::models {

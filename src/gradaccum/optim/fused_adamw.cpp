@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "gradaccum/core/host_reads.h"
+#include "gradaccum/base/host_reads.h"
 
 namespace gradaccum::optim {
 

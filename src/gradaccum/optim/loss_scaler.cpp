@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::optim {
 

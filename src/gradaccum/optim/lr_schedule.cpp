@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::optim {
 

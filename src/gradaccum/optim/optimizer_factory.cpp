@@ -1,6 +1,6 @@
 #include "gradaccum/optim/optimizer_factory.h"
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/optim/fused_adamw.h"
 
 namespace gradaccum::optim {

@@ -3,7 +3,7 @@
 #include <map>
 #include <memory>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::optim {
 namespace {

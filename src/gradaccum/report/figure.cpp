@@ -11,7 +11,7 @@
 #include <limits>
 #include <string_view>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::report {
 

@@ -11,7 +11,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::report {
 

@@ -8,7 +8,7 @@
 #include <limits>
 #include <numeric>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/report/figure.h"
 
 namespace gradaccum::report {

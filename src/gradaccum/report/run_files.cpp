@@ -6,7 +6,7 @@
 #include <limits>
 #include <sstream>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::report {
 

@@ -1,6 +1,6 @@
 #include "gradaccum/run/checkpoint_writer.h"
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 #include "gradaccum/dist/sharded_optimizer.h"
 
 namespace gradaccum::run {

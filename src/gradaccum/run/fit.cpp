@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "gradaccum/core/batch_dependence.h"
-#include "gradaccum/core/check.h"
-#include "gradaccum/core/custom_kernels.h"
+#include "gradaccum/base/check.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
@@ -20,10 +20,10 @@
 #include "gradaccum/dist/tree_grad_sync.h"
 #include "gradaccum/io/checkpoint.h"
 #include "gradaccum/io/grad_flow_writer.h"
-#include "gradaccum/io/heap_retention.h"
+#include "gradaccum/run/heap_retention.h"
 #include "gradaccum/io/metrics_writer.h"
 #include "gradaccum/io/process_stats.h"
-#include "gradaccum/io/safetensors.h"
+#include "gradaccum/formats/safetensors.h"
 #include "gradaccum/io/tensorboard_writer.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/hf_checkpoint.h"
@@ -105,9 +105,9 @@ class StepPeakRss final : public core::TrainingObserver {
 // 1. Threads, custom kernels, and how CPU autocast multiplies.
 int set_up_process(const RunOptions& options, int64_t local_ranks, bool rank0) {
   const int threads = configure_threads(options.threads, local_ranks);
-  core::set_custom_kernels(options.custom_kernels);
+  kernels::set_custom_kernels(options.custom_kernels);
   // Keep the memory a step frees for the next step instead of re-faulting it (heap_retention.h).
-  if (core::custom_kernel_enabled(core::CustomKernel::heap_retention)) io::retain_freed_heap();
+  if (kernels::custom_kernel_enabled(kernels::CustomKernel::heap_retention)) run::retain_freed_heap();
   const auto& t = options.trainer;
   if (core::routes_cpu_matmuls_through_float32(options.bf16_cpu_matmuls, t.mixed_precision, t.device,
                                                core::cpu_has_native_bf16(), core::cpu_has_native_fp16())) {
@@ -199,7 +199,7 @@ void save_final(const ModelFiles& files, const std::string& dir) {
     return;
   }
   fs::create_directories(dir);
-  io::save_safetensors(dir + "/model.safetensors", files.weights());
+  formats::save_safetensors(dir + "/model.safetensors", files.weights());
 }
 
 }  // namespace
@@ -240,7 +240,7 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
                  options.trainer.dtype == torch::kDouble ? "float64" : "float32", options.trainer.device.str(),
                  env.world_size, options.output_dir);
       fmt::print("libtorch: {}\nkernels: {}; custom: {}\n", libtorch_description(), kernels_description(),
-                 core::custom_kernels_description());
+                 kernels::custom_kernels_description());
       if (!options.data_description.empty()) fmt::print("data: {}\n", options.data_description);
     }
   }

@@ -12,7 +12,7 @@
 #include <map>
 #include <thread>
 
-#include "gradaccum/core/check.h"
+#include "gradaccum/base/check.h"
 
 namespace gradaccum::run {
 

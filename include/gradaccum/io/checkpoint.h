@@ -1,0 +1,108 @@
+// Training checkpoints: `output_dir/checkpoints/step-K/`, one directory per
+// saved step, that a reader either sees complete or not at all.
+//
+// Layout (format version 4):
+//   model.safetensors        the weights (HF names where the model has them)
+//   config.json              the model's HF config, where it has one
+//   optimizer.safetensors    optimizer state under parameter names
+//                            (optim/optimizer_state.h); under ZeRO-1 one
+//                            optimizer-rank<R>.safetensors per rank, its shard
+//   state.safetensors        tensors of the loop: the CPU RNG state
+//   window-rank<R>.safetensors  only for a window interrupted by preemption:
+//                            rank R's micro-steps done (micro_step), gradient
+//                            sums (grad.<i> of grad_count) and loss totals
+//                            (totals). Ranks may have stopped after different
+//                            micro-steps (core/stop_agreement.h).
+//   trainer_state.json       format_version, the position (step, LR schedule
+//                            step, epoch, window, rank 0's micro-step, running
+//                            sums), the
+//                            decomposition b×N×W, the fp16 loss scaler (scale,
+//                            growth tracker; null otherwise), seed, and the
+//                            resolved configuration
+//   manifest.json            size and CRC-32 of every file above, written last
+//
+// Atomicity: every rank writes its files into `checkpoints/.tmp-step-K/`, each
+// file fsynced; after a barrier rank 0 writes the manifest, fsyncs the
+// directory and renames it to `step-K`. A crash at any moment leaves either the
+// previous checkpoints alone or a `.tmp-*` directory that readers ignore and
+// the next save removes. Corruption after the fact (a truncated or flipped
+// file) is caught by the manifest's checksums, not by a crash in a parser.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gradaccum/core/training_state.h"
+#include "gradaccum/formats/safetensors.h"
+
+namespace gradaccum::io {
+
+// 2: schedule_step, loss_scaler; 3: the partial window per rank; 4: the optimizer state in
+// safetensors under parameter names (before: a libtorch 1.13 archive keyed by pointer). Only the
+// current version is read.
+inline constexpr int kCheckpointFormatVersion = 4;
+
+// What one rank contributes to a checkpoint.
+struct CheckpointContents {
+  core::TrainingState state;
+  formats::NamedTensors model;          // rank 0 only (every rank holds the same weights)
+  nlohmann::json model_config;  // null: no config.json
+  // The optimizer state (optim::optimizer_state: the tensors themselves, not copies), written
+  // by the ranks that save one: rank 0, or every rank under ZeRO-1.
+  std::optional<formats::NamedTensors> optimizer;
+  bool optimizer_per_rank = false;  // ZeRO-1: every rank saves its own shard
+  std::string resolved_config;  // the run's YAML
+  uint64_t seed = 0;
+};
+
+// A checkpoint as read back, for one rank.
+struct LoadedCheckpoint {
+  std::string directory;
+  core::TrainingState state;
+  formats::NamedTensors model;
+  formats::NamedTensors optimizer;  // this rank's optimizer state file (optim::load_optimizer_state)
+  torch::Tensor rng_state;  // the CPU generator's state (uint8)
+  std::string resolved_config;
+  uint64_t seed = 0;
+};
+
+struct CheckpointStoreOptions {
+  std::string output_dir;
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t save_total_limit = 0;  // > 0: keep only the newest K checkpoints
+  // Waits for every rank (a collective); unused with one process.
+  std::function<void()> barrier;
+};
+
+class CheckpointStore {
+ public:
+  // Rank 0 removes `.tmp-*` directories left by a save that a crash cut short.
+  explicit CheckpointStore(CheckpointStoreOptions options);
+
+  // Writes this rank's part of step-K (K = contents.state.position.step) and,
+  // on rank 0, publishes it. Returns the final directory.
+  std::string save(const CheckpointContents& contents);
+
+  const std::string& root() const { return root_; }
+
+ private:
+  CheckpointStoreOptions options_;
+  std::string root_;  // output_dir/checkpoints
+};
+
+// `spec` is a checkpoint directory, or "latest": the newest complete
+// checkpoint under output_dir/checkpoints. Throws naming what is missing.
+std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir);
+
+// Reads and verifies (manifest checksums, format version) rank `rank`'s view of
+// a checkpoint. Every problem is a one-line gradaccum::Error naming the file.
+LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank);
+
+}  // namespace gradaccum::io

@@ -1,0 +1,44 @@
+// The engine's hand-written CPU kernels, and the one process-wide switch over
+// them: the config key `custom_kernels` (`all`, `none`, or a comma-separated
+// list of the names below).
+//
+// Each kernel replaces a sequence of libtorch operators that computes the same
+// function; it stays in the engine only while bench/custom_kernels.py shows it
+// beating libtorch's own path by ≥ 5% end to end on the benchmark it serves
+// (BENCHMARKS.md). Turning one off runs that libtorch path instead: to debug a
+// suspected kernel, and to repeat the comparison. Like torch.backends' flags
+// (e.g. enable_flash_sdp), the switch is process-wide; the CLI sets it once,
+// before a model is built, and library code only reads it.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gradaccum::kernels {
+
+enum class CustomKernel {
+  qkv_attention,          // models/qkv_attention.h: attention's forward and backward
+  gelu_tanh,              // models/gelu_tanh.h: GPT-2's GELU
+  softmax_cross_entropy,  // models/softmax_cross_entropy.h: the LM head's loss rows
+  gelu_mlp,               // models/gelu_mlp.h: seed 000's Linear → GELU → Linear as one node
+  heap_retention,         // run/heap_retention.h: glibc keeps freed activations
+};
+
+// Every kernel's name, in enum order ("qkv_attention", ...).
+const std::vector<std::string_view>& custom_kernel_names();
+
+// Whether `kernel` runs where its conditions hold. All are on at start-up.
+bool custom_kernel_enabled(CustomKernel kernel);
+
+// The kernels a spec names: "all", "none", or names separated by commas (e.g.
+// "qkv_attention,gelu_mlp"). Throws gradaccum::Error naming an unknown name.
+std::vector<CustomKernel> parse_custom_kernels(std::string_view spec);
+
+// Exactly the kernels parse_custom_kernels(spec) names are on afterwards.
+void set_custom_kernels(std::string_view spec);
+
+// The kernels that are on, comma-separated, or "none".
+std::string custom_kernels_description();
+
+}  // namespace gradaccum::kernels

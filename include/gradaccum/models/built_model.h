@@ -1,0 +1,65 @@
+// A model as the program trains, saves and loads it: the task the engine sees,
+// plus how its weights map to files. Image networks keep libtorch's parameter
+// names; GPT-2 and BLOOM use Hugging Face's names and config.json, so their
+// checkpoints load in HF's own code.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gradaccum/core/trainable.h"
+#include "gradaccum/models/causal_lm.h"
+#include "gradaccum/models/model_factory.h"
+
+namespace gradaccum::models {
+
+using WeightList = std::vector<std::pair<std::string, torch::Tensor>>;
+
+struct BuiltModel {
+  std::unique_ptr<core::Trainable> task;
+  std::string architecture;  // "" (image networks) | "gpt2" | "bloom"
+  nlohmann::json hf_config;  // null for image networks
+  int64_t num_labels = 0;    // 0: a causal language model
+  int64_t max_positions = 0;  // the longest sequence (0: unbounded)
+  int64_t vocab_size = 0;
+
+  bool is_language_model() const { return !architecture.empty(); }
+  // CPU copies of the weights under their file names (HF names for LMs).
+  WeightList weights();
+  // Copies weights in; errors name the tensor and `what`. `may_be_missing`
+  // names parameters that keep their values when absent (a fresh head).
+  void load_weights(const WeightList& weights, const std::string& what,
+                    const std::vector<std::string>& may_be_missing = {});
+  // The causal-LM head, for generation (null for other tasks).
+  CausalLmHeadImpl* causal_lm();
+
+  // Memory for compute (issue 5); both throw gradaccum::Error naming the key
+  // when the model has nothing to apply them to.
+  // Recompute each transformer block's activations in backward.
+  void set_gradient_checkpointing(bool enabled);
+  // Causal LMs: the loss over chunks of at most `tokens` tokens (0 = whole).
+  void set_loss_chunk_tokens(int64_t tokens);
+
+  Decoder backbone{nullptr};  // the transformer (null for image networks)
+};
+
+// A fresh GPT-2 or BLOOM from the `model:` section: a causal LM when
+// `num_labels` is 0, else a sequence classifier with that many labels.
+// `vocab_size` comes from the tokenizer unless the config sets one.
+BuiltModel make_gpt2(const ModelConfig& config, int64_t vocab_size, int64_t num_labels, uint64_t init_seed);
+BuiltModel make_bloom(const ModelConfig& config, int64_t vocab_size, int64_t num_labels, uint64_t init_seed);
+
+// A model from an HF checkpoint directory (config.json + model.safetensors).
+// `num_labels` < 0: the task the checkpoint was saved for; 0: a causal LM;
+// > 0: a classifier — from a causal-LM checkpoint the `score` head starts
+// fresh (seeded by `init_seed`), as HF's from_pretrained does. `config`, when given, overrides
+// the checkpoint's dropout with its model.<name> keys that are not -1.
+BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint64_t init_seed,
+                               const ModelConfig* config = nullptr);
+
+}  // namespace gradaccum::models

@@ -1,0 +1,89 @@
+// A whole training run around core::Trainer, callable from a program of one's own: what the
+// `gradaccum train` command does after reading its configuration.
+//
+//   1. Process set-up: libtorch's threads, the custom kernels, CPU autocast's matmul route.
+//   2. Data parallel when the environment names a job (torchrun, mpirun, run::launch_local):
+//      a process group (Gloo on the CPU, NCCL on CUDA), the same configuration on every rank,
+//      the gradient sync, ZeRO-1 when asked.
+//   3. Resume from a checkpoint ("latest" or a directory): weights, optimizer, generator, position,
+//      and a window saved half-way through.
+//   4. Rank 0's outputs in output_dir: config.yaml, metrics.jsonl, summary.json, grad_flow.jsonl,
+//      TensorBoard events, the console. Other ranks write rank<R>.json (their memory).
+//   5. Checkpoints every save_steps and at the end (save_total_limit kept); SIGTERM / SIGINT save the
+//      window in flight and stop (run/stop_signals.h).
+//   6. The final model in output_dir/final: model.safetensors, and config.json when the model has one
+//      (an HF checkpoint for GPT-2 and BLOOM).
+//
+// Exactness is the Trainer's: fit() adds no arithmetic of its own.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gradaccum/core/trainable.h"
+#include "gradaccum/core/trainer.h"
+#include "gradaccum/core/training_observer.h"
+
+namespace gradaccum::models {
+struct BuiltModel;
+}
+
+namespace gradaccum::run {
+
+struct RunOptions {
+  core::TrainerOptions trainer;  // the accumulation, optimizer, schedule, precision, device
+  std::string output_dir = "runs/default";
+  int64_t threads = 0;                  // 0: this host's cores shared among its ranks
+  std::string custom_kernels = "all";   // kernels/custom_kernels.h
+  std::string bf16_cpu_matmuls = "auto";  // auto | float32 | libtorch (core/float32_cpu_matmuls.h)
+  int64_t logging_steps = 1;            // console and TensorBoard interval
+  bool console = true;                  // rank 0's progress lines on stdout
+  bool tensorboard = false;             // event files in logging_dir
+  std::string logging_dir;              // "" = output_dir/runs
+  std::string resume_from_checkpoint;   // "" | "latest" (under output_dir) | a checkpoint directory
+  bool allow_batch_change = false;      // resume with another global batch (not exact)
+  int64_t save_total_limit = 0;         // > 0: keep the newest K checkpoints
+  int64_t dist_timeout_s = 60;          // a stalled rank is an error after this long
+  int64_t ddp_bucket_cap_mb = 25;       // gradient all-reduce buckets
+  bool sync_each_micro_step = false;    // all-reduce every micro-step (comparison only)
+  int64_t zero_stage = 0;               // 1: optimizer state sharded across ranks
+  bool items_are_tokens = false;        // the metrics call items tokens (language models) or samples
+  // The run's configuration as text: output_dir/config.yaml, stored in every checkpoint, and
+  // compared across ranks (they must agree). "" writes no config.yaml.
+  std::string description;
+  std::string data_description;  // one console line about the data ("" = none)
+};
+
+// How the model's weights are named in files. Default (empty functions): the module's parameter
+// and buffer names (models/module_tensors.h) and no config.json.
+struct ModelFiles {
+  std::function<std::vector<std::pair<std::string, torch::Tensor>>()> weights;
+  std::function<void(const std::vector<std::pair<std::string, torch::Tensor>>&, const std::string& what)> load;
+  nlohmann::json config;  // non-null: final/ is an HF checkpoint with this config.json
+};
+
+// A GPT-2, BLOOM or image model of the program's model factory, with HF's names for the former.
+ModelFiles model_files(models::BuiltModel& model);
+
+struct RunResult {
+  core::TrainSummary summary;
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  std::string final_dir;        // output_dir/final on rank 0 of a run that ended; else ""
+  std::string last_checkpoint;  // the newest checkpoint this process saved ("" if none)
+};
+
+// Trains `model` on `train_data` (every rank passes the whole dataset: the windows say which
+// samples each rank reads), evaluating on `eval_data` (rank 0 only; may be null). `observer`, when
+// given, sees every event beside the outputs. Bad options, a bad checkpoint or a failing rank throw
+// gradaccum::Error naming the cause, before anything is written where possible.
+RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dataset& train_data,
+              const core::Dataset* eval_data = nullptr, const ModelFiles& files = {},
+              core::TrainingObserver* observer = nullptr);
+
+}  // namespace gradaccum::run

@@ -1,0 +1,471 @@
+#include "gradaccum/io/config_keys.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "gradaccum/base/check.h"
+#include "gradaccum/core/mixed_precision.h"
+#include "gradaccum/io/workload.h"
+#include "gradaccum/kernels/custom_kernels.h"
+#include "gradaccum/models/model_types.h"
+#include "gradaccum/optim/lr_schedule.h"
+
+namespace gradaccum::io {
+
+namespace {
+
+// A numeric key's rule: its text for errors and the reference, and the test.
+struct Rule {
+  std::string text;
+  std::function<bool(double)> ok;
+};
+
+std::string with_note(std::string text, const std::string& note) {
+  return note.empty() ? text : text + " (" + note + ")";
+}
+Rule any_value() { return {"", nullptr}; }
+Rule at_least(double low, const std::string& note = "") {
+  return {with_note(fmt::format(">= {}", low), note), [low](double v) { return v >= low; }};
+}
+Rule above(double low, const std::string& note = "") {
+  return {with_note(fmt::format("> {}", low), note), [low](double v) { return v > low; }};
+}
+// [low, high): probabilities, betas, fractions.
+Rule below_one_from(double low) {
+  return {fmt::format("in [{}, 1)", low), [low](double v) { return v >= low && v < 1; }};
+}
+Rule rule(std::string text, std::function<bool(double)> ok) { return {std::move(text), std::move(ok)}; }
+
+template <typename T>
+std::function<bool(const KeyValue&)> numeric_test(const Rule& r) {
+  if (!r.ok) return nullptr;
+  return [ok = r.ok](const KeyValue& v) { return ok(static_cast<double>(std::get<T>(v))); };
+}
+
+ConfigKey section(std::string name, std::string help) {
+  ConfigKey key;
+  key.name = std::move(name);
+  key.type = KeyType::section;
+  key.help = std::move(help);
+  return key;
+}
+
+ConfigKey integer(std::string name, int64_t value, std::string help, const Rule& r,
+                  std::function<void(TrainConfig&, int64_t)> set) {
+  ConfigKey key{std::move(name), KeyType::integer, std::to_string(value), std::move(help), {}, r.text,
+                numeric_test<int64_t>(r)};
+  key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<int64_t>(v)); };
+  return key;
+}
+
+ConfigKey number(std::string name, std::string value, std::string help, const Rule& r,
+                 std::function<void(TrainConfig&, double)> set) {
+  ConfigKey key{std::move(name), KeyType::number, std::move(value), std::move(help), {}, r.text,
+                numeric_test<double>(r)};
+  key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<double>(v)); };
+  return key;
+}
+
+ConfigKey boolean(std::string name, bool value, std::string help, std::function<void(TrainConfig&, bool)> set) {
+  ConfigKey key{std::move(name), KeyType::boolean, value ? "true" : "false", std::move(help)};
+  key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<bool>(v)); };
+  return key;
+}
+
+ConfigKey text(std::string name, std::string value, std::string help,
+               std::function<void(TrainConfig&, const std::string&)> set) {
+  ConfigKey key{std::move(name), KeyType::text, std::move(value), std::move(help)};
+  key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<std::string>(v)); };
+  return key;
+}
+
+ConfigKey choice(std::string name, std::string value, std::vector<std::string> choices, std::string help,
+                 std::function<void(TrainConfig&, const std::string&)> set) {
+  ConfigKey key{std::move(name), KeyType::choice, std::move(value), std::move(help), std::move(choices)};
+  key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<std::string>(v)); };
+  return key;
+}
+
+ConfigKey integer_list(std::string name, std::string value, std::string help,
+                       std::function<void(TrainConfig&, const std::vector<int64_t>&)> set) {
+  ConfigKey key{std::move(name), KeyType::integer_list, std::move(value), std::move(help)};
+  key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) {
+    set(c, std::get<std::vector<int64_t>>(v));
+  };
+  return key;
+}
+
+// A language model's dropout under HF's name; -1 takes the hf_checkpoint's config.json value.
+ConfigKey lm_dropout(std::string name, std::string help, double models::ModelConfig::*field) {
+  return number(std::move(name), "-1", std::move(help),
+                rule("in [0, 1), or -1 for the checkpoint's (else 0)",
+                     [](double v) { return v == -1 || (v >= 0 && v < 1); }),
+                [field](TrainConfig& c, double v) { c.model.*field = v; });
+}
+
+template <typename Table>
+std::vector<std::string> names_of(const Table& table) {
+  std::vector<std::string> names;
+  for (const auto& entry : table) names.push_back(entry.name);
+  return names;
+}
+
+std::vector<ConfigKey> make_keys() {
+  using core::LastWindow;
+  using core::LossNormalization;
+  using core::SampleOrder;
+  return {
+      text("output_dir", "runs/default", "where checkpoints, metrics and the final model go",
+           [](TrainConfig& c, const std::string& v) { c.output_dir = v; }),
+      integer("seed", 42, "data order, initialization, dropout and random data", any_value(),
+              [](TrainConfig& c, int64_t v) { c.trainer.seed = static_cast<uint64_t>(v); }),
+      integer("threads", 0, "intra-op threads per process", at_least(0, "0 = all cores"),
+              [](TrainConfig& c, int64_t v) { c.threads = v; }),
+      choice("dtype", "float32", {"float32", "float64"}, "parameters and compute",
+             [](TrainConfig& c, const std::string& v) {
+               c.dtype = v;
+               c.trainer.dtype = v == "float64" ? torch::kDouble : torch::kFloat;
+             }),
+      choice("device", "cpu", {"cpu", "cuda"}, "where the model runs (cuda: NCCL between ranks)",
+             [](TrainConfig& c, const std::string& v) {
+               c.device = v;
+               c.trainer.device = v == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+             }),
+
+      section("model", "the network (models/model_types.h)"),
+      choice("model.type", "cnn", names_of(models::model_types()), "the architecture",
+             [](TrainConfig& c, const std::string& v) { c.model.type = v; }),
+      choice("model.norm", "group", {"batch", "group", "layer", "none"}, "image networks' normalization",
+             [](TrainConfig& c, const std::string& v) { c.model.norm = v; }),
+      integer("model.norm_groups", 8, "group norm's groups", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.model.norm_groups = v; }),
+      integer_list("model.channels", "[32, 64]", "cnn and resnet: conv widths",
+                   [](TrainConfig& c, const std::vector<int64_t>& v) { c.model.channels = v; }),
+      integer_list("model.hidden", "[128]", "mlp: dense widths; cnn: its dense layer (the first)",
+                   [](TrainConfig& c, const std::vector<int64_t>& v) { c.model.hidden = v; }),
+      integer("model.n_layer", 4, "language models: transformer blocks (HF GPT2Config names)", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.model.n_layer = v; }),
+      integer("model.n_embd", 128, "width (BLOOM's hidden_size)", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.model.n_embd = v; }),
+      integer("model.n_head", 4, "attention heads (divides n_embd)", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.model.n_head = v; }),
+      integer("model.n_positions", 128, "gpt2's context; bloom (ALiBi) has no limit", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.model.n_positions = v; }),
+      integer("model.vocab_size", 0, "the embedding's rows (0 = the tokenizer's)", at_least(0, "0 = the tokenizer's"),
+              [](TrainConfig& c, int64_t v) { c.model.vocab_size = v; }),
+      text("model.hf_checkpoint", "\"\"", "start from an HF checkpoint directory instead",
+           [](TrainConfig& c, const std::string& v) { c.model.hf_checkpoint = v; }),
+      lm_dropout("model.resid_pdrop",
+                 "dropout, HF's names (-1 = the hf_checkpoint's config.json, else 0); gpt2: residual branches",
+                 &models::ModelConfig::resid_pdrop),
+      lm_dropout("model.embd_pdrop", "gpt2: after the embeddings", &models::ModelConfig::embd_pdrop),
+      lm_dropout("model.attn_pdrop", "gpt2: attention probabilities", &models::ModelConfig::attn_pdrop),
+      lm_dropout("model.hidden_dropout", "bloom: residual branches", &models::ModelConfig::hidden_dropout),
+      lm_dropout("model.attention_dropout", "bloom: attention probabilities",
+                 &models::ModelConfig::attention_dropout),
+      number("model.dropout", "0.0", "cnn: after the dense layer", below_one_from(0),
+             [](TrainConfig& c, double v) { c.model.dropout = v; }),
+      choice("model.dropout_rng", "per_sample", {"per_sample", "libtorch"},
+             "per_sample: masks independent of the decomposition; libtorch: its generator",
+             [](TrainConfig& c, const std::string& v) { c.model.dropout_rng = models::parse_dropout_rng(v); }),
+
+      section("data", "what the model learns from (io/workload.h)"),
+      choice("data.type", "fashion_mnist", names_of(data_types()), "the dataset",
+             [](TrainConfig& c, const std::string& v) { c.data.type = v; }),
+      text("data.directory", "\"\"", "fashion_mnist: \"\" = /usr/share/datasets/fashion-mnist",
+           [](TrainConfig& c, const std::string& v) { c.data.directory = v; }),
+      text("data.path", "\"\"", "text: a .txt (one document per line) or .jsonl file",
+           [](TrainConfig& c, const std::string& v) { c.data.path = v; }),
+      text("data.eval_path", "\"\"", "text: evaluation file (\"\" = split off eval_fraction)",
+           [](TrainConfig& c, const std::string& v) { c.data.eval_path = v; }),
+      text("data.tokenizer", "\"\"", "\"\" = $GRADACCUM_TOKENIZER_DIR, else /var/lib/gradaccum/gpt2",
+           [](TrainConfig& c, const std::string& v) { c.data.tokenizer = v; }),
+      integer("data.max_length", 128, "tokens per sample (truncation, or the block size when packing)", at_least(2),
+              [](TrainConfig& c, int64_t v) { c.data.max_length = v; }),
+      boolean("data.packing", false, "join documents into blocks of max_length (causal LM)",
+              [](TrainConfig& c, bool v) { c.data.packing = v; }),
+      boolean("data.group_by_length", false, "sort each window's samples by length (exact; less padding)",
+              [](TrainConfig& c, bool v) { c.trainer.group_by_length = v; }),
+      number("data.eval_fraction", "0.1", "kjv, kjv_testament, text without eval_path, random_tokens",
+             below_one_from(0), [](TrainConfig& c, double v) { c.data.eval_fraction = v; }),
+      boolean("data.balanced", false, "kjv_testament: as many Old as New Testament verses",
+              [](TrainConfig& c, bool v) { c.data.balanced = v; }),
+      integer("data.train_limit", 0, "the first (spread) training samples only", at_least(0, "0 = all"),
+              [](TrainConfig& c, int64_t v) { c.data.train_limit = v; }),
+      integer("data.eval_limit", 0, "evaluation samples (0 = all, < 0 = no evaluation)", any_value(),
+              [](TrainConfig& c, int64_t v) { c.data.eval_limit = v; }),
+      integer("data.vocab_size", 0, "random_tokens: ids in [0, vocab_size) (required, >= 2; no tokenizer)",
+              any_value(), [](TrainConfig& c, int64_t v) { c.data.vocab_size = v; }),
+      integer("data.train_size", 4096, "random_tokens: training rows of max_length ids, seeded by seed", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.data.train_size = v; }),
+
+      section("sample", "causal LMs: a generated sample printed at the end"),
+      text("sample.prompt", "\"\"", "\"\" = none", [](TrainConfig& c, const std::string& v) { c.sample.prompt = v; }),
+      integer("sample.max_new_tokens", 40, "tokens to generate", at_least(0),
+              [](TrainConfig& c, int64_t v) { c.sample.max_new_tokens = v; }),
+      number("sample.temperature", "0.8", "softmax temperature", at_least(0, "0 = greedy"),
+             [](TrainConfig& c, double v) { c.sample.temperature = v; }),
+      integer("sample.top_k", 40, "sample among the k likeliest", at_least(0, "0 = all"),
+              [](TrainConfig& c, int64_t v) { c.sample.top_k = v; }),
+
+      [] {
+        auto key = integer("per_device_train_batch_size", 16, "b: samples per micro-step and process (auto: planned)",
+                           at_least(1, "or auto"),
+                           [](TrainConfig& c, int64_t v) { c.trainer.per_device_train_batch_size = v; });
+        key.allows_auto = true;
+        return key;
+      }(),
+      integer("per_device_eval_batch_size", 500, "samples per evaluation forward", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.trainer.per_device_eval_batch_size = v; }),
+      [] {
+        auto key = integer("gradient_accumulation_steps", 4, "N: micro-steps per optimizer step (auto: planned)",
+                           at_least(1), [](TrainConfig& c, int64_t v) { c.trainer.gradient_accumulation_steps = v; });
+        key.allows_auto = true;
+        return key;
+      }(),
+      integer("global_batch_size", 0, "> 0: N = global / (b x world)", at_least(0, "0 = b x N x world"),
+              [](TrainConfig& c, int64_t v) { c.trainer.global_batch_size = v; }),
+      integer("num_train_epochs", 3, "passes over the training data", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.trainer.num_train_epochs = v; }),
+      integer("max_steps", 0, "optimizer steps", at_least(0, "0 = use num_train_epochs"),
+              [](TrainConfig& c, int64_t v) { c.trainer.max_steps = v; }),
+      choice("optim", "adamw", {"adamw", "sgd"}, "the optimizer",
+             [](TrainConfig& c, const std::string& v) { c.trainer.optimizer.type = v; }),
+      number("learning_rate", "2.0e-3", "the schedule's peak", at_least(0),
+             [](TrainConfig& c, double v) { c.trainer.optimizer.learning_rate = v; }),
+      number("weight_decay", "0.0", "decoupled (adamw) or L2 (sgd)", at_least(0),
+             [](TrainConfig& c, double v) { c.trainer.optimizer.weight_decay = v; }),
+      number("momentum", "0.0", "sgd", below_one_from(0),
+             [](TrainConfig& c, double v) { c.trainer.optimizer.momentum = v; }),
+      boolean("nesterov", false, "sgd, with momentum > 0",
+              [](TrainConfig& c, bool v) { c.trainer.optimizer.nesterov = v; }),
+      number("adam_beta1", "0.9", "adamw", below_one_from(0),
+             [](TrainConfig& c, double v) { c.trainer.optimizer.adam_beta1 = v; }),
+      number("adam_beta2", "0.999", "adamw", below_one_from(0),
+             [](TrainConfig& c, double v) { c.trainer.optimizer.adam_beta2 = v; }),
+      number("adam_epsilon", "1.0e-8", "adamw", above(0),
+             [](TrainConfig& c, double v) { c.trainer.optimizer.adam_epsilon = v; }),
+      choice("lr_scheduler_type", "cosine", {"constant", "linear", "cosine"}, "over optimizer steps",
+             [](TrainConfig& c, const std::string& v) { c.trainer.lr_scheduler_type = optim::parse_schedule_type(v); }),
+      integer("warmup_steps", 0, "linear warmup, in optimizer steps", at_least(0),
+              [](TrainConfig& c, int64_t v) { c.trainer.warmup_steps = v; }),
+      number("warmup_ratio", "0.0", "warmup as a fraction of the steps (when warmup_steps is 0)",
+             rule("in [0, 1]", [](double v) { return v >= 0 && v <= 1; }),
+             [](TrainConfig& c, double v) { c.trainer.warmup_ratio = v; }),
+      number("max_grad_norm", "1.0", "0 disables clipping", at_least(0, "0 disables clipping"),
+             [](TrainConfig& c, double v) { c.trainer.max_grad_norm = v; }),
+      choice("mixed_precision", "\"no\"", {"no", "bf16", "fp16"}, "autocast, docs/mixed_precision.md",
+             [](TrainConfig& c, const std::string& v) {
+               c.mixed_precision = v;
+               c.trainer.mixed_precision = core::parse_mixed_precision(v);
+             }),
+      choice("bf16_cpu_matmuls", "auto", {"auto", "float32", "libtorch"},
+             "bf16 matmuls on CPU (docs/mixed_precision.md)",
+             [](TrainConfig& c, const std::string& v) { c.bf16_cpu_matmuls = v; }),
+      text("custom_kernels", "all", "all | none | a comma-separated list (kernels/custom_kernels.h)",
+           [](TrainConfig& c, const std::string& v) {
+             kernels::parse_custom_kernels(v);  // names an unknown kernel
+             c.custom_kernels = v;
+           }),
+      section("loss_scaler", "fp16's dynamic loss scaler (torch.cuda.amp.GradScaler's knobs)"),
+      number("loss_scaler.init_scale", "65536.0", "the first scale",
+             rule("> 0 and finite in float32", [](double v) { return v > 0 && std::isfinite(static_cast<float>(v)); }),
+             [](TrainConfig& c, double v) { c.trainer.loss_scaler.init_scale = v; }),
+      number("loss_scaler.growth_factor", "2.0", "after growth_interval good steps", above(1),
+             [](TrainConfig& c, double v) { c.trainer.loss_scaler.growth_factor = v; }),
+      number("loss_scaler.backoff_factor", "0.5", "after an overflow",
+             rule("in (0, 1)", [](double v) { return v > 0 && v < 1; }),
+             [](TrainConfig& c, double v) { c.trainer.loss_scaler.backoff_factor = v; }),
+      integer("loss_scaler.growth_interval", 2000, "good optimizer steps before the scale grows", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.trainer.loss_scaler.growth_interval = v; }),
+      boolean("gradient_checkpointing", false, "GPT-2/BLOOM: recompute block activations in backward",
+              [](TrainConfig& c, bool v) { c.model.gradient_checkpointing = v; }),
+      integer("loss_chunk_tokens", 0,
+              "causal LMs: the fused LM head + loss works on chunks of this many tokens (0 = automatic, ~64 MiB of "
+              "logits; 512 MiB on a GPU)",
+              at_least(0, "0 = automatic"), [](TrainConfig& c, int64_t v) { c.model.loss_chunk_tokens = v; }),
+      choice("loss_normalization", "window", {"window", "sum", "micro_batch"},
+             "window: the exact mean over the window; micro_batch: the naive mean of means", [](TrainConfig& c, const std::string& v) {
+               c.trainer.loss_normalization = v == "window" ? LossNormalization::window
+                                              : v == "sum"  ? LossNormalization::sum
+                                                            : LossNormalization::micro_batch;
+             }),
+      choice("last_window", "partial", {"partial", "drop", "carry"},
+             "the epoch's last, short window: trained, dropped, or carried into the next epoch's first",
+             [](TrainConfig& c, const std::string& v) {
+               c.trainer.last_window = v == "partial" ? LastWindow::partial
+                                       : v == "drop"  ? LastWindow::drop
+                                                      : LastWindow::carry;
+             }),
+      choice("train_sampling_strategy", "random", {"random", "sequential", "longest_first"},
+             "random: a seeded permutation per epoch; sequential: the data's order; longest_first: memory probes",
+             [](TrainConfig& c, const std::string& v) {
+               c.trainer.sample_order = v == "random"       ? SampleOrder::random
+                                        : v == "sequential" ? SampleOrder::sequential
+                                                            : SampleOrder::longest_first;
+             }),
+      integer("logging_steps", 1, "a metrics line every K optimizer steps", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.logging_steps = v; }),
+      [] {
+        ConfigKey key{"report_to", KeyType::names, "none",
+                      "a name or a list: TensorBoard event files in logging_dir",
+                      {"none", "tensorboard"}};
+        key.store = [](TrainConfig& c, const KeyValue& v) {
+          const auto& names = std::get<std::vector<std::string>>(v);
+          c.report_to.clear();
+          for (const auto& name : names) {
+            if (name != "none" && std::find(c.report_to.begin(), c.report_to.end(), name) == c.report_to.end()) {
+              c.report_to.push_back(name);
+            }
+          }
+          GA_CHECK(c.report_to.empty() || std::find(names.begin(), names.end(), "none") == names.end(),
+                   "key 'report_to': 'none' cannot be combined with other names");
+        };
+        return key;
+      }(),
+      text("logging_dir", "\"\"", "\"\" = <output_dir>/runs",
+           [](TrainConfig& c, const std::string& v) { c.logging_dir = v; }),
+      integer("grad_flow_steps", -1, "per-parameter gradient statistics every K steps (-1 = logging_steps, 0 = off)",
+              rule(">= 0, or -1 for logging_steps", [](double v) { return v >= -1; }),
+              [](TrainConfig& c, int64_t v) { c.trainer.grad_flow_steps = v; }),
+      integer("eval_steps", 0, "evaluate every K optimizer steps", at_least(0, "0 = at the end only"),
+              [](TrainConfig& c, int64_t v) { c.trainer.eval_steps = v; }),
+      integer("save_steps", 0, "> 0: a checkpoint every save_steps optimizer steps (and at the end)",
+              at_least(0, "0 = at the end only"), [](TrainConfig& c, int64_t v) {
+                c.save_steps = v;
+                c.trainer.save_steps = v;
+              }),
+      integer("save_total_limit", 0, "> 0: keep only the newest K checkpoints", at_least(0, "0 = keep all"),
+              [](TrainConfig& c, int64_t v) { c.save_total_limit = v; }),
+      text("resume_from_checkpoint", "\"\"", "a checkpoint directory, or \"latest\" (under output_dir)",
+           [](TrainConfig& c, const std::string& v) { c.resume_from_checkpoint = v; }),
+      boolean("allow_batch_change", false, "resume with another global batch size (not exact)",
+              [](TrainConfig& c, bool v) { c.allow_batch_change = v; }),
+      choice("nan_policy", "abort", {"abort", "skip"}, "what a non-finite window loss does",
+             [](TrainConfig& c, const std::string& v) {
+               c.trainer.nan_policy = v == "abort" ? core::NanPolicy::abort : core::NanPolicy::skip;
+             }),
+      integer("dist_timeout", 60, "seconds before a stalled rank is an error", at_least(1, "seconds"),
+              [](TrainConfig& c, int64_t v) { c.dist_timeout_s = v; }),
+      integer("ddp_bucket_cap_mb", 25, "gradient all-reduce bucket size", at_least(1),
+              [](TrainConfig& c, int64_t v) { c.ddp_bucket_cap_mb = v; }),
+      boolean("sync_each_micro_step", false, "true: all-reduce every micro-step (comparison only)",
+              [](TrainConfig& c, bool v) { c.sync_each_micro_step = v; }),
+      integer("zero_stage", 0, "1: shard optimizer state across ranks (ZeRO-1)",
+              rule("0 or 1", [](double v) { return v == 0 || v == 1; }),
+              [](TrainConfig& c, int64_t v) { c.zero_stage = v; }),
+      boolean("deterministic_accumulation", false,
+              "true: for a fixed b, bit-identical gradients for every N x W (W a power of two)",
+              [](TrainConfig& c, bool v) { c.trainer.deterministic_accumulation = v; }),
+      integer("max_tokens_per_micro_batch", 0,
+              "> 0: cut each window into micro-batches of at most this many padded tokens (N varies)",
+              at_least(0, "0 = b rows per micro-batch"),
+              [](TrainConfig& c, int64_t v) { c.trainer.max_tokens_per_micro_batch = v; }),
+      integer("window_tokens", 0,
+              "> 0: a window closes where its samples' targets reach this many tokens (N varies; "
+              "gradient_accumulation_steps unused)",
+              at_least(0, "0 = windows of b x N x W samples"),
+              [](TrainConfig& c, int64_t v) { c.trainer.window_tokens = v; }),
+      boolean("oom_recovery", true,
+              "a window that runs out of memory is trained again at half the micro-batch, twice the steps",
+              [](TrainConfig& c, bool v) { c.trainer.oom_recovery = v; }),
+  };
+}
+
+std::string type_name(const ConfigKey& key) {
+  switch (key.type) {
+    case KeyType::integer: return key.allows_auto ? "integer or auto" : "integer";
+    case KeyType::number: return "number";
+    case KeyType::boolean: return "boolean";
+    case KeyType::text: return "string";
+    case KeyType::choice: return "choice";
+    case KeyType::integer_list: return "list of integers";
+    case KeyType::names: return "name or list of names";
+    case KeyType::section: return "section";
+  }
+  return "";
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& separator) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : separator) + item;
+  return out;
+}
+
+// Markdown table cells: a '|' would end the cell.
+std::string cell(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '|') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<ConfigKey>& config_keys() {
+  static const std::vector<ConfigKey> keys = make_keys();
+  return keys;
+}
+
+const ConfigKey* find_config_key(const std::string& name) {
+  for (const auto& key : config_keys()) {
+    if (key.name == name) return &key;
+  }
+  return nullptr;
+}
+
+const std::string& default_config_yaml() {
+  static const std::string yaml = [] {
+    std::string out;
+    for (const auto& key : config_keys()) {
+      const auto dot = key.name.rfind('.');
+      const std::string indent(dot == std::string::npos ? 0 : 2 * static_cast<size_t>(std::count(
+                                                                      key.name.begin(), key.name.end(), '.')),
+                               ' ');
+      auto line = indent + key.name.substr(dot == std::string::npos ? 0 : dot + 1) + ":";
+      if (key.type != KeyType::section) line += " " + key.default_yaml;
+      // A choice's comment lists its values: the file a user starts from shows what is allowed.
+      const auto comment = key.choices.empty() ? key.help : join(key.choices, " | ") + ": " + key.help;
+      if (!comment.empty()) line += std::string(line.size() < 34 ? 34 - line.size() : 1, ' ') + "# " + comment;
+      out += line + "\n";
+    }
+    return out;
+  }();
+  return yaml;
+}
+
+std::string config_reference_markdown() {
+  std::string out =
+      "# Configuration reference\n\n"
+      "Generated from the key table (`include/gradaccum/io/config_keys.h`) by `gradaccum config --reference`;\n"
+      "a test keeps this file equal to that output. A YAML file (`gradaccum train CONFIG`) and\n"
+      "`--set key=value` set these keys; `gradaccum train --print-config` prints the resolved whole.\n"
+      "Names follow HF TrainingArguments where one exists.\n\n"
+      "Model types (`model.type`):\n\n";
+  for (const auto& type : models::model_types()) {
+    out += fmt::format("- `{}` ({}): {}\n", type.name,
+                       type.family == models::ModelFamily::image ? "images" : "token ids", type.help);
+  }
+  out += "\nData types (`data.type`):\n\n";
+  for (const auto& type : data_types()) {
+    out += fmt::format("- `{}` ({}): {}\n", type.name,
+                       type.family == models::ModelFamily::image ? "images" : "token ids", type.help);
+  }
+  out += "\n| key | type | default | allowed | what |\n|---|---|---|---|---|\n";
+  for (const auto& key : config_keys()) {
+    if (key.type == KeyType::section) {
+      out += fmt::format("| **{}:** | section | | | {} |\n", key.name, cell(key.help));
+      continue;
+    }
+    const auto allowed = key.choices.empty() ? key.rule : join(key.choices, " | ");
+    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", key.name, type_name(key), cell(key.default_yaml),
+                       cell(allowed), cell(key.help));
+  }
+  return out;
+}
+
+}  // namespace gradaccum::io

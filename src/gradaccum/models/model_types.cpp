@@ -1,0 +1,63 @@
+#include "gradaccum/models/model_types.h"
+
+#include <fmt/format.h>
+
+#include "gradaccum/base/check.h"
+
+namespace gradaccum::models {
+
+namespace {
+
+BuiltModel image_model(std::unique_ptr<core::Trainable> task, int64_t classes) {
+  BuiltModel built;
+  built.task = std::move(task);
+  built.num_labels = classes;
+  return built;
+}
+
+}  // namespace
+
+const std::vector<ModelType>& model_types() {
+  static const std::vector<ModelType> types{
+      {"mlp", ModelFamily::image, "a multilayer perceptron: model.hidden widths, a norm after each",
+       [](const ModelConfig& c, const ModelInputs& in) { return image_model(make_mlp(c, in.classes), in.classes); }},
+      {"cnn", ModelFamily::image, "1 to 4 conv blocks (model.channels) and a dense layer (model.hidden[0])",
+       [](const ModelConfig& c, const ModelInputs& in) { return image_model(make_cnn(c, in.classes), in.classes); }},
+      {"resnet", ModelFamily::image, "residual blocks of model.channels widths",
+       [](const ModelConfig& c, const ModelInputs& in) {
+         return image_model(make_resnet(c, in.classes), in.classes);
+       }},
+      {"gpt2", ModelFamily::language, "GPT-2 (HF GPT2LMHeadModel / GPT2ForSequenceClassification)",
+       [](const ModelConfig& c, const ModelInputs& in) {
+         return make_gpt2(c, in.vocab_size, in.num_labels, in.init_seed);
+       }},
+      {"bloom", ModelFamily::language, "BLOOM, ALiBi positions (HF BloomForCausalLM / BloomForSequenceClassification)",
+       [](const ModelConfig& c, const ModelInputs& in) {
+         return make_bloom(c, in.vocab_size, in.num_labels, in.init_seed);
+       }},
+  };
+  return types;
+}
+
+const ModelType& model_type(const std::string& name) {
+  std::string names;
+  for (const auto& type : model_types()) {
+    if (type.name == name) return type;
+    names += (names.empty() ? "" : " | ") + type.name;
+  }
+  throw Error(fmt::format("key 'model.type': '{}' is not one of {}", name, names));
+}
+
+BuiltModel make_model(const ModelConfig& config, const ModelInputs& inputs) {
+  return model_type(config.type).build(config, inputs);
+}
+
+std::unique_ptr<core::Trainable> make_image_classifier(const ModelConfig& config, int64_t classes) {
+  const auto& type = model_type(config.type);
+  GA_CHECK(type.family == ModelFamily::image, "key 'model.type': '{}' is not an image model", config.type);
+  ModelInputs inputs;
+  inputs.classes = classes;
+  return type.build(config, inputs).task;
+}
+
+}  // namespace gradaccum::models

@@ -1,0 +1,198 @@
+// core/float32_cpu_matmuls.h: under bf16 (fp16) CPU autocast, once routed, the matmuls
+// and convolutions equal float32 ops on bfloat16- (float16-) rounded operands, rounded to
+// 16 bits, in value and in gradient. Its own executable (not gradaccum_tests): the routing changes
+// libtorch's dispatcher for the rest of the process, and the other tests compare with
+// libtorch's own autocast kernels.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "gradaccum/core/float32_cpu_matmuls.h"
+#include "gradaccum/core/mixed_precision.h"
+#include "gradaccum/models/causal_lm.h"
+#include "gradaccum/models/chunked_cross_entropy.h"
+
+namespace {
+
+using gradaccum::core::AutocastScope;
+using gradaccum::core::MixedPrecision;
+
+const torch::Device kCpu(torch::kCPU);
+
+torch::Tensor rounded(const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat); }
+
+double relative_error(const torch::Tensor& x, const torch::Tensor& reference) {
+  return ((x.to(torch::kDouble) - reference.to(torch::kDouble)).norm() /
+          reference.to(torch::kDouble).norm())
+      .item<double>();
+}
+
+class Float32Bf16Matmuls : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    torch::manual_seed(3);
+    a_ = torch::randn({64, 8192});
+    b_ = torch::randn({8192, 48});
+    exact_ = torch::mm(rounded(a_), rounded(b_));  // float32 sums of the bfloat16 products
+    {
+      AutocastScope autocast(MixedPrecision::bf16, kCpu);
+      unrouted_error_ = relative_error(torch::mm(a_, b_), exact_);
+    }
+    ASSERT_FALSE(gradaccum::core::cpu_autocast_matmuls_route_through_float32());
+    gradaccum::core::route_cpu_autocast_matmuls_through_float32();
+    gradaccum::core::route_cpu_autocast_matmuls_through_float32();  // idempotent
+  }
+  static torch::Tensor a_, b_, exact_;
+  static double unrouted_error_;
+};
+torch::Tensor Float32Bf16Matmuls::a_, Float32Bf16Matmuls::b_, Float32Bf16Matmuls::exact_;
+double Float32Bf16Matmuls::unrouted_error_ = 0.0;
+
+TEST_F(Float32Bf16Matmuls, MmIsTheFloat32ProductOfRoundedOperandsRounded) {
+  EXPECT_TRUE(gradaccum::core::cpu_autocast_matmuls_route_through_float32());
+  AutocastScope autocast(MixedPrecision::bf16, kCpu);
+  const auto y = torch::mm(a_, b_);
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(y, exact_.to(torch::kBFloat16)));
+  // Only the result's rounding is left: ~2^-9 relative. libtorch's fallback GEMM (CPUs
+  // without AVX-512) sums over k = 8192 in bfloat16 and is off by ~10%.
+  EXPECT_LT(relative_error(y, exact_), 0.003);
+  std::cout << "relative error over k = 8192: " << relative_error(y, exact_)
+            << " routed, " << unrouted_error_ << " with libtorch's bf16 kernel on this CPU\n";
+}
+
+TEST_F(Float32Bf16Matmuls, EveryRoutedOpMatchesItsFloat32Expression) {
+  torch::manual_seed(4);
+  const auto x = torch::randn({2, 5, 16}), w = torch::randn({12, 16}), bias = torch::randn({12});
+  const auto m = torch::randn({5, 12}), batch1 = torch::randn({2, 5, 16});
+  const auto batch2 = torch::randn({2, 16, 7}), add = torch::randn({2, 5, 7});
+  const auto image = torch::randn({2, 3, 9, 9}), kernel = torch::randn({4, 3, 3, 3});
+  const auto signal = torch::randn({2, 3, 11}), kernel1d = torch::randn({4, 3, 3});
+  const auto cbias = torch::randn({4});
+  const std::vector<int64_t> stride2{2}, pad0{0};
+  std::vector<torch::Tensor> routed;
+  {
+    AutocastScope autocast(MixedPrecision::bf16, kCpu);
+    routed = {torch::linear(x, w, bias),
+              torch::matmul(x, w.t()),
+              torch::addmm(m, x[0], w.t(), 0.5, 2.0),
+              torch::bmm(batch1, batch2),
+              torch::baddbmm(add, batch1, batch2, 0.5, 2.0),
+              torch::conv2d(image, kernel, cbias, 1, 1),
+              torch::conv1d(signal, kernel1d, cbias, at::IntArrayRef(stride2), at::IntArrayRef(pad0))};
+  }
+  // Without autocast: float32 on the rounded operands, the result rounded.
+  const std::vector<torch::Tensor> expected = {
+      torch::linear(rounded(x), rounded(w), rounded(bias)),
+      torch::matmul(rounded(x), rounded(w).t()),
+      torch::addmm(rounded(m), rounded(x[0]), rounded(w).t(), 0.5, 2.0),
+      torch::bmm(rounded(batch1), rounded(batch2)),
+      torch::baddbmm(rounded(add), rounded(batch1), rounded(batch2), 0.5, 2.0),
+      torch::conv2d(rounded(image), rounded(kernel), rounded(cbias), 1, 1),
+      torch::conv1d(rounded(signal), rounded(kernel1d), rounded(cbias), at::IntArrayRef(stride2),
+                    at::IntArrayRef(pad0))};
+  for (size_t i = 0; i < routed.size(); ++i) {
+    EXPECT_EQ(routed[i].scalar_type(), torch::kBFloat16) << "op " << i;
+    EXPECT_TRUE(torch::equal(routed[i], expected[i].to(torch::kBFloat16))) << "op " << i;
+  }
+}
+
+TEST_F(Float32Bf16Matmuls, GradientsAreThoseOfTheExplicitCasts) {
+  torch::manual_seed(5);
+  const auto x = torch::randn({6, 32});
+  auto w = torch::randn({10, 32}, torch::requires_grad());
+  auto b = torch::randn({10}, torch::requires_grad());
+  {
+    AutocastScope autocast(MixedPrecision::bf16, kCpu);
+    (torch::linear(x, w, b).to(torch::kFloat) * torch::arange(60).view({6, 10})).sum().backward();
+  }
+  auto w2 = w.detach().clone().requires_grad_(true);
+  auto b2 = b.detach().clone().requires_grad_(true);
+  (torch::linear(rounded(x), rounded(w2), rounded(b2)).to(torch::kBFloat16).to(torch::kFloat) *
+   torch::arange(60).view({6, 10}))
+      .sum()
+      .backward();
+  EXPECT_TRUE(torch::equal(w.grad(), w2.grad()));
+  EXPECT_TRUE(torch::equal(b.grad(), b2.grad()));
+  EXPECT_GT(w.grad().abs().max().item<double>(), 1.0);
+}
+
+// The fused LM-head loss runs its own projections with autocast excluded; routed, they
+// must compute what the routed linear + causal_lm_loss compute.
+TEST_F(Float32Bf16Matmuls, TheFusedLmLossFollowsTheRouting) {
+  torch::manual_seed(6);
+  const int64_t vocab = 300, hidden_size = 48;
+  auto labels = torch::randint(vocab, {3, 20}, torch::kLong);
+  labels.index_put_({0, torch::indexing::Slice(15, 20)}, gradaccum::core::kIgnoreIndex);
+  const auto hidden0 = torch::randn({3, 20, hidden_size});
+  const auto weight0 = torch::randn({vocab, hidden_size}) * 0.2;
+  auto run = [&](bool fused) {
+    auto hidden = hidden0.clone().requires_grad_(true);
+    auto weight = weight0.clone().requires_grad_(true);
+    gradaccum::core::LossSum loss;
+    {
+      AutocastScope autocast(MixedPrecision::bf16, kCpu);
+      loss = fused ? gradaccum::models::chunked_causal_lm_loss(hidden, weight, labels, 64)
+                   : gradaccum::models::causal_lm_loss(torch::linear(hidden, weight), labels);
+    }
+    loss.sum.backward();
+    return std::vector<torch::Tensor>{loss.sum.detach(), hidden.grad(), weight.grad()};
+  };
+  const auto fused = run(true), plain = run(false);
+  for (size_t i = 0; i < fused.size(); ++i) {
+    // One chunk of 64 ≥ 60 tokens: both round the logits and the gradient GEMMs' results to
+    // bfloat16 at the same points; only the float32 summation orders differ. (With several
+    // chunks the fused loss rounds d weight per chunk: 0.0024 apart at 16 tokens a chunk.)
+    EXPECT_LT(relative_error(fused[i], plain[i]), 1e-3) << "output " << i;
+  }
+  EXPECT_GT(fused[2].abs().max().item<double>(), 0.01);
+}
+
+TEST_F(Float32Bf16Matmuls, Float64AndUnautocastedCallsAreUntouched) {
+  const auto a = torch::randn({4, 8}, torch::kDouble), b = torch::randn({8, 3}, torch::kDouble);
+  {
+    AutocastScope autocast(MixedPrecision::bf16, kCpu);
+    const auto y = torch::mm(a, b);
+    EXPECT_EQ(y.scalar_type(), torch::kDouble);
+    EXPECT_TRUE(torch::equal(y, torch::mm(a, b)));
+  }
+  const auto f = torch::mm(a_.slice(0, 0, 4), b_);  // no autocast: plain float32
+  EXPECT_EQ(f.scalar_type(), torch::kFloat);
+  EXPECT_FALSE(torch::equal(f, exact_.slice(0, 0, 4)));  // unrounded operands differ
+}
+
+// fp16: the same routing rounds to float16, the dtype of the autocast region it runs in,
+// and the weight gradient is rounded to float16 where autocast's cast would round it:
+// an overflow becomes inf there, which is what fp16's loss scaler detects.
+TEST_F(Float32Bf16Matmuls, Fp16RoundsToFloat16AndItsWeightGradientOverflowsToInf) {
+  torch::manual_seed(7);
+  auto half = [](const torch::Tensor& t) { return t.to(torch::kHalf).to(torch::kFloat); };
+  const auto x = torch::randn({6, 32});
+  auto w = torch::randn({10, 32}, torch::requires_grad());
+  auto b = torch::randn({10}, torch::requires_grad());
+  torch::Tensor y;
+  {
+    AutocastScope autocast(MixedPrecision::fp16, kCpu);
+    y = torch::linear(x, w, b);
+  }
+  EXPECT_EQ(y.scalar_type(), torch::kHalf);
+  EXPECT_TRUE(torch::equal(y, torch::linear(half(x), half(w), half(b)).to(torch::kHalf)));
+  // bfloat16 rounding would differ: float16 keeps 11 significant bits, bfloat16 8.
+  EXPECT_FALSE(torch::equal(y.to(torch::kFloat), torch::linear(rounded(x), rounded(w), rounded(b))));
+  // A gradient of 1e5 per output is beyond float16's 65504: it becomes inf at the cast, and
+  // w's gradient is not finite (inf, or nan where infinities of both signs meet).
+  (y.to(torch::kFloat) * 1e5).sum().backward();
+  EXPECT_FALSE(torch::isfinite(w.grad()).any().item<bool>());
+  EXPECT_TRUE(torch::isinf(b.grad()).all().item<bool>());
+  // At 1e-2 every gradient element is finite and equals the float16-rounded float32 one.
+  w.mutable_grad() = torch::Tensor();
+  {
+    AutocastScope autocast(MixedPrecision::fp16, kCpu);
+    (torch::linear(x, w, b).to(torch::kFloat) * 1e-2).sum().backward();
+  }
+  auto w2 = w.detach().clone().requires_grad_(true);
+  (torch::linear(half(x), half(w2), half(b)).to(torch::kHalf).to(torch::kFloat) * 1e-2).sum().backward();
+  EXPECT_TRUE(torch::isfinite(w.grad()).all().item<bool>());
+  EXPECT_TRUE(torch::equal(w.grad(), w2.grad()));
+}
+
+}  // namespace

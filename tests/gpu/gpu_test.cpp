@@ -1,0 +1,281 @@
+// The CUDA path: training on a CUDA device follows the CPU's and the full batch's trajectory
+// (float64), the masked LM loss gives the CPU's sums and gradients, batches reach the device
+// through pinned memory, and two NCCL ranks equal one process. Every test skips, naming the
+// reason, where no CUDA device is visible or the build links libtorch's CPU libraries only
+// (configure with -DGRADACCUM_WITH_CUDA=ON). CI compiles this file in both builds.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "gradaccum/dist/process_group.h"
+#include "gradaccum/models/causal_lm.h"
+#include "gradaccum/models/gpt2.h"
+#include "gradaccum/models/sample_dropout.h"
+#include "padded_batches.h"
+#include "test_support.h"
+#include "tiny_decoders.h"
+
+namespace {
+
+using namespace gradaccum;
+
+// "" when a CUDA device can run these tests, else why not.
+std::string cuda_unavailable() {
+#ifndef GRADACCUM_WITH_CUDA
+  return "this build links libtorch's CPU libraries only (configure with -DGRADACCUM_WITH_CUDA=ON)";
+#else
+  if (!torch::cuda::is_available()) return "no CUDA device is visible";
+  return "";
+#endif
+}
+
+#define SKIP_WITHOUT_CUDA()                                            \
+  do {                                                                 \
+    if (const auto reason = cuda_unavailable(); !reason.empty()) {     \
+      GTEST_SKIP() << reason;                                          \
+    }                                                                  \
+  } while (false)
+
+using gradaccum::testing::relative_difference;
+using gradaccum::testing::Trajectory;
+
+// Seed 000's MLP in float64 on `device`, b × n over 60 samples for 12 steps (crossing the
+// epoch's partial window), as tests/core/accumulation_test.cpp trains it on the CPU.
+Trajectory train_mlp(const torch::Device& device, int64_t b, int64_t n) {
+  return gradaccum::testing::train_seed000_mlp(b, n, 60, 12, device);
+}
+
+void expect_same_trajectory(const Trajectory& a, const Trajectory& b, double tolerance,
+                            const std::string& what) {
+  ASSERT_EQ(a.loss.size(), b.loss.size()) << what;
+  for (size_t i = 0; i < a.loss.size(); ++i) {
+    EXPECT_NEAR(a.loss[i], b.loss[i], tolerance * std::abs(b.loss[i])) << what << " step " << i;
+    EXPECT_NEAR(a.grad_norm[i], b.grad_norm[i], tolerance * b.grad_norm[i]) << what << " step " << i;
+  }
+  EXPECT_LE(gradaccum::testing::max_relative_difference(a.weights, b.weights), tolerance) << what;
+}
+
+TEST(GpuTraining, DecompositionsOnCudaFollowTheFullBatchAndTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  const auto full_batch = train_mlp(torch::kCUDA, 8, 1);
+  ASSERT_EQ(full_batch.loss.size(), 12u);
+  for (auto [b, n] : std::vector<std::pair<int64_t, int64_t>>{{4, 2}, {1, 8}}) {
+    expect_same_trajectory(train_mlp(torch::kCUDA, b, n), full_batch, 1e-10,
+                           std::to_string(b) + "x" + std::to_string(n) + " on CUDA");
+  }
+  expect_same_trajectory(train_mlp(torch::kCPU, 2, 4), full_batch, 1e-10, "2x4 on the CPU");
+}
+
+// The fused LM-head loss with padding labelled -100, on CUDA against the CPU in float64: the
+// same sum, the same count of targets, the same gradients.
+TEST(GpuLmLoss, MaskedFusedLossOnCudaEqualsTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  const auto data = gradaccum::testing::pad(gradaccum::testing::make_sequences({5, 9, 3, 12}, 7), false);
+  const auto labels = data.ids.masked_fill(data.mask == 0, core::kIgnoreIndex);
+  auto run = [&](const torch::Device& device) {
+    models::CausalLm model{models::Gpt2LmHeadModel(gradaccum::testing::tiny_gpt2_config())};
+    model.module().to(device, torch::kDouble);
+    auto l = model.loss({data.ids.to(device), labels.to(device), data.mask.to(device), 4});
+    l.sum.backward();
+    return std::make_tuple(l.sum.item<double>(), l.count.item<double>(),
+                           gradaccum::testing::flat_grads(model.module()).cpu());
+  };
+  const auto [cpu_sum, cpu_count, cpu_grads] = run(torch::kCPU);
+  const auto [cuda_sum, cuda_count, cuda_grads] = run(torch::kCUDA);
+  EXPECT_EQ(cuda_count, cpu_count);
+  EXPECT_EQ(cpu_count, (5 - 1) + (9 - 1) + (3 - 1) + (12 - 1));
+  EXPECT_NEAR(cuda_sum, cpu_sum, 1e-12 * std::abs(cpu_sum));
+  EXPECT_LE(gradaccum::testing::max_relative_difference(cuda_grads, cpu_grads), 1e-10);
+}
+
+// On a GPU the fused loss's automatic chunk holds ~512 MiB of float32 logits (64 MiB on the
+// CPU, tests/models/chunked_cross_entropy_test.cpp): longer chunks keep a GPU's matmuls busy.
+TEST(GpuLmLoss, AutomaticChunkKeepsFloat32LogitsNear512MiB) {
+  SKIP_WITHOUT_CUDA();
+  auto config = gradaccum::testing::tiny_gpt2_config();
+  config.vocab_size = 50257;
+  models::CausalLm model{models::Gpt2LmHeadModel(config)};
+  EXPECT_EQ(model.chunk_tokens(), 333);  // 64 MiB / (50257 × 4 B)
+  model.module().to(torch::kCUDA);
+  EXPECT_EQ(model.chunk_tokens(), 2670);  // 512 MiB / (50257 × 4 B)
+}
+
+// The trainer copies each batch to the device from page-locked memory (core/trainer.cpp): a
+// pinned copy queued on the stream arrives intact.
+TEST(GpuPinnedCopies, PinnedNonBlockingCopiesArriveIntact) {
+  SKIP_WITHOUT_CUDA();
+  const auto host = torch::arange(1 << 20, torch::kDouble).pin_memory();
+  ASSERT_TRUE(host.is_pinned());
+  const auto device = host.to(torch::kCUDA, /*non_blocking=*/true);
+  EXPECT_TRUE(torch::equal(device.cpu(), host));
+}
+
+// NCCL with one rank, so one GPU suffices: the bucketed reducer's gradient views, its launches
+// from backward's hooks and its waits, and the loss totals' all-reduce, all on CUDA tensors,
+// leave one process's trajectory unchanged.
+TEST(GpuNccl, OneRankGroupTrainsAsOneProcess) {
+  SKIP_WITHOUT_CUDA();
+#ifdef GRADACCUM_WITH_CUDA
+  dist::DistEnvironment env;
+  env.master_port = 29650;
+  auto connection = dist::connect(env, std::chrono::seconds(60), c10::Device(torch::kCUDA, 0));
+  EXPECT_EQ(connection.group->getBackendName(), "nccl");
+  const auto alone = train_mlp(torch::kCUDA, 2, 4);
+  const auto synced = gradaccum::testing::train_seed000_mlp(2, 4, 60, 12, torch::kCUDA, connection.group,
+                                                            /*bucket_bytes=*/1024);
+  expect_same_trajectory(synced, alone, 1e-12, "2x4 through a one-rank NCCL group");
+  // 609 float64 parameters (4.9 kB) in buckets of 1 kB: several buckets, one all-reduce each
+  // per window.
+  EXPECT_GT(synced.buckets, 1);
+  EXPECT_EQ(synced.allreduce_calls, synced.buckets);
+  connection.group->shutdown();
+#endif
+}
+
+// A tiny GPT-2 run of the program over 64 documents of 4 to 26 words (so micro-batches differ
+// in padding), with GPT-2's BPE; the corpus is written into `dir`.
+std::string tiny_gpt_run(const std::string& dir) {
+  const std::string corpus = dir + "/documents.txt";
+  std::ofstream out(corpus);
+  for (int d = 0; d < 64; ++d) {
+    out << "Document " << d << " says";
+    for (int w = 0; w < 1 + (d * 7) % 23; ++w) out << " word" << (d * 31 + w * 17) % 97;
+    out << ".\n";
+  }
+  return "--set model.type=gpt2 --set model.n_layer=2 --set model.n_embd=32 --set model.n_head=4 "
+         "--set model.n_positions=64 --set data.type=text --set data.path=" + corpus +
+         " --set data.tokenizer=" + gradaccum::testing::gpt2_tokenizer_dir() +
+         " --set data.max_length=40 --set data.eval_limit=-1 --set max_steps=3 --set threads=2 "
+         "--set learning_rate=1e-2 --set seed=7";
+}
+
+// The program with device: cuda, on padded documents (the masked loss): in float64, 4 x 4 on
+// CUDA gives the CPU's 16 x 1 step by step; under bf16 autocast on CUDA it stays within
+// bfloat16's rounding of it.
+// The per-sample dropout masks are the same bits on a GPU (int64 tensor arithmetic wraps there
+// as on the CPU), and a dropout run on CUDA follows the CPU's in float64.
+TEST(GpuDropout, PerSampleMasksOnCudaEqualTheCpusAndTrainingFollowsIt) {
+  SKIP_WITHOUT_CUDA();
+  const gradaccum::core::SampleKeys keys{torch::tensor({3, 17, 123456789}, torch::kLong), 5, 42};
+  const auto x = torch::ones({3, 2, 40, 40});
+  const auto cpu = gradaccum::models::per_sample_dropout_scale(x, 0.1, keys, 7);
+  const auto cuda = gradaccum::models::per_sample_dropout_scale(x.cuda(), 0.1, keys, 7);
+  EXPECT_TRUE(torch::equal(cuda.cpu(), cpu));
+  const auto dir = gradaccum::testing::make_temp_dir("gpu-dropout");
+  const std::string run = tiny_gpt_run(dir) + " --set dtype=float64 --set model.resid_pdrop=0.1 "
+                                              "--set model.embd_pdrop=0.1 --set model.attn_pdrop=0.1";
+  const auto on_cpu = gradaccum::testing::train_steps(
+      run + " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=1", dir + "/cpu");
+  const auto on_cuda = gradaccum::testing::train_steps(
+      run + " --set device=cuda --set per_device_train_batch_size=4 --set gradient_accumulation_steps=4", dir + "/cuda");
+  ASSERT_EQ(on_cuda.size(), on_cpu.size());
+  for (size_t i = 0; i < on_cpu.size(); ++i) {
+    EXPECT_LE(relative_difference(on_cuda[i]["loss"].get<double>(), on_cpu[i]["loss"].get<double>()), 1e-10) << i;
+    EXPECT_LE(relative_difference(on_cuda[i]["grad_norm"].get<double>(), on_cpu[i]["grad_norm"].get<double>()), 1e-10)
+        << i;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GpuCli, GptOnPaddedDocumentsFollowsTheCpuFullBatch) {
+  SKIP_WITHOUT_CUDA();
+  const auto dir = gradaccum::testing::make_temp_dir("gpu-cli");
+  const std::string run = tiny_gpt_run(dir);
+  const auto cpu = gradaccum::testing::train_steps(
+      run + " --set dtype=float64 --set per_device_train_batch_size=16 --set gradient_accumulation_steps=1",
+      dir + "/cpu");
+  const auto cuda = gradaccum::testing::train_steps(
+      run + " --set dtype=float64 --set device=cuda --set per_device_train_batch_size=4 "
+            "--set gradient_accumulation_steps=4",
+      dir + "/cuda");
+  const auto bf16 = gradaccum::testing::train_steps(
+      run + " --set device=cuda --set mixed_precision=bf16 --set per_device_train_batch_size=4 "
+            "--set gradient_accumulation_steps=4",
+      dir + "/bf16");
+  ASSERT_EQ(cpu.size(), 3u);
+  ASSERT_EQ(cuda.size(), cpu.size());
+  ASSERT_EQ(bf16.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double loss = cpu[i]["loss"].get<double>(), norm = cpu[i]["grad_norm"].get<double>();
+    EXPECT_EQ(cuda[i]["items"], cpu[i]["items"]) << "step " << i + 1;
+    EXPECT_EQ(bf16[i]["items"], cpu[i]["items"]) << "step " << i + 1;
+    EXPECT_LE(relative_difference(cuda[i]["loss"].get<double>(), loss), 1e-10) << "step " << i + 1;
+    EXPECT_LE(relative_difference(cuda[i]["grad_norm"].get<double>(), norm), 1e-10) << "step " << i + 1;
+    // bfloat16 keeps 8 bits (2^-8 = 3.9e-3 per rounding); on an H200 the three steps stayed
+    // within 1.4e-4 (loss) and 1.6e-3 (gradient norm) of float64.
+    EXPECT_LE(relative_difference(bf16[i]["loss"].get<double>(), loss), 2e-3) << "step " << i + 1;
+    EXPECT_LE(relative_difference(bf16[i]["grad_norm"].get<double>(), norm), 2e-2) << "step " << i + 1;
+    std::cout << "step " << i + 1 << ": loss cpu " << loss << ", cuda f64 " << cuda[i]["loss"] << ", cuda bf16 "
+              << bf16[i]["loss"] << "; grad norm cpu " << norm << ", cuda f64 " << cuda[i]["grad_norm"]
+              << ", cuda bf16 " << bf16[i]["grad_norm"] << "\n";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// fp16 autocast with the dynamic loss scaler on CUDA and on the CPU (both real autocast since
+// libtorch 2.x): the first step's scaled gradients overflow at the initial scale of 65536 on both,
+// so both skip it and halve the scale; the steps after agree within float16's rounding.
+TEST(GpuCli, Fp16SkipsAndScalesAsOnTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  const auto dir = gradaccum::testing::make_temp_dir("gpu-cli-fp16");
+  const std::string run = tiny_gpt_run(dir) +
+                          " --set mixed_precision=fp16 --set per_device_train_batch_size=4 "
+                          "--set gradient_accumulation_steps=4";
+  const auto cpu = gradaccum::testing::train_steps(run, dir + "/cpu");
+  const auto cuda = gradaccum::testing::train_steps(run + " --set device=cuda", dir + "/cuda");
+  ASSERT_EQ(cpu.size(), 3u);
+  ASSERT_EQ(cuda.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    std::cout << "step " << i + 1 << ": cpu " << cpu[i]["loss"] << " skipped " << cpu[i]["skipped"] << " scale "
+              << cpu[i]["loss_scale"] << "; cuda " << cuda[i]["loss"] << " skipped " << cuda[i]["skipped"]
+              << " scale " << cuda[i]["loss_scale"] << "\n";
+    EXPECT_EQ(cuda[i]["skipped"], cpu[i]["skipped"]) << "step " << i + 1;
+    EXPECT_EQ(cuda[i]["loss_scale"], cpu[i]["loss_scale"]) << "step " << i + 1;
+    EXPECT_EQ(cuda[i]["items"], cpu[i]["items"]) << "step " << i + 1;
+    // float16 keeps 11 bits: 2^-11 = 4.9e-4 per rounding.
+    EXPECT_LE(relative_difference(cuda[i]["loss"].get<double>(), cpu[i]["loss"].get<double>()), 5e-3)
+        << "step " << i + 1;
+  }
+  EXPECT_EQ(cpu[0]["skipped"], true);
+  EXPECT_EQ(cpu[1]["loss_scale"], 32768.0);
+  std::filesystem::remove_all(dir);
+}
+
+// Two NCCL ranks in threads, one GPU each, all-reduce a tensor whose sum is known.
+TEST(GpuNccl, TwoRanksAllReduce) {
+  SKIP_WITHOUT_CUDA();
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "fewer than two CUDA devices are visible";
+#ifdef GRADACCUM_WITH_CUDA
+  std::vector<double> sums(2);
+  std::vector<std::thread> ranks;
+  const int port = 29640;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      dist::DistEnvironment env;
+      env.rank = rank;
+      env.world_size = 2;
+      env.local_rank = rank;
+      env.local_world_size = 2;
+      env.master_port = port;
+      auto connection =
+          dist::connect(env, std::chrono::seconds(60), c10::Device(torch::kCUDA, rank));
+      std::vector<torch::Tensor> tensors{
+          torch::full({4}, rank + 1.0, torch::TensorOptions(torch::kDouble).device(torch::kCUDA, rank))};
+      connection.group->allreduce(tensors)->wait();
+      sums[rank] = tensors[0].sum().item<double>();
+      connection.group->shutdown();
+    });
+  }
+  for (auto& r : ranks) r.join();
+  EXPECT_EQ(sums[0], 4 * 3.0);
+  EXPECT_EQ(sums[1], 4 * 3.0);
+#endif
+}
+
+}  // namespace

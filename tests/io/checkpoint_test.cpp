@@ -1,0 +1,472 @@
+// Checkpoints: resuming reproduces an uninterrupted run bit for bit (on one
+// machine and thread count), inside a window too; SIGTERM saves and exits 0;
+// SIGKILL loses at most the work since the last checkpoint; a corrupt
+// checkpoint is a one-line error, not a crash.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "gradaccum/core/trainer.h"
+#include "gradaccum/io/checkpoint.h"
+#include "gradaccum/models/model_factory.h"
+#include "gradaccum/models/module_tensors.h"
+#include "gradaccum/models/tasks.h"
+#include "gradaccum/optim/optimizer_factory.h"
+#include "gradaccum/optim/optimizer_state.h"
+#include "stop_inside_window.h"
+#include "test_support.h"
+
+extern char** environ;
+
+namespace {
+
+using gradaccum::testing::make_temp_dir;
+using gradaccum::testing::read_jsonl;
+using gradaccum::testing::read_text;
+using gradaccum::testing::run_cli;
+namespace fs = std::filesystem;
+namespace core = gradaccum::core;
+
+// A small MLP on 300 Fashion-MNIST images: 64 per step gives 4 full windows
+// and a partial one of 44 per epoch, so 20 steps cross epochs and partial windows.
+const std::string kRun =
+    "--set model.type=mlp --set model.hidden=[32] --set data.train_limit=300 "
+    "--set data.eval_limit=100 --set max_steps=20 --set threads=2 --set learning_rate=3e-3 "
+    "--set warmup_steps=3";
+
+// The fields of a step record that must agree bit for bit (not the times).
+void expect_same_steps(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
+                       int64_t from_step, int64_t to_step) {
+  auto steps = [](const std::vector<nlohmann::json>& lines, int64_t from, int64_t to) {
+    std::vector<nlohmann::json> out;
+    for (const auto& l : lines) {
+      if (l.contains("loss") && l["step"].get<int64_t>() >= from && l["step"].get<int64_t>() <= to) {
+        out.push_back(l);
+      }
+    }
+    return out;
+  };
+  const auto x = steps(a, from_step, to_step);
+  const auto y = steps(b, from_step, to_step);
+  ASSERT_EQ(x.size(), static_cast<size_t>(to_step - from_step + 1));
+  ASSERT_EQ(y.size(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    for (const char* key : {"step", "epoch", "loss", "grad_norm", "grad_norm_clipped", "lr", "items",
+                            "samples", "weight_norm", "micro_steps", "micro_step_items", "loss_normalization"}) {
+      EXPECT_EQ(x[i][key], y[i][key]) << "step " << x[i]["step"] << " key " << key;
+    }
+  }
+}
+
+std::string run_ok(const std::string& args) {
+  const auto r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return r.out;
+}
+
+TEST(CheckpointResume, ResumedRunEqualsUninterruptedBitForBit) {
+  const auto dir = make_temp_dir("ckpt-resume");
+  run_ok("train " + kRun + " --set save_steps=6 --set output_dir=" + dir + "/straight");
+  for (int k : {6, 12, 18, 20}) {
+    EXPECT_TRUE(fs::exists(dir + "/straight/checkpoints/step-" + std::to_string(k) + "/manifest.json")) << k;
+  }
+  const auto straight = read_jsonl(dir + "/straight/metrics.jsonl");
+
+  // Step 12 is window 2 of epoch 2 (5 windows per epoch, the last partial).
+  const auto out = run_ok("train " + kRun + " --set output_dir=" + dir + "/resumed " +
+                          "--set resume_from_checkpoint=" + dir + "/straight/checkpoints/step-12");
+  EXPECT_NE(out.find("resuming from"), std::string::npos);
+  const auto resumed = read_jsonl(dir + "/resumed/metrics.jsonl");
+  expect_same_steps(straight, resumed, 13, 20);
+  // The final weights are the same bytes.
+  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"),
+            read_text(dir + "/resumed/final/model.safetensors"));
+
+  // Resuming into the same directory keeps steps 1..12 and redoes the rest:
+  // the file then reads as one uninterrupted run.
+  run_ok("train " + kRun + " --set save_steps=6 --set output_dir=" + dir + "/straight " +
+         "--set resume_from_checkpoint=" + dir + "/straight/checkpoints/step-12");
+  expect_same_steps(straight, read_jsonl(dir + "/straight/metrics.jsonl"), 1, 20);
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointResume, OtherDecompositionOfTheSameGlobalBatchStaysExactFloat64) {
+  const auto dir = make_temp_dir("ckpt-decomp");
+  const auto run = kRun + " --set dtype=float64 ";
+  run_ok("train " + run + " --set save_steps=10 --set output_dir=" + dir + "/a");
+  run_ok("train " + run + " --set per_device_train_batch_size=4 --set gradient_accumulation_steps=16 " +
+         "--set output_dir=" + dir + "/b --set resume_from_checkpoint=" + dir + "/a/checkpoints/step-10");
+  const auto a = read_jsonl(dir + "/a/metrics.jsonl");
+  const auto b = read_jsonl(dir + "/b/metrics.jsonl");
+  int compared = 0;
+  for (const auto& x : a) {
+    for (const auto& y : b) {
+      if (!x.contains("loss") || !y.contains("loss") || x["step"] != y["step"]) continue;
+      EXPECT_NEAR(y["loss"].get<double>(), x["loss"].get<double>(), 1e-10 * x["loss"].get<double>());
+      EXPECT_NEAR(y["grad_norm"].get<double>(), x["grad_norm"].get<double>(),
+                  1e-10 * x["grad_norm"].get<double>());
+      EXPECT_EQ(y["micro_steps"].get<int64_t>() > x["micro_steps"].get<int64_t>(), true);
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 10);
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointResume, TwoRanksResumeBitIdenticallyAlsoWithZero1) {
+  const auto dir = make_temp_dir("ckpt-w2");
+  for (const std::string zero : {"0", "1"}) {
+    const auto run = kRun + " --set threads=1 --set per_device_train_batch_size=8 --nproc 2 --set zero_stage=" + zero;
+    const auto a = dir + "/a" + zero;
+    run_ok("train " + run + " --set max_steps=8 --set save_steps=4 --set output_dir=" + a);
+    if (zero == "1") {
+      // Each rank saved its own optimizer shard.
+      EXPECT_TRUE(fs::exists(a + "/checkpoints/step-4/optimizer-rank1.safetensors"));
+    }
+    run_ok("train " + run + " --set max_steps=8 --set output_dir=" + dir + "/b" + zero +
+           " --set resume_from_checkpoint=" + a + "/checkpoints/step-4");
+    expect_same_steps(read_jsonl(a + "/metrics.jsonl"), read_jsonl(dir + "/b" + zero + "/metrics.jsonl"), 5, 8);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointResume, AnotherGlobalBatchIsRefusedUnlessAllowed) {
+  const auto dir = make_temp_dir("ckpt-batch");
+  run_ok("train " + kRun + " --set max_steps=4 --set output_dir=" + dir + "/a");
+  const auto resume = " --set output_dir=" + dir + "/b --set resume_from_checkpoint=" + dir +
+                      "/a/checkpoints/step-4 --set max_steps=8";
+  const auto refused = run_cli("train " + kRun + " --set gradient_accumulation_steps=2" + resume);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("it was saved with global batch 64 and this run has 32"), std::string::npos)
+      << refused.err;
+  EXPECT_NE(refused.err.find("allow_batch_change=true"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir + "/b"));
+  const auto allowed =
+      run_cli("train " + kRun + " --set gradient_accumulation_steps=2 --set allow_batch_change=true" + resume);
+  EXPECT_EQ(allowed.exit_code, 0) << allowed.err;
+  // Step 4 ended 4 x 64 = 256 samples into epoch 0: with 32 per step that is window 8.
+  const auto b = read_jsonl(dir + "/b/metrics.jsonl");
+  ASSERT_FALSE(b.empty());
+  EXPECT_EQ(b.front()["step"], 5);
+  EXPECT_EQ(b.front()["samples"], 32);
+  fs::remove_all(dir);
+}
+
+// A process started in the background, for signals.
+struct Child {
+  pid_t pid = -1;
+  explicit Child(const std::string& args, const std::string& log) {
+    const std::string command = std::string("exec '") + GRADACCUM_CLI + "' " + args + " > '" + log + "' 2>&1";
+    const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
+    EXPECT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  }
+  int wait() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return status;
+  }
+  ~Child() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+// Waits until metrics.jsonl holds `lines` lines (or the child ended).
+void wait_for_lines(const std::string& path, size_t lines, pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(path) && read_jsonl(path).size() >= lines) return;
+    if (waitpid(pid, nullptr, WNOHANG) == pid) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Windows of 16 micro-steps of 4: a SIGTERM almost always lands inside one.
+const std::string kLongWindows = kRun + " --set per_device_train_batch_size=4 --set gradient_accumulation_steps=16";
+
+TEST(CheckpointSignals, SigtermSavesAndExitsZeroThenResumesBitIdentically) {
+  const auto dir = make_temp_dir("ckpt-sigterm");
+  run_ok("train " + kLongWindows + " --set output_dir=" + dir + "/straight");
+  {
+    Child child("train " + kLongWindows + " --set output_dir=" + dir + "/stopped", dir + "/log");
+    wait_for_lines(dir + "/stopped/metrics.jsonl", 3, child.pid);
+    kill(child.pid, SIGTERM);
+    const int status = child.wait();
+    ASSERT_TRUE(WIFEXITED(status)) << read_text(dir + "/log");
+    EXPECT_EQ(WEXITSTATUS(status), 0) << read_text(dir + "/log");
+  }
+  EXPECT_NE(read_text(dir + "/log").find("resume with: --set resume_from_checkpoint=latest"), std::string::npos);
+  run_ok("train " + kLongWindows + " --set output_dir=" + dir + "/stopped --set resume_from_checkpoint=latest");
+  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"),
+                    read_jsonl(dir + "/stopped/metrics.jsonl"), 1, 20);
+  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"),
+            read_text(dir + "/stopped/final/model.safetensors"));
+  fs::remove_all(dir);
+}
+
+// Two ranks with windows of 16 micro-steps of 4 samples each. The CNN makes a
+// step take long enough (~0.1 s) for a signal sent after step 3 to land in
+// training rather than after the run's end.
+const std::string kTwoRanks = kRun +
+    " --set model.type=cnn --set threads=1 --set per_device_train_batch_size=4"
+    " --set gradient_accumulation_steps=16 --nproc 2";
+
+// SIGTERM to a two-rank job (the launcher, which passes it to both ranks, or
+// rank 1 alone: rank 0 then learns it through the store) once it has logged 3
+// steps; it must save and exit 0. Returns the checkpoint's micro-steps of rank
+// 0 and rank 1: 0 when the stop came too late for the window in flight and
+// was carried to its end.
+std::pair<int64_t, int64_t> sigterm_two_ranks(const std::string& out, bool to_rank1_only) {
+  const auto log = out + ".log";
+  Child child("train " + kTwoRanks + " --set output_dir=" + out, log);
+  wait_for_lines(out + "/metrics.jsonl", 3, child.pid);
+  const pid_t target = to_rank1_only ? gradaccum::testing::rank_pid(child.pid, 1) : child.pid;
+  EXPECT_GT(target, 0);
+  if (target > 0) kill(target, SIGTERM);
+  const int status = child.wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_text(log);
+  const auto checkpoint = gradaccum::io::resolve_checkpoint("latest", out);
+  return {gradaccum::io::read_checkpoint(checkpoint, 0).state.position.micro_step,
+          gradaccum::io::read_checkpoint(checkpoint, 1).state.position.micro_step};
+}
+
+// Each rank stops after its micro-step in flight and saves its own partial
+// window; resuming continues bit-identically. A signal that lands while a rank
+// is already in a window's last micro-step stops the job at the window's end
+// instead: then the attempt is repeated, so that the in-window path is what
+// gets checked (each attempt lands there with high probability).
+void expect_two_rank_preemption_inside_a_window(const std::string& name, bool to_rank1_only) {
+  const auto dir = make_temp_dir(name);
+  run_ok("train " + kTwoRanks + " --set output_dir=" + dir + "/straight");
+  std::string out;
+  std::pair<int64_t, int64_t> micro_steps{0, 0};
+  for (int attempt = 0; attempt < 6 && micro_steps.first == 0; ++attempt) {
+    out = dir + "/stopped" + std::to_string(attempt);
+    micro_steps = sigterm_two_ranks(out, to_rank1_only);
+  }
+  ASSERT_GT(micro_steps.first, 0);
+  ASSERT_GT(micro_steps.second, 0);
+  ASSERT_LT(micro_steps.first, 16);
+  ASSERT_LT(micro_steps.second, 16);
+  const auto resumed = run_ok("train " + kTwoRanks + " --set output_dir=" + out + " --set resume_from_checkpoint=latest");
+  EXPECT_NE(resumed.find(fmt::format("micro-step {})", micro_steps.first)), std::string::npos) << resumed;
+  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(out + "/metrics.jsonl"), 1, 20);
+  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(out + "/final/model.safetensors"));
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointSignals, TwoRanksStopInsideAWindowAndResumeBitIdentically) {
+  expect_two_rank_preemption_inside_a_window("ckpt-sigterm-w2", /*to_rank1_only=*/false);
+}
+
+TEST(CheckpointSignals, SigtermToOneRankStopsBothInsideAWindow) {
+  expect_two_rank_preemption_inside_a_window("ckpt-sigterm-rank1", /*to_rank1_only=*/true);
+}
+
+TEST(CheckpointSignals, SigkillAtARandomPointLosesOnlyWorkSinceTheLastCheckpoint) {
+  const auto dir = make_temp_dir("ckpt-sigkill");
+  const auto run = kRun + " --set save_steps=2 --set save_total_limit=2";
+  run_ok("train " + run + " --set output_dir=" + dir + "/straight");
+  std::random_device random;
+  const size_t lines = 4 + random() % 12;  // somewhere in steps 4..15, maybe mid-save
+  {
+    Child child("train " + run + " --set output_dir=" + dir + "/killed", dir + "/log");
+    wait_for_lines(dir + "/killed/metrics.jsonl", lines, child.pid);
+    std::this_thread::sleep_for(std::chrono::milliseconds(random() % 200));
+    kill(child.pid, SIGKILL);
+    child.wait();
+  }
+  // A save cut short leaves only a .tmp directory, which `latest` ignores.
+  fs::create_directories(dir + "/killed/checkpoints/.tmp-step-99");
+  std::ofstream(dir + "/killed/checkpoints/.tmp-step-99/model.safetensors") << "half";
+  const auto out = run_ok("train " + run + " --set output_dir=" + dir + "/killed --set resume_from_checkpoint=latest");
+  EXPECT_NE(out.find("resuming from"), std::string::npos) << "killed after " << lines << " lines";
+  EXPECT_FALSE(fs::exists(dir + "/killed/checkpoints/.tmp-step-99"));
+  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"),
+                    read_jsonl(dir + "/killed/metrics.jsonl"), 1, 20);
+  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"),
+            read_text(dir + "/killed/final/model.safetensors"));
+  // save_total_limit=2 kept the newest two.
+  int kept = 0;
+  for (const auto& e : fs::directory_iterator(dir + "/killed/checkpoints")) kept += e.path().filename().string().rfind("step-", 0) == 0;
+  EXPECT_EQ(kept, 2);
+  fs::remove_all(dir);
+}
+
+class CheckpointCorruption : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = make_temp_dir("ckpt-corrupt");
+    run_ok("train " + kRun + " --set max_steps=2 --set output_dir=" + dir_ + "/run");
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // A copy of the good checkpoint to damage.
+  std::string copy(const std::string& name) {
+    const auto target = dir_ + "/" + name;
+    fs::remove_all(target);
+    fs::copy(dir_ + "/run/checkpoints/step-2", target, fs::copy_options::recursive);
+    return target;
+  }
+  static void expect_error(const std::string& checkpoint, const std::string& message) {
+    const auto out = dir_ + "/out-" + std::to_string(counter_++);
+    const auto r = run_cli("train " + kRun + " --set max_steps=4 --set output_dir=" + out +
+                           " --set resume_from_checkpoint=" + checkpoint);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+  static inline std::string dir_;
+  static inline int counter_ = 0;
+};
+
+TEST_F(CheckpointCorruption, TruncatedFileIsCaughtByItsSize) {
+  const auto c = copy("truncated");
+  fs::resize_file(c + "/model.safetensors", fs::file_size(c + "/model.safetensors") / 2);
+  expect_error(c, "model.safetensors has");
+  expect_error(c, "(truncated or corrupt)");
+}
+
+TEST_F(CheckpointCorruption, FlippedByteIsCaughtByItsChecksum) {
+  const auto c = copy("flipped");
+  std::fstream f(c + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(100);
+  char byte = 0;
+  f.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 0x40);
+  f.seekp(100);
+  f.write(&byte, 1);
+  f.close();
+  expect_error(c, "optimizer.safetensors fails its CRC-32 check (corrupt)");
+}
+
+// A checkpoint of an older format (before 4: the optimizer state in a libtorch 1.13 archive) is
+// refused in one line that names its version.
+TEST_F(CheckpointCorruption, OlderFormatVersionIsRefusedByName) {
+  const auto c = copy("format-3");
+  auto manifest = nlohmann::json::parse(read_text(c + "/manifest.json"));
+  EXPECT_EQ(manifest.at("format_version"), 4);
+  manifest["format_version"] = 3;
+  std::ofstream(c + "/manifest.json") << manifest.dump(2);
+  expect_error(c, "manifest.json: format version 3 is not supported (this build reads version 4 "
+                  "only; versions before 4 hold the optimizer state in a libtorch 1.13 archive)");
+}
+
+TEST_F(CheckpointCorruption, MissingManifestMissingFileAndNoCheckpoint) {
+  const auto a = copy("no-manifest");
+  fs::remove(a + "/manifest.json");
+  expect_error(a, "no manifest.json");
+  const auto b = copy("no-model");
+  fs::remove(b + "/model.safetensors");
+  expect_error(b, "model.safetensors is missing");
+  expect_error(dir_ + "/nowhere", "is not a directory");
+  const auto r = run_cli("train " + kRun + " --set output_dir=" + dir_ + "/empty --set resume_from_checkpoint=latest");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("latest: no complete checkpoint under"), std::string::npos) << r.err;
+}
+
+TEST_F(CheckpointCorruption, CheckpointOfAnotherModelIsNamed) {
+  const auto r = run_cli("train " + kRun + " --set model.hidden=[16] --set max_steps=4 --set output_dir=" +
+                         dir_ + "/other --set resume_from_checkpoint=" + dir_ + "/run/checkpoints/step-2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("has shape [32, 784], the model expects [16, 784]"), std::string::npos) << r.err;
+}
+
+TEST(NanPolicy, AbortNamesTheStepAndMicroStepSkipLeavesWeightsUnchanged) {
+  const auto dir = make_temp_dir("nan-policy");
+  // Plain SGD at an absurd rate diverges to inf/nan within a few steps.
+  const auto run = kRun + " --set optim=sgd --set learning_rate=1e30 --set max_grad_norm=0 --set warmup_steps=0 " +
+                   "--set lr_scheduler_type=constant --set max_steps=8";
+  const auto aborted = run_cli("train " + run + " --set output_dir=" + dir + "/abort");
+  EXPECT_EQ(aborted.exit_code, 1);
+  EXPECT_NE(aborted.err.find("non-finite loss at optimizer step"), std::string::npos) << aborted.err;
+  EXPECT_NE(aborted.err.find("(micro-step "), std::string::npos) << aborted.err;
+
+  const auto skipped = run_cli("train " + run + " --set nan_policy=skip --set output_dir=" + dir + "/skip");
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.err;
+  int skipped_steps = 0;
+  double weight_norm_after_first_skip = -1;
+  for (const auto& line : read_jsonl(dir + "/skip/metrics.jsonl")) {
+    if (!line.contains("skipped") || !line["skipped"].get<bool>()) continue;
+    ++skipped_steps;
+    // A skipped step leaves the weights as they were.
+    if (weight_norm_after_first_skip < 0) {
+      weight_norm_after_first_skip = line["weight_norm"].get<double>();
+    } else {
+      EXPECT_EQ(line["weight_norm"].get<double>(), weight_norm_after_first_skip);
+    }
+  }
+  EXPECT_GT(skipped_steps, 0);
+  fs::remove_all(dir);
+}
+
+// In-process: a stop request raised from inside a window (by the dataset, at a
+// known micro-step) hands over the partial window; a fresh trainer restored
+// from it ends with exactly the weights of an uninterrupted run.
+using gradaccum::testing::MemoryHook;
+using gradaccum::testing::StopAfterFetches;
+
+TEST(CheckpointPreemption, StopInsideAWindowThenRestoreGivesIdenticalWeights) {
+  torch::manual_seed(3);
+  gradaccum::testing::TensorDataset data(torch::randn({100, 6}), torch::randint(0, 3, {100}));
+  core::TrainerOptions options;
+  options.per_device_train_batch_size = 3;
+  options.gradient_accumulation_steps = 5;  // 15 per step: 6 full windows and a partial one of 10
+  options.num_train_epochs = 2;
+  options.optimizer.learning_rate = 0.05;
+  core::ObserverList quiet;
+
+  auto make_model = [] {
+    torch::manual_seed(11);
+    return std::make_unique<gradaccum::models::Classifier>(
+        torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3)));
+  };
+  auto straight_model = make_model();
+  core::Trainer straight(options, *straight_model, data, nullptr, quiet);
+  straight.run();
+
+  // Stop during the 4th micro-step of step 9's window: epoch 1 takes 6 x 5 + 4
+  // fetches (its last window holds 10 samples), step 8 five more, then 4.
+  std::atomic<bool> stop{false};
+  StopAfterFetches stopping(data, stop, 43);
+  auto first_model = make_model();
+  core::Trainer first(options, *first_model, stopping, nullptr, quiet);
+  MemoryHook hook;
+  hook.optimizer_ = &first.optimizer();
+  hook.names_ = first.named_parameters();
+  hook.module_ = &first_model->module();
+  first.set_checkpointing(&hook, &stop);
+  const auto partial_summary = first.run();
+  EXPECT_TRUE(partial_summary.preempted);
+  EXPECT_EQ(hook.saved.position.step, 8);
+  EXPECT_EQ(hook.saved.position.micro_step, 4);
+  EXPECT_EQ(hook.saved.partial.grads.size(), 4u);
+
+  auto second_model = make_model();
+  core::Trainer second(options, *second_model, data, nullptr, quiet);
+  gradaccum::models::load_module_tensors(second_model->module(), hook.weights, "memory");
+  gradaccum::optim::load_optimizer_state(second.optimizer(), second.named_parameters(),
+                                         gradaccum::formats::parse_safetensors(hook.optimizer, "memory"),
+                                         "memory");
+  second.restore(hook.saved);
+  const auto summary = second.run();
+  EXPECT_FALSE(summary.preempted);
+  EXPECT_EQ(summary.steps, straight.total_steps());
+  EXPECT_TRUE(torch::equal(gradaccum::testing::flat_params(second_model->module()),
+                           gradaccum::testing::flat_params(straight_model->module())));
+}
+
+}  // namespace

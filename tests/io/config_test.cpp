@@ -1,0 +1,168 @@
+// The configuration in-process (io/config.h, io/config_keys.h): the key table makes the default
+// YAML, the checks and their messages, and the reference; the CLI tests (cli/cli_test.cpp) see
+// the same errors through the program.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gradaccum/data/fashion_mnist.h"
+#include "gradaccum/io/config.h"
+#include "gradaccum/io/config_keys.h"
+#include "gradaccum/io/workload.h"
+#include "gradaccum/models/model_types.h"
+#include "test_support.h"
+
+namespace {
+
+using gradaccum::io::config_keys;
+using gradaccum::io::KeyType;
+using gradaccum::io::load_config;
+using gradaccum::io::TrainConfig;
+
+TrainConfig with(const std::vector<std::string>& overrides, int64_t world = 1) {
+  return load_config("", overrides, world);
+}
+
+TEST(Config, TheDefaultRunHasTheTablesDefaults) {
+  const auto c = with({});
+  EXPECT_EQ(c.output_dir, "runs/default");
+  EXPECT_EQ(c.trainer.seed, 42u);
+  EXPECT_EQ(c.trainer.per_device_train_batch_size, 16);
+  EXPECT_EQ(c.trainer.gradient_accumulation_steps, 4);
+  EXPECT_EQ(c.trainer.num_train_epochs, 3);
+  EXPECT_DOUBLE_EQ(c.trainer.optimizer.learning_rate, 2.0e-3);
+  EXPECT_DOUBLE_EQ(c.trainer.optimizer.adam_epsilon, 1.0e-8);
+  EXPECT_DOUBLE_EQ(c.trainer.max_grad_norm, 1.0);
+  EXPECT_EQ(c.model.type, "cnn");
+  EXPECT_EQ(c.model.channels, (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{128}));
+  EXPECT_DOUBLE_EQ(c.model.resid_pdrop, -1.0);
+  EXPECT_EQ(c.data.type, "fashion_mnist");
+  EXPECT_EQ(c.trainer.loss_normalization, gradaccum::core::LossNormalization::window);
+  EXPECT_EQ(c.trainer.last_window, gradaccum::core::LastWindow::partial);
+  EXPECT_EQ(c.trainer.loss_scaler.growth_interval, 2000);
+  EXPECT_TRUE(c.trainer.oom_recovery);
+  EXPECT_TRUE(c.report_to.empty());
+  // Defaults that follow other keys.
+  EXPECT_EQ(c.data.directory, gradaccum::data::kFashionMnistDir);
+  EXPECT_EQ(c.logging_dir, "runs/default/runs");
+  EXPECT_EQ(c.trainer.grad_flow_steps, 1);  // -1: logging_steps
+}
+
+TEST(Config, EveryKeyIsInTheDefaultYamlAndTakesItsDefaultThroughSet) {
+  const auto& yaml = gradaccum::io::default_config_yaml();
+  int values = 0;
+  for (const auto& key : config_keys()) {
+    const auto leaf = key.name.substr(key.name.rfind('.') + 1);
+    EXPECT_NE(yaml.find(leaf + ":"), std::string::npos) << key.name;
+    EXPECT_FALSE(key.help.empty()) << key.name << ": every key has one line of help";
+    if (key.type == KeyType::section) continue;
+    ++values;
+    // data.type fashion_mnist with model.type cnn: the defaults agree, one key at a time.
+    EXPECT_NO_THROW(with({key.name + "=" + key.default_yaml})) << key.name;
+  }
+  EXPECT_EQ(values, 89);  // a key added or removed changes this count: say so in the reference too
+}
+
+TEST(Config, AKeysRuleNamesTheKeyTheRuleAndTheValue) {
+  EXPECT_ONE_LINE_ERROR(with({"threads=-1"}), "key 'threads': must be >= 0 (0 = all cores), got -1");
+  EXPECT_ONE_LINE_ERROR(with({"adam_epsilon=0"}), "key 'adam_epsilon': must be > 0, got 0");
+  EXPECT_ONE_LINE_ERROR(with({"zero_stage=2"}), "key 'zero_stage': must be 0 or 1, got 2");
+  EXPECT_ONE_LINE_ERROR(with({"loss_scaler.backoff_factor=1"}),
+                        "key 'loss_scaler.backoff_factor': must be in (0, 1), got 1");
+  EXPECT_ONE_LINE_ERROR(with({"warmup_ratio=1.5"}), "key 'warmup_ratio': must be in [0, 1], got 1.5");
+  EXPECT_ONE_LINE_ERROR(with({"model.attn_pdrop=1"}),
+                        "key 'model.attn_pdrop': must be in [0, 1), or -1 for the checkpoint's (else 0), got 1");
+  EXPECT_ONE_LINE_ERROR(with({"output_dir="}), "key 'output_dir': must be a directory, got ''");
+}
+
+TEST(Config, TypesAndChoicesComeFromTheTable) {
+  EXPECT_ONE_LINE_ERROR(with({"seed=many"}), "key 'seed': expected an integer, got 'many'");
+  EXPECT_ONE_LINE_ERROR(with({"data.packing=maybe"}), "key 'data.packing': expected true or false, got 'maybe'");
+  EXPECT_ONE_LINE_ERROR(with({"model.channels=7"}), "key 'model.channels': expected a list of integers, got '7'");
+  EXPECT_ONE_LINE_ERROR(with({"model.type=transformer"}),
+                        "key 'model.type': 'transformer' is not one of mlp | cnn | resnet | gpt2 | bloom");
+  EXPECT_ONE_LINE_ERROR(with({"data.type=imagenet"}),
+                        "key 'data.type': 'imagenet' is not one of fashion_mnist | kjv | kjv_testament | text | "
+                        "random_tokens");
+  EXPECT_ONE_LINE_ERROR(with({"report_to=[tensorboard, wandb]"}),
+                        "key 'report_to': 'wandb' is not one of none | tensorboard");
+  EXPECT_ONE_LINE_ERROR(with({"report_to=[none, tensorboard]"}),
+                        "key 'report_to': 'none' cannot be combined with other names");
+  EXPECT_EQ(with({"report_to=[tensorboard, tensorboard]"}).report_to, (std::vector<std::string>{"tensorboard"}));
+  EXPECT_ONE_LINE_ERROR(with({"model.kind=cnn"}), "unknown key 'model.kind'");
+}
+
+TEST(Config, TheChoicesOfModelAndDataTypesAreTheirTables) {
+  const auto* model_type = gradaccum::io::find_config_key("model.type");
+  const auto* data_type = gradaccum::io::find_config_key("data.type");
+  ASSERT_NE(model_type, nullptr);
+  ASSERT_NE(data_type, nullptr);
+  ASSERT_EQ(model_type->choices.size(), gradaccum::models::model_types().size());
+  for (size_t i = 0; i < model_type->choices.size(); ++i) {
+    EXPECT_EQ(model_type->choices[i], gradaccum::models::model_types()[i].name);
+  }
+  ASSERT_EQ(data_type->choices.size(), gradaccum::io::data_types().size());
+  for (size_t i = 0; i < data_type->choices.size(); ++i) {
+    EXPECT_EQ(data_type->choices[i], gradaccum::io::data_types()[i].name);
+  }
+  // A family mismatch names both keys.
+  EXPECT_ONE_LINE_ERROR(with({"data.type=kjv"}), "key 'data.type': kjv data needs a language model");
+  EXPECT_ONE_LINE_ERROR(with({"model.type=gpt2"}), "key 'data.type': fashion_mnist data needs an image model");
+}
+
+TEST(Config, KeysThatTieTogetherAreCheckedAfterEachOnItsOwn) {
+  EXPECT_ONE_LINE_ERROR(with({"nesterov=true"}), "key 'nesterov': must be false unless momentum > 0, got true");
+  EXPECT_NO_THROW(with({"nesterov=true", "momentum=0.9", "optim=sgd"}));
+  EXPECT_ONE_LINE_ERROR(with({"dtype=float64", "mixed_precision=bf16"}), "key 'mixed_precision': must be \"no\"");
+  EXPECT_ONE_LINE_ERROR(with({"window_tokens=64", "last_window=carry"}),
+                        "key 'window_tokens': cannot be combined with last_window: carry");
+  EXPECT_ONE_LINE_ERROR(with({"deterministic_accumulation=true"}, 3),
+                        "key 'deterministic_accumulation': the world size must be a power of two, not 3");
+}
+
+TEST(Config, TheBatchArithmeticAndAuto) {
+  // global_batch_size fixes N from b and the world: 256 = 16 x 4 x 4.
+  const auto global = with({"global_batch_size=256"}, 4);
+  EXPECT_EQ(global.trainer.gradient_accumulation_steps, 4);
+  EXPECT_NE(global.resolved_yaml.find("gradient_accumulation_steps: 4"), std::string::npos);
+  EXPECT_ONE_LINE_ERROR(with({"global_batch_size=100"}, 3), "100");
+  // auto: b = 1 until the plan runs, N = the global batch per process.
+  const auto planned = with({"per_device_train_batch_size=auto", "global_batch_size=64"}, 2);
+  EXPECT_TRUE(planned.plan_decomposition);
+  EXPECT_EQ(planned.trainer.per_device_train_batch_size, 1);
+  EXPECT_EQ(planned.trainer.gradient_accumulation_steps, 32);
+  EXPECT_ONE_LINE_ERROR(with({"per_device_train_batch_size=auto"}),
+                        "key 'per_device_train_batch_size': auto plans a decomposition of global_batch_size");
+  EXPECT_ONE_LINE_ERROR(with({"per_device_eval_batch_size=auto"}),
+                        "key 'per_device_eval_batch_size': expected an integer, got 'auto'");
+}
+
+TEST(Config, TheResolvedYamlLoadsBackToTheSameConfiguration) {
+  const auto first = with({"model.type=resnet", "model.channels=[8, 16]", "learning_rate=0.01", "report_to=tensorboard"});
+  const auto dir = gradaccum::testing::make_temp_dir("config_round_trip");
+  const auto path = dir + "/config.yaml";
+  std::ofstream(path) << first.resolved_yaml;
+  const auto second = load_config(path, {});
+  EXPECT_EQ(second.resolved_yaml, first.resolved_yaml);
+  EXPECT_EQ(second.model.channels, (std::vector<int64_t>{8, 16}));
+  EXPECT_DOUBLE_EQ(second.trainer.optimizer.learning_rate, 0.01);
+  EXPECT_EQ(second.report_to, (std::vector<std::string>{"tensorboard"}));
+}
+
+// docs/config.md is the generated reference; regenerate it with
+// `gradaccum config --reference > docs/config.md`.
+TEST(Config, TheReferenceInDocsIsTheTablesOwn) {
+  std::ifstream in(std::string(GRADACCUM_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in.good()) << "docs/config.md is missing";
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto reference = gradaccum::io::config_reference_markdown();
+  EXPECT_EQ(text.str(), reference) << "docs/config.md is stale: run `gradaccum config --reference > docs/config.md`";
+  for (const auto& key : config_keys()) EXPECT_NE(reference.find(key.name), std::string::npos) << key.name;
+}
+
+}  // namespace
