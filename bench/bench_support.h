@@ -22,8 +22,7 @@ inline double median(std::vector<double> v) {
 
 // A command-line count (an integer >= 0); throws gradaccum::Error naming the
 // program and the option otherwise.
-inline int64_t parse_count(const std::string& program, const std::string& key,
-                           const std::string& value) {
+inline int64_t parse_count(const std::string& program, const std::string& key, const std::string& value) {
   size_t used = 0;
   int64_t n = -1;
   try {
@@ -31,8 +30,7 @@ inline int64_t parse_count(const std::string& program, const std::string& key,
   } catch (const std::exception&) {
     used = 0;
   }
-  GA_CHECK(used == value.size() && used > 0 && n >= 0, "{}: {} '{}' is not a count", program, key,
-           value);
+  GA_CHECK(used == value.size() && used > 0 && n >= 0, "{}: {} '{}' is not a count", program, key, value);
   return n;
 }
 

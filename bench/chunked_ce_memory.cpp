@@ -57,8 +57,7 @@ bool reset_peak_rss() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr
-        << "usage: chunked_ce_memory plain|CHUNK_TOKENS [--tokens N] [--vocab V] [--hidden H]\n";
+    std::cerr << "usage: chunked_ce_memory plain|CHUNK_TOKENS [--tokens N] [--vocab V] [--hidden H]\n";
     return 2;
   }
   const std::string mode = argv[1];
@@ -104,20 +103,18 @@ int main(int argc, char** argv) {
   const double before = status_mib(reset ? "VmRSS" : "VmHWM");
 
   const auto start = std::chrono::steady_clock::now();
-  auto loss = chunk == 0 ? gradaccum::models::causal_lm_loss(
-                               torch::nn::functional::linear(hidden, weight), labels)
+  auto loss = chunk == 0 ? gradaccum::models::causal_lm_loss(torch::nn::functional::linear(hidden, weight), labels)
                          : gradaccum::models::chunked_causal_lm_loss(hidden, weight, labels, chunk);
   loss.sum.backward();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double after = status_mib("VmHWM");
 
   std::cout << fmt::format(
                    "{{\"mode\": \"{}\", \"tokens\": {}, \"vocab\": {}, \"hidden\": {}, "
                    "\"loss\": {:.6f}, \"rss_before_mib\": {:.1f}, \"peak_after_mib\": {:.1f}, "
                    "\"loss_peak_mib\": {:.1f}, \"peak_reset\": {}, \"seconds\": {:.2f}}}",
-                   mode, tokens, vocab, hidden_size, loss.sum.item<double>() / tokens, before,
-                   after, after - before, reset, seconds)
+                   mode, tokens, vocab, hidden_size, loss.sum.item<double>() / tokens, before, after, after - before,
+                   reset, seconds)
             << std::endl;
   return 0;
 }

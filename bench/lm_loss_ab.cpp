@@ -35,9 +35,9 @@
 #include "bench_support.h"
 #include "gradaccum/base/check.h"
 #include "gradaccum/core/mixed_precision.h"
-#include "gradaccum/run/heap_retention.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
+#include "gradaccum/run/heap_retention.h"
 
 namespace {
 
@@ -94,7 +94,7 @@ Options parse_options(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gradaccum::run::retain_freed_heap();       // as gradaccum's main does
+  gradaccum::run::retain_freed_heap();  // as gradaccum's main does
   Options opts;
   try {
     opts = parse_options(argc, argv);
@@ -114,8 +114,7 @@ int main(int argc, char** argv) {
   models::CausalLm model(net);
   auto generator = at::detail::createCPUGenerator(1234);
   core::Batch batch;
-  batch.input = torch::randint(config.vocab_size, {opts.micro_batch, config.n_positions}, generator,
-                               torch::kLong);
+  batch.input = torch::randint(config.vocab_size, {opts.micro_batch, config.n_positions}, generator, torch::kLong);
   batch.target = batch.input;
   batch.samples = opts.micro_batch;
 
@@ -134,8 +133,7 @@ int main(int argc, char** argv) {
       core::LossSum loss;
       {
         core::AutocastScope autocast(opts.precision, device);
-        loss = plain ? models::causal_lm_loss(net->forward(batch.input), batch.target)
-                     : model.loss(batch);
+        loss = plain ? models::causal_lm_loss(net->forward(batch.input), batch.target) : model.loss(batch);
       }
       (loss.sum / loss.count).backward();
       const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -148,18 +146,16 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < opts.chunks.size(); ++i) {
     std::vector<double> ratio;
     for (size_t r = 0; r < ms[i].size(); ++r) ratio.push_back(ms[i][r] / ms[0][r]);
-    rows.push_back(
-        fmt::format("{{\"path\": \"{}\", \"ms_median\": {:.2f}, \"ms_min\": {:.2f}, \"ms_max\": "
-                    "{:.2f}, \"ratio_to_first\": {:.3f}, \"loss\": {:.6f}}}",
-                    opts.chunks[i] == kPlain ? std::string("plain")
-                                             : fmt::format("loss_chunk_tokens {}", opts.chunks[i]),
-                    median(ms[i]), *std::min_element(ms[i].begin(), ms[i].end()),
-                    *std::max_element(ms[i].begin(), ms[i].end()), median(ratio), losses[i]));
+    rows.push_back(fmt::format(
+        "{{\"path\": \"{}\", \"ms_median\": {:.2f}, \"ms_min\": {:.2f}, \"ms_max\": "
+        "{:.2f}, \"ratio_to_first\": {:.3f}, \"loss\": {:.6f}}}",
+        opts.chunks[i] == kPlain ? std::string("plain") : fmt::format("loss_chunk_tokens {}", opts.chunks[i]),
+        median(ms[i]), *std::min_element(ms[i].begin(), ms[i].end()), *std::max_element(ms[i].begin(), ms[i].end()),
+        median(ratio), losses[i]));
   }
   fmt::print(
       "{{\"program\": \"lm_loss_ab\", \"mixed_precision\": \"{}\", \"threads\": {}, "
       "\"micro_batch\": {}, \"rounds\": {}, \"settings\": [{}]}}\n",
-      core::to_string(opts.precision), opts.threads, opts.micro_batch, opts.rounds - 1,
-      fmt::join(rows, ", "));
+      core::to_string(opts.precision), opts.threads, opts.micro_batch, opts.rounds - 1, fmt::join(rows, ", "));
   return 0;
 }

@@ -60,14 +60,15 @@
 //
 // Prints one JSON line; bench/py/lm_throughput.py is the Python peer and
 // bench/compare_lm.py runs both alternately.
-#include <torch/torch.h>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Version.h>
+#include <torch/torch.h>
 #ifdef GRADACCUM_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -76,21 +77,19 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "bench_support.h"
 #include "gradaccum/base/check.h"
-#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/trainer.h"
-#include "gradaccum/run/heap_retention.h"
 #include "gradaccum/io/process_stats.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/optim/optimizer_factory.h"
+#include "gradaccum/run/heap_retention.h"
 
 namespace {
 
@@ -209,9 +208,8 @@ Options parse_options(int argc, char** argv) {
       o.device = value == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
     } else if (key == "--mixed-precision") {
       o.precision = core::parse_mixed_precision(value);
-      GA_CHECK(
-          o.precision != core::MixedPrecision::fp16,
-          "lm_throughput: --mixed-precision fp16 is a float32 emulation on CPU; use no or bf16");
+      GA_CHECK(o.precision != core::MixedPrecision::fp16,
+               "lm_throughput: --mixed-precision fp16 is a float32 emulation on CPU; use no or bf16");
     } else {
       GA_CHECK(false, "lm_throughput: unknown option {}", key);
     }
@@ -221,8 +219,9 @@ Options parse_options(int argc, char** argv) {
     GA_CHECK(false, "lm_throughput: --device cuda needs a build configured with -DGRADACCUM_WITH_CUDA=ON");
 #endif
     GA_CHECK(torch::cuda::is_available(), "lm_throughput: --device cuda, but no CUDA device is visible");
-    GA_CHECK(!o.profile, "lm_throughput: --profile times with host clocks, which on a GPU measure launches; "
-                         "it runs on the CPU only");
+    GA_CHECK(!o.profile,
+             "lm_throughput: --profile times with host clocks, which on a GPU measure launches; "
+             "it runs on the CPU only");
   }
   GA_CHECK(!(o.profile && o.deterministic),
            "lm_throughput: --profile writes out the plain accumulation; drop --deterministic-accumulation");
@@ -232,9 +231,7 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
-double seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // Waits for the device's queued work (a no-op on the CPU, where every op has finished when it
 // returns).
@@ -296,10 +293,11 @@ struct GemmPeak {
 
 GemmPeak gemm_peak(torch::ScalarType dtype, const Shape& m, const torch::Device& device) {
   const int64_t tokens = m.micro_batch * m.context;
-  const std::vector<GemmShape> shapes = {
-      {"c_attn", m.embd, 3 * m.embd, m.layers}, {"attn.c_proj", m.embd, m.embd, m.layers},
-      {"c_fc", m.embd, 4 * m.embd, m.layers},   {"mlp.c_proj", 4 * m.embd, m.embd, m.layers},
-      {"lm_head", m.embd, m.vocab, 1}};
+  const std::vector<GemmShape> shapes = {{"c_attn", m.embd, 3 * m.embd, m.layers},
+                                         {"attn.c_proj", m.embd, m.embd, m.layers},
+                                         {"c_fc", m.embd, 4 * m.embd, m.layers},
+                                         {"mlp.c_proj", 4 * m.embd, m.embd, m.layers},
+                                         {"lm_head", m.embd, m.vocab, 1}};
   GemmPeak peak;
   double mix_flops = 0.0, mix_time = 0.0;
   for (const auto& s : shapes) {
@@ -307,8 +305,7 @@ GemmPeak gemm_peak(torch::ScalarType dtype, const Shape& m, const torch::Device&
     const double flops = 2.0 * static_cast<double>(tokens * s.k * s.n * s.uses);
     mix_flops += flops;
     mix_time += flops / rate;
-    peak.per_shape +=
-        fmt::format("{}\"{}\": {:.2f}", peak.per_shape.empty() ? "" : ", ", s.name, rate / 1e9);
+    peak.per_shape += fmt::format("{}\"{}\": {:.2f}", peak.per_shape.empty() ? "" : ", ", s.name, rate / 1e9);
   }
   peak.model = mix_flops / mix_time;
   peak.square = gemm_rate(2048, 2048, 2048, dtype, device, 1.0);
@@ -339,9 +336,7 @@ int main(int argc, char** argv) {
   if (float32_bf16_matmuls) core::route_cpu_autocast_matmuls_through_float32();
   // The dtype of the model's matmuls: autocast's under bf16, unless routed to float32.
   const torch::ScalarType gemm_dtype =
-      core::uses_autocast(precision, device) && !float32_bf16_matmuls
-          ? core::autocast_dtype(precision)
-          : torch::kFloat;
+      core::uses_autocast(precision, device) && !float32_bf16_matmuls ? core::autocast_dtype(precision) : torch::kFloat;
   at::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(42);
 
@@ -364,8 +359,8 @@ int main(int argc, char** argv) {
   int64_t parameters = 0;
   for (const auto& p : net->parameters()) parameters += p.numel();
   const int64_t matmul_parameters = parameters - m.context * m.embd;  // without wpe
-  const double flops_per_token = 6.0 * static_cast<double>(matmul_parameters) +
-                                 12.0 * static_cast<double>(m.layers * m.context * m.embd);
+  const double flops_per_token =
+      6.0 * static_cast<double>(matmul_parameters) + 12.0 * static_cast<double>(m.layers * m.context * m.embd);
 
   const int64_t total_steps = warmup + steps;
   RandomTokens data(total_steps * m.micro_batch * m.accumulation, m);
@@ -390,8 +385,7 @@ int main(int argc, char** argv) {
     spec.learning_rate = 1e-3;
     auto optimizer = gradaccum::optim::make_optimizer(spec, params);
     core::StepSequence sequence(
-        *optimizer, params,
-        gradaccum::optim::LrSchedule(gradaccum::optim::ScheduleType::cosine, 1e-3, 0, total_steps),
+        *optimizer, params, gradaccum::optim::LrSchedule(gradaccum::optim::ScheduleType::cosine, 1e-3, 0, total_steps),
         1.0);
     core::LossNormalizer normalizer(core::LossNormalization::window, m.accumulation);
     start = Clock::now();
@@ -447,7 +441,8 @@ int main(int argc, char** argv) {
         t_forward / n, t_backward / n, t_step / n);
   }
   fmt::print(
-      "{{\"program\": \"{}\", \"shape\": \"{}\", \"custom_kernels\": \"{}\", \"cpu_kernels\": \"{}\", \"mixed_precision\": \"{}\", \"gemm_dtype\": \"{}\", "
+      "{{\"program\": \"{}\", \"shape\": \"{}\", \"custom_kernels\": \"{}\", \"cpu_kernels\": \"{}\", "
+      "\"mixed_precision\": \"{}\", \"gemm_dtype\": \"{}\", "
       "\"threads\": {}, \"loss_chunk_tokens\": {}, \"vocab\": {}, \"context\": {}, \"n_embd\": {}, "
       "\"n_layer\": {}, \"n_head\": {}, \"micro_batch\": {}, \"accum\": {}, \"parameters\": {}, "
       "\"matmul_parameters\": {}, \"flops_per_token\": {:.0f}, \"warmup_steps\": {}, \"steps\": {}, "
@@ -456,17 +451,15 @@ int main(int argc, char** argv) {
       "\"gemm_shapes_gflops\": {{{}}}, \"gemm_model_gflops_before_after\": [{:.2f}, {:.2f}], "
       "\"gemm_square_gflops_before_after\": [{:.2f}, {:.2f}], \"fraction_of_gemm_model\": {:.3f}, "
       "\"fraction_of_gemm_square\": {:.3f}, \"first_loss\": {:.4f}, \"final_loss\": {:.4f}, "
-      "\"peak_rss_mb\": {:.1f}, \"device\": \"{}\", \"peak_device_mb\": {:.1f}, \"deterministic_accumulation\": {}, \"dropout\": {}, \"dropout_rng\": \"{}\"{}}}\n",
+      "\"peak_rss_mb\": {:.1f}, \"device\": \"{}\", \"peak_device_mb\": {:.1f}, \"deterministic_accumulation\": {}, "
+      "\"dropout\": {}, \"dropout_rng\": \"{}\"{}}}\n",
       profile ? "gradaccum-profile" : "gradaccum", opts.shape_name, kernels::custom_kernels_description(),
-      at::get_cpu_capability(),
-      core::to_string(precision),
-      gemm_dtype == torch::kBFloat16 ? "bfloat16" : "float32", threads,
-      opts.loss_chunk_tokens, m.vocab, m.context, m.embd,
-      m.layers, m.heads, m.micro_batch, m.accumulation, parameters, matmul_parameters, flops_per_token,
-      warmup, steps, tokens_per_s, median(step_s), *std::min_element(step_s.begin(), step_s.end()),
-      model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9, before.per_shape, before.model / 1e9,
-      after.model / 1e9, before.square / 1e9, after.square / 1e9, model_flops / gemm_model,
-      model_flops / gemm_square, clock.losses.front(), clock.losses.back(),
+      at::get_cpu_capability(), core::to_string(precision), gemm_dtype == torch::kBFloat16 ? "bfloat16" : "float32",
+      threads, opts.loss_chunk_tokens, m.vocab, m.context, m.embd, m.layers, m.heads, m.micro_batch, m.accumulation,
+      parameters, matmul_parameters, flops_per_token, warmup, steps, tokens_per_s, median(step_s),
+      *std::min_element(step_s.begin(), step_s.end()), model_flops / 1e9, gemm_model / 1e9, gemm_square / 1e9,
+      before.per_shape, before.model / 1e9, after.model / 1e9, before.square / 1e9, after.square / 1e9,
+      model_flops / gemm_model, model_flops / gemm_square, clock.losses.front(), clock.losses.back(),
       gradaccum::io::peak_rss_mb(), device_name(device), peak_device_mb(device), opts.deterministic, opts.dropout,
       models::to_string(opts.dropout_rng), profile_json);
   return 0;

@@ -21,9 +21,10 @@
 // Prints one JSON line: us_per_micro_step is the median over `repeats` timed
 // blocks of `steps` optimizer steps each, after `warmup-steps` untimed steps.
 // bench/py/mlp_microstep.py is the same loop in Python.
-#include <torch/torch.h>
-
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,17 +33,14 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include "bench_support.h"
-#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/core/trainer.h"
-#include "gradaccum/run/heap_retention.h"
 #include "gradaccum/data/gather_rows.h"
 #include "gradaccum/io/process_stats.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
+#include "gradaccum/run/heap_retention.h"
 
 namespace {
 
@@ -105,10 +103,8 @@ bool has_flag(int argc, char** argv, const char* name) {
 // The loop without the engine: per micro-step fetch, forward, squared-error sum,
 // backward of sum / window items; per window clip, AdamW step, release the
 // gradients, cosine learning rate. Returns the end time of every step.
-std::vector<std::chrono::steady_clock::time_point> raw_loop(const RandomRegression& data,
-                                                            torch::nn::Sequential& net,
-                                                            int64_t total_steps, int64_t b,
-                                                            int64_t accumulation) {
+std::vector<std::chrono::steady_clock::time_point> raw_loop(const RandomRegression& data, torch::nn::Sequential& net,
+                                                            int64_t total_steps, int64_t b, int64_t accumulation) {
   auto params = net->parameters();
   const double peak_lr = 1e-3;
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(peak_lr).weight_decay(0.0));
@@ -118,16 +114,15 @@ std::vector<std::chrono::steady_clock::time_point> raw_loop(const RandomRegressi
   const int64_t window = b * accumulation;
   for (int64_t step = 0; step < total_steps; ++step) {
     for (int64_t s = 0; s < accumulation; ++s) {
-      const auto batch = data.get(perm.slice(0, step * window + s * b, step * window + (s + 1) * b),
-                                  torch::kFloat);
+      const auto batch = data.get(perm.slice(0, step * window + s * b, step * window + (s + 1) * b), torch::kFloat);
       auto loss = (net->forward(batch.input) - batch.target).square().sum();
       (loss / static_cast<double>(window)).backward();
     }
     torch::nn::utils::clip_grad_norm_(params, 1.0);
     optimizer.step();
     for (auto& p : params) p.mutable_grad() = torch::Tensor();
-    const double lr = peak_lr * 0.5 *
-                      (1.0 + std::cos(M_PI * static_cast<double>(step + 1) / static_cast<double>(total_steps)));
+    const double lr =
+        peak_lr * 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(step + 1) / static_cast<double>(total_steps)));
     for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
     ends.push_back(std::chrono::steady_clock::now());
   }
@@ -182,19 +177,20 @@ int main(int argc, char** argv) {
     const auto block_end = clock.ends[first + steps - 1];
     int64_t micro = 0;
     for (int64_t s = first; s < first + steps; ++s) micro += clock.micro_steps[s];
-    us_per_micro_step.push_back(
-        std::chrono::duration<double, std::micro>(block_end - block_start).count() /
-        static_cast<double>(micro));
+    us_per_micro_step.push_back(std::chrono::duration<double, std::micro>(block_end - block_start).count() /
+                                static_cast<double>(micro));
   }
   fmt::print(
       "{{\"program\": \"{}\", \"custom_kernels\": \"{}\", \"threads\": {}, \"micro_batch\": {}, \"accum\": {}, "
       "\"warmup_steps\": {}, \"repeats\": {}, \"steps_per_repeat\": {}, "
       "\"us_per_micro_step\": {:.2f}, \"us_per_micro_step_min\": {:.2f}, \"repeats_us\": [{:.2f}], "
       "\"final_loss\": {}, \"peak_rss_mb\": {:.1f}}}\n",
-      raw ? "libtorch-raw" : unfused ? "gradaccum-unfused" : "gradaccum",
-      kernels::custom_kernels_description(), threads, kMicroBatch, kAccumulation, warmup, repeats, steps, median(us_per_micro_step),
-      *std::min_element(us_per_micro_step.begin(), us_per_micro_step.end()),
-      fmt::join(us_per_micro_step, ", "),
-      raw ? std::string("null") : fmt::format("{:.6f}", final_loss), gradaccum::io::peak_rss_mb());
+      raw       ? "libtorch-raw"
+      : unfused ? "gradaccum-unfused"
+                : "gradaccum",
+      kernels::custom_kernels_description(), threads, kMicroBatch, kAccumulation, warmup, repeats, steps,
+      median(us_per_micro_step), *std::min_element(us_per_micro_step.begin(), us_per_micro_step.end()),
+      fmt::join(us_per_micro_step, ", "), raw ? std::string("null") : fmt::format("{:.6f}", final_loss),
+      gradaccum::io::peak_rss_mb());
   return 0;
 }

@@ -14,9 +14,9 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "gradaccum/base/check.h"
 #include "gradaccum/io/config.h"
-#include "fuzz_check.h"
 
 namespace {
 

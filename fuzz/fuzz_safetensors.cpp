@@ -8,9 +8,9 @@
 #include <cstring>
 #include <string_view>
 
+#include "fuzz_check.h"
 #include "gradaccum/base/check.h"
 #include "gradaccum/formats/safetensors.h"
-#include "fuzz_check.h"
 
 using gradaccum::formats::NamedTensors;
 namespace formats = gradaccum::formats;
@@ -44,8 +44,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;  // a rejected file is the expected outcome for most inputs
   }
   std::map<std::string, std::string> metadata2;
-  const auto again = gradaccum::formats::parse_safetensors(
-      gradaccum::formats::serialize_safetensors(tensors, metadata), "fuzz round trip", &metadata2);
+  const auto again = gradaccum::formats::parse_safetensors(gradaccum::formats::serialize_safetensors(tensors, metadata),
+                                                           "fuzz round trip", &metadata2);
   check_same(tensors, again);
   FUZZ_CHECK(metadata == metadata2);
   return 0;

@@ -9,9 +9,9 @@
 #include <string>
 #include <string_view>
 
+#include "fuzz_check.h"
 #include "gradaccum/data/tokenizer.h"
 #include "gradaccum/data/utf8.h"
-#include "fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto tokenizer = gradaccum::data::Tokenizer::load(gradaccum::data::kDefaultTokenizerDir);

@@ -12,9 +12,9 @@
 #include <string>
 #include <string_view>
 
+#include "fuzz_check.h"
 #include "gradaccum/base/check.h"
 #include "gradaccum/data/tokenizer.h"
-#include "fuzz_check.h"
 
 namespace {
 

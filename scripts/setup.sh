@@ -26,6 +26,7 @@ packages=(
   dataset-fashion-mnist bible-kjv-text
   bible-kjv   # the `bible` program that prints bible-kjv-text's verses (only Recommended by it)
   clang libclang-rt-14-dev   # scripts/fuzz.sh: libFuzzer targets
+  clang-format                # tests/check_format.sh: every C++ file as .clang-format writes it
 )
 missing=()
 for p in "${packages[@]}"; do

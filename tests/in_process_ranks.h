@@ -2,20 +2,18 @@
 // each with its own Gloo process group over a shared in-process HashStore.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
 #include <exception>
 #include <functional>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <vector>
 
 namespace gradaccum::testing {
 
 // Runs body(group, rank) for rank = 0 .. world-1 side by side and waits for
 // all of them; an exception thrown on any rank is rethrown here.
-inline void run_on_ranks(
-    int world, const std::function<void(const c10::intrusive_ptr<c10d::Backend>&, int)>& body) {
+inline void run_on_ranks(int world, const std::function<void(const c10::intrusive_ptr<c10d::Backend>&, int)>& body) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;

@@ -18,8 +18,8 @@ namespace gradaccum::testing {
 inline constexpr int64_t kPadId = 0;  // any id works: the mask, not the id, marks padding
 
 // Random real tokens in [1, vocab) (never the pad id) of each length, from `seed`.
-inline std::vector<torch::Tensor> make_sequences(const std::vector<int64_t>& lengths,
-                                                 uint64_t seed, int64_t vocab = 64) {
+inline std::vector<torch::Tensor> make_sequences(const std::vector<int64_t>& lengths, uint64_t seed,
+                                                 int64_t vocab = 64) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   std::vector<torch::Tensor> sequences;
   for (auto n : lengths) sequences.push_back(torch::randint(1, vocab, {n}, generator, torch::kLong));
@@ -35,8 +35,7 @@ struct Padded {
 inline Padded pad(const std::vector<torch::Tensor>& sequences, bool left, int64_t width = 0) {
   for (const auto& s : sequences) width = std::max(width, s.size(0));
   const auto rows = static_cast<int64_t>(sequences.size());
-  Padded p{torch::full({rows, width}, kPadId, torch::kLong),
-           torch::zeros({rows, width}, torch::kLong)};
+  Padded p{torch::full({rows, width}, kPadId, torch::kLong), torch::zeros({rows, width}, torch::kLong)};
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t n = sequences[i].size(0);
     const int64_t begin = left ? width - n : 0;
@@ -49,10 +48,8 @@ inline Padded pad(const std::vector<torch::Tensor>& sequences, bool left, int64_
 // testing::accumulate_window with an attention mask: one window over
 // consecutive row ranges of sizes `splits` in the Trainer's order (objective →
 // backward per micro-batch, then finish). Returns the window loss.
-inline double accumulate_padded_window(core::Trainable& model, const Padded& data,
-                                       const torch::Tensor& targets,
-                                       const std::vector<int64_t>& splits,
-                                       core::LossNormalization mode,
+inline double accumulate_padded_window(core::Trainable& model, const Padded& data, const torch::Tensor& targets,
+                                       const std::vector<int64_t>& splits, core::LossNormalization mode,
                                        int64_t accumulation_steps) {
   zero_grads(model.module());
   core::LossNormalizer normalizer(mode, accumulation_steps);

@@ -5,8 +5,8 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <memory>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "gradaccum/core/trainer.h"
@@ -67,8 +67,7 @@ int rank_pid(int launcher, int rank) {
 }
 
 std::string make_temp_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("gradaccum-test-" + std::to_string(getpid()) + "-" + name);
+  auto dir = std::filesystem::temp_directory_path() / ("gradaccum-test-" + std::to_string(getpid()) + "-" + name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
@@ -92,8 +91,7 @@ CliResult run_cli(const std::string& args, const std::string& cwd, const std::st
   std::string command;
   if (!cwd.empty()) command += "cd '" + cwd + "' && ";
   if (!before.empty()) command += before + " && ";
-  command += std::string("'") + GRADACCUM_CLI + "' " + args + " > '" + out_path + "' 2> '" +
-             err_path + "' < /dev/null";
+  command += std::string("'") + GRADACCUM_CLI + "' " + args + " > '" + out_path + "' 2> '" + err_path + "' < /dev/null";
   const int status = std::system(command.c_str());
   CliResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -103,9 +101,8 @@ CliResult run_cli(const std::string& args, const std::string& cwd, const std::st
   return r;
 }
 
-Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t steps,
-                             const torch::Device& device, const c10::intrusive_ptr<c10d::Backend>& group,
-                             int64_t bucket_bytes) {
+Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t steps, const torch::Device& device,
+                             const c10::intrusive_ptr<c10d::Backend>& group, int64_t bucket_bytes) {
   torch::manual_seed(0);
   auto x = torch::randn({samples, 16}, torch::kDouble);
   auto y = torch::randn({samples, 1}, torch::kDouble);

@@ -3,20 +3,19 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/torch.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/trainable.h"
+#include "gradaccum/kernels/custom_kernels.h"
 
 namespace gradaccum::testing {
 
@@ -84,9 +83,9 @@ inline void zero_grads(torch::nn::Module& m) {
 // the Trainer does (objective → backward per micro-batch, then finish), and
 // returns the window loss. `accumulation_steps` is the configured N the naive
 // mode divides by.
-inline double accumulate_window(core::Trainable& model, const torch::Tensor& x,
-                                const torch::Tensor& y, const std::vector<int64_t>& splits,
-                                core::LossNormalization mode, int64_t accumulation_steps) {
+inline double accumulate_window(core::Trainable& model, const torch::Tensor& x, const torch::Tensor& y,
+                                const std::vector<int64_t>& splits, core::LossNormalization mode,
+                                int64_t accumulation_steps) {
   zero_grads(model.module());
   core::LossNormalizer normalizer(mode, accumulation_steps);
   normalizer.begin_window();
@@ -150,17 +149,14 @@ std::vector<nlohmann::json> train_steps(const std::string& args, const std::stri
 int rank_pid(int launcher, int rank);
 
 // |a - b| / |b| (b = 0 counts as a tiny number, so a difference still shows).
-inline double relative_difference(double a, double b) {
-  return std::abs(a - b) / std::max(std::abs(b), 1e-300);
-}
+inline double relative_difference(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
 
 // Per-step loss and grad norm, and the final weights (on the CPU), of one training run.
 // Sets the process-wide custom kernel switch (kernels/custom_kernels.h) to `spec` for its
 // lifetime and restores the previous setting after.
 class CustomKernelsScope {
  public:
-  explicit CustomKernelsScope(const std::string& spec)
-      : previous_(kernels::custom_kernels_description()) {
+  explicit CustomKernelsScope(const std::string& spec) : previous_(kernels::custom_kernels_description()) {
     kernels::set_custom_kernels(spec);
   }
   ~CustomKernelsScope() { kernels::set_custom_kernels(previous_); }
@@ -186,15 +182,14 @@ struct Trajectory {
 // `bucket_bytes`.
 Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t steps,
                              const torch::Device& device = torch::kCPU,
-                             const c10::intrusive_ptr<c10d::Backend>& group = {},
-                             int64_t bucket_bytes = 25 << 20);
+                             const c10::intrusive_ptr<c10d::Backend>& group = {}, int64_t bucket_bytes = 25 << 20);
 
 }  // namespace gradaccum::testing
 
 // `expr` throws a gradaccum::Error whose one-line message contains `needle`.
-#define EXPECT_ONE_LINE_ERROR(expr, needle)                                              \
-  do {                                                                                   \
-    const std::string message = ::gradaccum::testing::error_of([&] { (void)(expr); });   \
-    EXPECT_NE(message.find(needle), std::string::npos) << message;                       \
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;                         \
+#define EXPECT_ONE_LINE_ERROR(expr, needle)                                            \
+  do {                                                                                 \
+    const std::string message = ::gradaccum::testing::error_of([&] { (void)(expr); }); \
+    EXPECT_NE(message.find(needle), std::string::npos) << message;                     \
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;                       \
   } while (false)

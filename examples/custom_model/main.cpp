@@ -12,7 +12,9 @@
 namespace ga = gradaccum;
 
 struct NetImpl : torch::nn::Module {
-  NetImpl() : hidden(register_module("hidden", torch::nn::Linear(8, 32))), out(register_module("out", torch::nn::Linear(32, 1))) {}
+  NetImpl()
+      : hidden(register_module("hidden", torch::nn::Linear(8, 32))),
+        out(register_module("out", torch::nn::Linear(32, 1))) {}
   torch::Tensor forward(const torch::Tensor& x) { return out(torch::tanh(hidden(x))); }
   torch::nn::Linear hidden, out;
 };
@@ -35,7 +37,9 @@ struct SquaredError : ga::core::Trainable {
 
 // y = sin(0.3 Σ x) + noise for 1000 points x in R^8, drawn once from a fixed seed.
 struct Points : ga::core::Dataset {
-  Points() : x(torch::randn({1000, 8}, torch::kDouble)), y(torch::sin(0.3 * x.sum(1, true)) + 0.05 * torch::randn({1000, 1}, torch::kDouble)) {}
+  Points()
+      : x(torch::randn({1000, 8}, torch::kDouble)),
+        y(torch::sin(0.3 * x.sum(1, true)) + 0.05 * torch::randn({1000, 1}, torch::kDouble)) {}
   int64_t size() const override { return x.size(0); }
   ga::core::Batch get(const torch::Tensor& indices, torch::ScalarType dtype) const override {
     ga::core::Batch batch;
@@ -63,7 +67,9 @@ int main(int argc, char** argv) try {
   options.trainer.optimizer.learning_rate = 3e-2;
   options.trainer.eval_steps = 0;
   const auto result = ga::run::fit(options, model, data);
-  if (result.rank == 0) std::printf("trained %lld steps, last loss %.6f\n", static_cast<long long>(result.summary.steps), result.summary.final_loss);
+  if (result.rank == 0)
+    std::printf("trained %lld steps, last loss %.6f\n", static_cast<long long>(result.summary.steps),
+                result.summary.final_loss);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "custom_model: error: %s\n", e.what());

@@ -68,9 +68,8 @@ class HostReadCounter {
     std::lock_guard<std::mutex> lock(mutex_);
     outside_ = inside_ = 0;
     ops_.clear();
-    handle_ = at::addGlobalCallback(
-        at::RecordFunctionCallback(&on_start, &on_end)
-            .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
+                                        .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
   }
   ~HostReadCounter() { at::removeCallback(handle_); }
   HostReadCounter(const HostReadCounter&) = delete;
@@ -175,8 +174,7 @@ struct TrainingReads {
 };
 
 // Trains and counts the host reads of run(), not those of the trainer's construction.
-TrainingReads training_reads(core::Trainable& model, const core::Dataset& data,
-                             const core::TrainerOptions& o) {
+TrainingReads training_reads(core::Trainable& model, const core::Dataset& data, const core::TrainerOptions& o) {
   HostReadCounter counter;
   ReadsPerStep per_step(counter);
   core::Trainer trainer(o, model, data, nullptr, per_step);

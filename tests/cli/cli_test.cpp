@@ -19,9 +19,7 @@ namespace fs = std::filesystem;
 
 using gradaccum::testing::read_jsonl;
 
-int count_lines(const std::string& text) {
-  return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
-}
+int count_lines(const std::string& text) { return static_cast<int>(std::count(text.begin(), text.end(), '\n')); }
 
 // A small CNN run in float64: 640 training samples, 10 optimizer steps of 64.
 const std::string kSmallCnn =
@@ -32,12 +30,11 @@ const std::string kSmallCnn =
 TEST(CliEndToEnd, DecompositionsWriteTheSameLossAndGradNormFloat64) {
   const auto root = make_temp_dir("decomposition");
   std::vector<std::vector<nlohmann::json>> runs;
-  for (const char* split : {"64 --set gradient_accumulation_steps=1",
-                            "16 --set gradient_accumulation_steps=4",
+  for (const char* split : {"64 --set gradient_accumulation_steps=1", "16 --set gradient_accumulation_steps=4",
                             "4 --set gradient_accumulation_steps=16"}) {
     const auto out = root + "/run" + std::to_string(runs.size());
-    const auto r = run_cli("train " + kSmallCnn + " --set output_dir=" + out +
-                           " --set per_device_train_batch_size=" + split);
+    const auto r =
+        run_cli("train " + kSmallCnn + " --set output_dir=" + out + " --set per_device_train_batch_size=" + split);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     runs.push_back(read_jsonl(out + "/metrics.jsonl"));
   }
@@ -52,8 +49,7 @@ TEST(CliEndToEnd, DecompositionsWriteTheSameLossAndGradNormFloat64) {
       EXPECT_EQ(b["items"].get<int64_t>(), 64);
       EXPECT_EQ(b["micro_steps"].get<int64_t>(), micro_steps[k]);
       EXPECT_NEAR(b["loss"].get<double>(), a["loss"].get<double>(), 1e-10 * a["loss"].get<double>());
-      EXPECT_NEAR(b["grad_norm"].get<double>(), a["grad_norm"].get<double>(),
-                  1e-10 * a["grad_norm"].get<double>());
+      EXPECT_NEAR(b["grad_norm"].get<double>(), a["grad_norm"].get<double>(), 1e-10 * a["grad_norm"].get<double>());
       EXPECT_EQ(b["lr"].get<double>(), a["lr"].get<double>());
     }
     EXPECT_NEAR(runs[k][10]["eval_loss"].get<double>(), runs[0][10]["eval_loss"].get<double>(),
@@ -79,9 +75,8 @@ TEST(CliEndToEnd, WritesConfigMetricsAndSummary) {
   }
   const auto lines = read_jsonl(out + "/metrics.jsonl");
   ASSERT_EQ(lines.size(), 4u);
-  for (const char* key : {"step", "epoch", "loss", "lr", "grad_norm", "grad_norm_clipped", "weight_norm",
-                          "items", "samples", "micro_steps", "skipped", "time_s", "samples_per_s",
-                          "peak_rss_mb"}) {
+  for (const char* key : {"step", "epoch", "loss", "lr", "grad_norm", "grad_norm_clipped", "weight_norm", "items",
+                          "samples", "micro_steps", "skipped", "time_s", "samples_per_s", "peak_rss_mb"}) {
     EXPECT_TRUE(lines[0].contains(key)) << key;
   }
   EXPECT_LE(lines[0]["grad_norm_clipped"].get<double>(), 1.0 + 1e-6);
@@ -97,9 +92,11 @@ TEST(CliEndToEnd, BatchNormWithAccumulationWarns) {
   EXPECT_NE(r.err.find("warning: BatchNorm in training mode (model.norm0, model.norm1)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("model.norm=group"), std::string::npos);
   // Not split: no warning.
-  const auto single = run_cli("train " + kSmallCnn + " --set model.norm=batch --set max_steps=1 "
+  const auto single = run_cli("train " + kSmallCnn +
+                              " --set model.norm=batch --set max_steps=1 "
                               "--set per_device_train_batch_size=64 --set gradient_accumulation_steps=1 "
-                              "--set output_dir=" + out);
+                              "--set output_dir=" +
+                              out);
   ASSERT_EQ(single.exit_code, 0);
   EXPECT_EQ(single.err.find("BatchNorm"), std::string::npos);
 }
@@ -119,9 +116,9 @@ TEST(Cli, PrintConfigVersionAndHelp) {
 
 struct BadInput {
   std::string name;
-  std::string args;      // after "train"
-  std::string config;    // YAML written to a file passed as CONFIG ("" = none)
-  std::string message;   // expected in the one-line error
+  std::string args;     // after "train"
+  std::string config;   // YAML written to a file passed as CONFIG ("" = none)
+  std::string message;  // expected in the one-line error
 };
 
 // Names the case in test listings instead of dumping its bytes.
@@ -177,8 +174,7 @@ TEST(CliBadInputFiles, MissingConfigFileIsNamed) {
 TEST(CliBadInputFiles, CorruptDatasetFileIsNamed) {
   const auto dir = make_temp_dir("corrupt-data");
   // Valid labels, truncated images.
-  fs::copy_file("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz",
-                dir + "/train-labels-idx1-ubyte.gz");
+  fs::copy_file("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz", dir + "/train-labels-idx1-ubyte.gz");
   std::ofstream(dir + "/train-images-idx3-ubyte.gz", std::ios::binary) << std::string("\x00\x00\x08\x03\x00", 5);
   const auto r = run_cli("train --set data.directory=" + dir + " --set output_dir=" + dir + "/out");
   EXPECT_EQ(r.exit_code, 1);
@@ -205,12 +201,15 @@ TEST(CliVerify, ExactWithGroupNormAndNotWithBatchNorm) {
   EXPECT_NE(batch.out.find("DIFFERS"), std::string::npos) << batch.out;
   // The naive normalization is exact for equal micro-batches but not with the
   // uneven 256 = 3 x 80 + 16 windows of 80 = 16 x 5 vs 80 x 1.
-  const auto naive = run_cli("verify --set model.channels=[4,8] --set model.hidden=[16] --set data.train_limit=256 "
-                             "--set threads=2 --steps 4 --splits 80x1,16x5 --set loss_normalization=micro_batch");
+  const auto naive = run_cli(
+      "verify --set model.channels=[4,8] --set model.hidden=[16] --set data.train_limit=256 "
+      "--set threads=2 --steps 4 --splits 80x1,16x5 --set loss_normalization=micro_batch");
   EXPECT_EQ(naive.exit_code, 1) << naive.out;
   const auto bad = run_cli("verify --splits 64x1,20x3");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_EQ(bad.err, "gradaccum: error: --splits: 20x3 is a global batch of 60, 64x1 one of 64: compare splits of the same batch\n");
+  EXPECT_EQ(
+      bad.err,
+      "gradaccum: error: --splits: 20x3 is a global batch of 60, 64x1 one of 64: compare splits of the same batch\n");
 }
 
 }  // namespace

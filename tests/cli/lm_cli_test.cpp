@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include "gradaccum/data/lm_dataset.h"
 #include "gradaccum/data/text_source.h"
@@ -37,7 +37,8 @@ void expect_same_trajectory(const std::vector<nlohmann::json>& a, const std::vec
   ASSERT_FALSE(a.empty());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i]["items"], b[i]["items"]) << "step " << i + 1;
-    EXPECT_LE(relative_difference(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()), tolerance) << "step " << i + 1;
+    EXPECT_LE(relative_difference(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()), tolerance)
+        << "step " << i + 1;
     EXPECT_LE(relative_difference(b[i]["grad_norm"].get<double>(), a[i]["grad_norm"].get<double>()), tolerance)
         << "step " << i + 1;
   }
@@ -46,9 +47,12 @@ void expect_same_trajectory(const std::vector<nlohmann::json>& a, const std::vec
 TEST(LmEndToEnd, KjvGpt2DecompositionsAgreeFloat64AndNaiveMeanDoesNot) {
   const auto dir = make_temp_dir("lm-decomp");
   const auto run = kTinyLm + " --set dtype=float64";
-  const auto full = train_steps(run + " --set per_device_train_batch_size=32 --set gradient_accumulation_steps=1", dir + "/a");
-  const auto mid = train_steps(run + " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4", dir + "/b");
-  const auto small = train_steps(run + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16", dir + "/c");
+  const auto full =
+      train_steps(run + " --set per_device_train_batch_size=32 --set gradient_accumulation_steps=1", dir + "/a");
+  const auto mid =
+      train_steps(run + " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4", dir + "/b");
+  const auto small =
+      train_steps(run + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16", dir + "/c");
   expect_same_trajectory(full, mid, 1e-10);
   expect_same_trajectory(full, small, 1e-10);
   // The window's accounting: 4 micro-steps of 8 verses each, whose token counts differ; they
@@ -57,7 +61,8 @@ TEST(LmEndToEnd, KjvGpt2DecompositionsAgreeFloat64AndNaiveMeanDoesNot) {
   for (const auto& record : mid) {
     const auto per_micro_step = record["micro_step_items"].get<std::vector<int64_t>>();
     ASSERT_EQ(per_micro_step.size(), 4u);
-    EXPECT_EQ(std::accumulate(per_micro_step.begin(), per_micro_step.end(), int64_t{0}), record["items"].get<int64_t>());
+    EXPECT_EQ(std::accumulate(per_micro_step.begin(), per_micro_step.end(), int64_t{0}),
+              record["items"].get<int64_t>());
     EXPECT_EQ(record["micro_step_items_min"], *std::min_element(per_micro_step.begin(), per_micro_step.end()));
     EXPECT_EQ(record["micro_step_items_max"], *std::max_element(per_micro_step.begin(), per_micro_step.end()));
     EXPECT_EQ(record["loss_normalization"], "window");
@@ -71,8 +76,10 @@ TEST(LmEndToEnd, KjvGpt2DecompositionsAgreeFloat64AndNaiveMeanDoesNot) {
   // initialization every token's loss is close to ln(vocab), so the reported
   // losses differ little (about 1e-5 here), far above the 1e-10 agreement of
   // the exact splits; the gradients differ clearly.
-  const auto naive = train_steps(run + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16 "
-                              "--set loss_normalization=micro_batch", dir + "/d");
+  const auto naive = train_steps(run +
+                                     " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16 "
+                                     "--set loss_normalization=micro_batch",
+                                 dir + "/d");
   ASSERT_EQ(naive.size(), full.size());
   EXPECT_GT(relative_difference(naive[0]["grad_norm"].get<double>(), full[0]["grad_norm"].get<double>()), 1e-4);
   EXPECT_GT(relative_difference(naive[0]["loss"].get<double>(), full[0]["loss"].get<double>()), 1e-6);
@@ -87,10 +94,14 @@ TEST(LmEndToEnd, KjvBloomAndTestamentClassifierDecompositionsAgreeFloat64) {
       train_steps(bloom + " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=16", dir + "/b"),
       1e-10);
   const auto classify = kTinyLm + " --set data.type=kjv_testament --set dtype=float64 --set data.balanced=true";
-  const auto a = train_steps(classify + " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=1 "
-                          "--set max_steps=2 --set data.train_limit=32", dir + "/c");
-  const auto b = train_steps(classify + " --set per_device_train_batch_size=1 --set gradient_accumulation_steps=16 "
-                          "--set max_steps=2 --set data.train_limit=32", dir + "/d");
+  const auto a = train_steps(classify +
+                                 " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=1 "
+                                 "--set max_steps=2 --set data.train_limit=32",
+                             dir + "/c");
+  const auto b = train_steps(classify +
+                                 " --set per_device_train_batch_size=1 --set gradient_accumulation_steps=16 "
+                                 "--set max_steps=2 --set data.train_limit=32",
+                             dir + "/d");
   expect_same_trajectory(a, b, 1e-10);
   EXPECT_EQ(a[0]["items"], 16);  // a classifier counts verses
   fs::remove_all(dir);
@@ -100,7 +111,8 @@ TEST(LmEndToEnd, VerifyAcceptsTheLanguageModelPath) {
   const auto r = run_cli("verify --splits 32x1,2x16 --steps 2 " + kTinyLm);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("exact: every split follows the full-batch trajectory"), std::string::npos) << r.out;
-  const auto naive = run_cli("verify --splits 32x1,2x16 --steps 2 " + kTinyLm + " --set loss_normalization=micro_batch");
+  const auto naive =
+      run_cli("verify --splits 32x1,2x16 --steps 2 " + kTinyLm + " --set loss_normalization=micro_batch");
   EXPECT_EQ(naive.exit_code, 1) << naive.out;
   EXPECT_NE(naive.out.find("DIFFERS"), std::string::npos) << naive.out;
 }
@@ -120,8 +132,10 @@ TEST(LmEndToEnd, DataParallelPaddedVersesEqualOneProcessFloat64) {
 
 TEST(LmEndToEnd, FinalCheckpointEvalAndGenerate) {
   const auto dir = make_temp_dir("lm-final");
-  const auto r = run_cli("train " + kTinyLm + " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4 "
-                         "--set sample.prompt='And God said' --set sample.max_new_tokens=5 --set output_dir=" + dir + "/run");
+  const auto r = run_cli("train " + kTinyLm +
+                         " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4 "
+                         "--set sample.prompt='And God said' --set sample.max_new_tokens=5 --set output_dir=" +
+                         dir + "/run");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("sample: And God said"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("unigram baseline"), std::string::npos) << r.out;
@@ -163,8 +177,10 @@ TEST(LmEndToEnd, FinalCheckpointEvalAndGenerate) {
   EXPECT_NEAR(result["perplexity"].get<double>(), perplexity, 1e-5 * perplexity);
 
   // generate: the prompt then its continuation; a seed makes it repeatable.
-  const auto g1 = run_cli("generate --checkpoint " + final_dir + " --prompt 'In the beginning' --max-new-tokens 8 --seed 3");
-  const auto g2 = run_cli("generate --checkpoint " + final_dir + " --prompt 'In the beginning' --max-new-tokens 8 --seed 3");
+  const auto g1 =
+      run_cli("generate --checkpoint " + final_dir + " --prompt 'In the beginning' --max-new-tokens 8 --seed 3");
+  const auto g2 =
+      run_cli("generate --checkpoint " + final_dir + " --prompt 'In the beginning' --max-new-tokens 8 --seed 3");
   ASSERT_EQ(g1.exit_code, 0) << g1.err;
   EXPECT_EQ(g1.out.rfind("In the beginning", 0), 0u) << g1.out;
   EXPECT_GT(g1.out.size(), std::string("In the beginning\n").size());
@@ -194,13 +210,11 @@ TEST(LmBadInput, ContextTooShortAndMismatchedTypesAreNamed) {
   const auto dir = make_temp_dir("lm-bad");
   const auto too_long = run_cli("train " + kTinyLm + " --set data.max_length=64 --set output_dir=" + dir + "/a");
   EXPECT_EQ(too_long.exit_code, 1);
-  EXPECT_NE(too_long.err.find("key 'data.max_length': 64 is longer than the model's context of 32"),
-            std::string::npos)
+  EXPECT_NE(too_long.err.find("key 'data.max_length': 64 is longer than the model's context of 32"), std::string::npos)
       << too_long.err;
   const auto mismatch = run_cli("train --set data.type=kjv --set output_dir=" + dir + "/b");
   EXPECT_EQ(mismatch.exit_code, 1);
-  EXPECT_NE(mismatch.err.find("key 'data.type': kjv data needs a language model"), std::string::npos)
-      << mismatch.err;
+  EXPECT_NE(mismatch.err.find("key 'data.type': kjv data needs a language model"), std::string::npos) << mismatch.err;
   const auto no_path = run_cli("train --set model.type=gpt2 --set data.type=text --set output_dir=" + dir + "/c");
   EXPECT_NE(no_path.err.find("key 'data.path': data.type text needs a file"), std::string::npos) << no_path.err;
   EXPECT_FALSE(fs::exists(dir + "/a"));
@@ -215,8 +229,9 @@ TEST(LmBadInput, TokenizerAndTextFilesAreNamed) {
   fs::create_directories(dir + "/tok");
   std::ofstream(dir + "/tok/encoder.json") << "{\"a\": ";
   std::ofstream(dir + "/tok/vocab.bpe") << "#version: 0.2\n";
-  const std::string lm = "train --set model.type=gpt2 --set model.n_layer=1 --set model.n_embd=16 "
-                         "--set model.n_head=2 --set data.type=text ";
+  const std::string lm =
+      "train --set model.type=gpt2 --set model.n_layer=1 --set model.n_embd=16 "
+      "--set model.n_head=2 --set data.type=text ";
   struct Case {
     std::string args, message;
   };

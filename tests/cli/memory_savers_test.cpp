@@ -65,9 +65,10 @@ TEST(MemorySaversConfig, ModelsWithoutBlocksOrLmHeadAreNamed) {
   EXPECT_NE(image.exit_code, 0);
   EXPECT_NE(image.err.find("key 'gradient_checkpointing': only GPT-2 and BLOOM models"), std::string::npos)
       << image.err;
-  const auto classifier =
-      run_cli("train " + kTinyLm + " --set model.type=gpt2 --set data.type=kjv_testament "
-              "--set loss_chunk_tokens=8 --set output_dir=" + dir);
+  const auto classifier = run_cli("train " + kTinyLm +
+                                  " --set model.type=gpt2 --set data.type=kjv_testament "
+                                  "--set loss_chunk_tokens=8 --set output_dir=" +
+                                  dir);
   EXPECT_NE(classifier.exit_code, 0);
   EXPECT_NE(classifier.err.find("key 'loss_chunk_tokens': only causal language models"), std::string::npos)
       << classifier.err;

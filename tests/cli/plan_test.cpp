@@ -14,7 +14,8 @@ using gradaccum::testing::run_cli;
 // The KJV GPT-2 in blocks of 128 tokens, its LM head's logits in one chunk per micro-batch
 // (loss_chunk_tokens 2048 ≥ 16 × 128): memory then grows with the micro-batch as a GPT-2's does
 // on a GPU (the logits dominate), far beyond what varies between processes.
-const std::string kKjv = std::string(GRADACCUM_TEST_DATA) + "/../../configs/kjv-gpt2.yaml --set threads=1 "
+const std::string kKjv = std::string(GRADACCUM_TEST_DATA) +
+                         "/../../configs/kjv-gpt2.yaml --set threads=1 "
                          "--set data.packing=true --set loss_chunk_tokens=2048";
 
 nlohmann::json plan_json(const std::string& extra) {
@@ -63,9 +64,11 @@ TEST(Plan, ALimitBetweenTheEightAndSixteenPeaksPicksEight) {
   EXPECT_EQ(limited["choice"]["gradient_accumulation_steps"].get<int64_t>(), 16 / expected);
   // A run at the choice stays under the limit.
   const auto dir = make_temp_dir("plan-run");
-  const auto run = run_cli("train " + kKjv + " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 "
+  const auto run = run_cli("train " + kKjv +
+                           " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 "
                            "--set max_steps=3 --set eval_steps=0 --set data.eval_limit=-1 --set sample.prompt= "
-                           "--set output_dir=" + dir);
+                           "--set output_dir=" +
+                           dir);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const auto summary = nlohmann::json::parse(read_text(dir + "/summary.json"));
   EXPECT_LT(summary["peak_rss_mb"].get<double>(), limit);
@@ -74,7 +77,8 @@ TEST(Plan, ALimitBetweenTheEightAndSixteenPeaksPicksEight) {
 TEST(Plan, NothingFitsIsAOneLineErrorAndTheBatchStays) {
   const auto r = run_cli("plan " + kKjv + " --global-batch 16 --steps 2 --memory 1");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err.rfind("gradaccum: error: no micro-batch of global batch 16 fits in 1 MB: micro-batch 1 needs ", 0), 0u)
+  EXPECT_EQ(r.err.rfind("gradaccum: error: no micro-batch of global batch 16 fits in 1 MB: micro-batch 1 needs ", 0),
+            0u)
       << r.err;
   EXPECT_NE(r.err.find("MB (the global batch is not changed)\n"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
@@ -87,14 +91,18 @@ TEST(Plan, NothingFitsIsAOneLineErrorAndTheBatchStays) {
 
 TEST(Plan, AutoTrainsWithThePlannedDecompositionOfTheGlobalBatch) {
   const auto dir = make_temp_dir("plan-auto");
-  const auto r = run_cli("train " + kKjv + " --set per_device_train_batch_size=auto --set global_batch_size=16 "
+  const auto r = run_cli("train " + kKjv +
+                         " --set per_device_train_batch_size=auto --set global_batch_size=16 "
                          "--set max_steps=2 --set eval_steps=0 --set data.eval_limit=-1 --set sample.prompt= "
-                         "--set output_dir=" + dir);
+                         "--set output_dir=" +
+                         dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto at = r.out.find("auto: per_device_train_batch_size=");
   ASSERT_NE(at, std::string::npos) << r.out;
   int64_t b = 0, n = 0;
-  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "auto: per_device_train_batch_size=%ld gradient_accumulation_steps=%ld", &b, &n), 2);
+  ASSERT_EQ(
+      std::sscanf(r.out.c_str() + at, "auto: per_device_train_batch_size=%ld gradient_accumulation_steps=%ld", &b, &n),
+      2);
   EXPECT_EQ(b * n, 16);
   EXPECT_NE(r.out.find("plan: global batch 16 (unchanged)"), std::string::npos) << r.out;
   int64_t steps = 0;
@@ -108,8 +116,9 @@ TEST(Plan, AutoTrainsWithThePlannedDecompositionOfTheGlobalBatch) {
   EXPECT_EQ(steps, 2);
   const auto missing = run_cli("train --set per_device_train_batch_size=auto");
   EXPECT_EQ(missing.exit_code, 1);
-  EXPECT_EQ(missing.err, "gradaccum: error: key 'per_device_train_batch_size': auto plans a decomposition of "
-                         "global_batch_size; set global_batch_size (> 0)\n");
+  EXPECT_EQ(missing.err,
+            "gradaccum: error: key 'per_device_train_batch_size': auto plans a decomposition of "
+            "global_batch_size; set global_batch_size (> 0)\n");
 }
 
 }  // namespace

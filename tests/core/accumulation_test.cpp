@@ -71,9 +71,7 @@ struct ClosedFormCase {
   core::LossNormalization mode;
 };
 
-void PrintTo(const ClosedFormCase& c, std::ostream* os) {
-  *os << "b=" << c.micro_batch << " N=" << c.steps;
-}
+void PrintTo(const ClosedFormCase& c, std::ostream* os) { *os << "b=" << c.micro_batch << " N=" << c.steps; }
 
 class ClosedForm : public ::testing::TestWithParam<ClosedFormCase> {};
 
@@ -125,16 +123,16 @@ TEST_P(ClosedForm, GradientsWeightsAndLossesAfterEveryMicroStepAndStep) {
   EXPECT_NEAR(inner.module().parameters()[0].item<double>(), w, 1e-14);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    MeanAndSum, ClosedForm,
-    ::testing::Values(ClosedFormCase{1, 4, core::LossNormalization::window},
-                      ClosedFormCase{2, 2, core::LossNormalization::window},
-                      ClosedFormCase{1, 4, core::LossNormalization::sum},
-                      ClosedFormCase{2, 2, core::LossNormalization::sum}),
-    [](const auto& info) {
-      return std::string(info.param.mode == core::LossNormalization::window ? "Mean" : "Sum") + "_b" +
-             std::to_string(info.param.micro_batch) + "xN" + std::to_string(info.param.steps);
-    });
+INSTANTIATE_TEST_SUITE_P(MeanAndSum, ClosedForm,
+                         ::testing::Values(ClosedFormCase{1, 4, core::LossNormalization::window},
+                                           ClosedFormCase{2, 2, core::LossNormalization::window},
+                                           ClosedFormCase{1, 4, core::LossNormalization::sum},
+                                           ClosedFormCase{2, 2, core::LossNormalization::sum}),
+                         [](const auto& info) {
+                           return std::string(info.param.mode == core::LossNormalization::window ? "Mean" : "Sum") +
+                                  "_b" + std::to_string(info.param.micro_batch) + "xN" +
+                                  std::to_string(info.param.steps);
+                         });
 
 TEST(Remainder, PartialLastWindowIsNormalizedByItsOwnCount) {
   auto x = torch::arange(1, 11, torch::kDouble).mul(0.1).unsqueeze(1);
@@ -253,7 +251,7 @@ TEST(GraphLifetime, EachMicroStepsGraphIsFreedBeforeTheNextMicroStep) {
   core::Trainer trainer(sgd_options(4, 4, 0.1), model, data, nullptr, collect);
   trainer.run();
   ASSERT_EQ(model.previous_alive.size(), 12u);  // 3 windows × 4 micro-steps
-  EXPECT_EQ(model.roots_seen, 12);               // every micro-step had a graph to watch
+  EXPECT_EQ(model.roots_seen, 12);              // every micro-step had a graph to watch
   for (size_t i = 0; i < model.previous_alive.size(); ++i) {
     EXPECT_FALSE(model.previous_alive[i]) << "micro-step " << i;
   }
@@ -274,8 +272,10 @@ TEST(Decomposition, SameTrajectoryForEverySplitOfTheGlobalBatch) {
   for (auto [b, n] : std::vector<std::pair<int64_t, int64_t>>{{4, 2}, {2, 4}, {1, 8}}) {
     const auto other = train_mlp(b, n, 60, 12);
     for (size_t i = 0; i < reference.loss.size(); ++i) {
-      EXPECT_NEAR(other.loss[i], reference.loss[i], 1e-10 * std::abs(reference.loss[i])) << b << "x" << n << " step " << i;
-      EXPECT_NEAR(other.grad_norm[i], reference.grad_norm[i], 1e-10 * reference.grad_norm[i]) << b << "x" << n << " step " << i;
+      EXPECT_NEAR(other.loss[i], reference.loss[i], 1e-10 * std::abs(reference.loss[i]))
+          << b << "x" << n << " step " << i;
+      EXPECT_NEAR(other.grad_norm[i], reference.grad_norm[i], 1e-10 * reference.grad_norm[i])
+          << b << "x" << n << " step " << i;
     }
     EXPECT_LE(gradaccum::testing::max_relative_difference(other.weights, reference.weights), 1e-10);
   }

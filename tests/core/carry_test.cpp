@@ -81,7 +81,8 @@ TEST(CarryRuns, DecompositionsAgreeAndEpochsAreCarried) {
   const auto dir = make_temp_dir("carry");
   const auto whole = run_cli(kCarry + " --set per_device_train_batch_size=32 --set output_dir=" + dir + "/whole");
   ASSERT_EQ(whole.exit_code, 0) << whole.err;
-  const auto split = run_cli(kCarry + " --set per_device_train_batch_size=8 --nproc 2 --set output_dir=" + dir + "/split");
+  const auto split =
+      run_cli(kCarry + " --set per_device_train_batch_size=8 --nproc 2 --set output_dir=" + dir + "/split");
   ASSERT_EQ(split.exit_code, 0) << split.err;
   const auto a = steps_of(dir + "/whole"), b = steps_of(dir + "/split");
   // 200 samples over two epochs: ceil(200 / 32) = 7 steps, six of 32 and a last of 8.
@@ -94,12 +95,15 @@ TEST(CarryRuns, DecompositionsAgreeAndEpochsAreCarried) {
     samples += a[i]["samples"].get<int64_t>();
     EXPECT_NEAR(b[i]["loss"].get<double>(), a[i]["loss"].get<double>(), 1e-10 * a[i]["loss"].get<double>()) << i;
     EXPECT_NEAR(b[i]["grad_norm"].get<double>(), a[i]["grad_norm"].get<double>(),
-                1e-10 * a[i]["grad_norm"].get<double>()) << i;
+                1e-10 * a[i]["grad_norm"].get<double>())
+        << i;
   }
   EXPECT_EQ(samples, 200);
   // With partial, the same epochs take 2 × 4 steps (three of 32 and one of 4 per epoch).
-  const auto partial = run_cli(kCarry + " --set last_window=partial --set per_device_train_batch_size=32 "
-                                        "--set output_dir=" + dir + "/partial");
+  const auto partial = run_cli(kCarry +
+                               " --set last_window=partial --set per_device_train_batch_size=32 "
+                               "--set output_dir=" +
+                               dir + "/partial");
   ASSERT_EQ(partial.exit_code, 0) << partial.err;
   EXPECT_EQ(steps_of(dir + "/partial").size(), 8u);
 }

@@ -97,7 +97,8 @@ TEST(CanonicalGradientSum, StreamsTheTreeAndSplitsItAcrossRanks) {
       std::vector<torch::Tensor> roots;
       for (int64_t r = 0; r < world; ++r) {
         CanonicalGradientSum part(slots / world);
-        for (int64_t s = 0; s < slots / world; ++s) part.add({leaves[static_cast<size_t>(r * slots / world + s)].clone()});
+        for (int64_t s = 0; s < slots / world; ++s)
+          part.add({leaves[static_cast<size_t>(r * slots / world + s)].clone()});
         roots.push_back(part.finish()[0]);
       }
       while (roots.size() > 1) {
@@ -171,8 +172,8 @@ std::vector<std::string> trajectory(const std::string& dir) {
 TEST(DeterministicAccumulation, SplitsAcrossRanksAreBitIdenticalInFloat32) {
   const auto dir = make_temp_dir("deterministic");
   const std::string on = kRun + " --set deterministic_accumulation=true";
-  for (const auto& [name, launch] : std::vector<std::pair<std::string, std::string>>{
-           {"w1", ""}, {"w2", " --nproc 2"}, {"w4", " --nproc 4"}}) {
+  for (const auto& [name, launch] :
+       std::vector<std::pair<std::string, std::string>>{{"w1", ""}, {"w2", " --nproc 2"}, {"w4", " --nproc 4"}}) {
     const auto r = run_cli(on + launch + " --set output_dir=" + dir + "/" + name);
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
@@ -187,8 +188,8 @@ TEST(DeterministicAccumulation, SplitsAcrossRanksAreBitIdenticalInFloat32) {
   EXPECT_EQ(read_jsonl(dir + "/w4/metrics.jsonl").front()["micro_steps"].get<int64_t>(), 2);
 
   // Without the option the same runs drift apart in the last bits.
-  for (const auto& [name, launch] : std::vector<std::pair<std::string, std::string>>{{"plain1", ""},
-                                                                                      {"plain2", " --nproc 2"}}) {
+  for (const auto& [name, launch] :
+       std::vector<std::pair<std::string, std::string>>{{"plain1", ""}, {"plain2", " --nproc 2"}}) {
     const auto r = run_cli(kRun + launch + " --set output_dir=" + dir + "/" + name);
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
@@ -202,8 +203,8 @@ TEST(DeterministicAccumulation, AResumeOntoAnotherDecompositionStaysBitIdentical
   const auto whole = run_cli(on + " --set save_steps=10 --set output_dir=" + dir + "/whole");
   ASSERT_EQ(whole.exit_code, 0) << whole.err;
   // The (8, 1) run's step-10 checkpoint, continued as (4, 2).
-  const auto resumed = run_cli(on + " --nproc 2 --set output_dir=" + dir + "/resumed --set resume_from_checkpoint=" +
-                               dir + "/whole/checkpoints/step-10");
+  const auto resumed = run_cli(on + " --nproc 2 --set output_dir=" + dir +
+                               "/resumed --set resume_from_checkpoint=" + dir + "/whole/checkpoints/step-10");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   const auto reference = trajectory(dir + "/whole");
   const auto continued = trajectory(dir + "/resumed");
@@ -214,8 +215,9 @@ TEST(DeterministicAccumulation, AResumeOntoAnotherDecompositionStaysBitIdentical
 
 TEST(DeterministicAccumulation, RefusesWhatItCannotKeepBitIdentical) {
   // Three ranks of b = 4, N = 2 (a global batch of 24).
-  const auto three = run_cli(kRun + " --set deterministic_accumulation=true --set global_batch_size=0 "
-                                    "--set gradient_accumulation_steps=2 --nproc 3 --set output_dir=" +
+  const auto three = run_cli(kRun +
+                             " --set deterministic_accumulation=true --set global_batch_size=0 "
+                             "--set gradient_accumulation_steps=2 --nproc 3 --set output_dir=" +
                              make_temp_dir("deterministic-w") + "/out");
   EXPECT_EQ(three.exit_code, 1);
   EXPECT_EQ(three.err,

@@ -21,8 +21,7 @@ const torch::Device kCpu(torch::kCPU);
 torch::Tensor rounded(const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat); }
 
 double relative_error(const torch::Tensor& x, const torch::Tensor& reference) {
-  return ((x.to(torch::kDouble) - reference.to(torch::kDouble)).norm() /
-          reference.to(torch::kDouble).norm())
+  return ((x.to(torch::kDouble) - reference.to(torch::kDouble)).norm() / reference.to(torch::kDouble).norm())
       .item<double>();
 }
 
@@ -56,8 +55,8 @@ TEST_F(Float32Bf16Matmuls, MmIsTheFloat32ProductOfRoundedOperandsRounded) {
   // Only the result's rounding is left: ~2^-9 relative. libtorch's fallback GEMM (CPUs
   // without AVX-512) sums over k = 8192 in bfloat16 and is off by ~10%.
   EXPECT_LT(relative_error(y, exact_), 0.003);
-  std::cout << "relative error over k = 8192: " << relative_error(y, exact_)
-            << " routed, " << unrouted_error_ << " with libtorch's bf16 kernel on this CPU\n";
+  std::cout << "relative error over k = 8192: " << relative_error(y, exact_) << " routed, " << unrouted_error_
+            << " with libtorch's bf16 kernel on this CPU\n";
 }
 
 TEST_F(Float32Bf16Matmuls, EveryRoutedOpMatchesItsFloat32Expression) {
@@ -81,15 +80,14 @@ TEST_F(Float32Bf16Matmuls, EveryRoutedOpMatchesItsFloat32Expression) {
               torch::conv1d(signal, kernel1d, cbias, at::IntArrayRef(stride2), at::IntArrayRef(pad0))};
   }
   // Without autocast: float32 on the rounded operands, the result rounded.
-  const std::vector<torch::Tensor> expected = {
-      torch::linear(rounded(x), rounded(w), rounded(bias)),
-      torch::matmul(rounded(x), rounded(w).t()),
-      torch::addmm(rounded(m), rounded(x[0]), rounded(w).t(), 0.5, 2.0),
-      torch::bmm(rounded(batch1), rounded(batch2)),
-      torch::baddbmm(rounded(add), rounded(batch1), rounded(batch2), 0.5, 2.0),
-      torch::conv2d(rounded(image), rounded(kernel), rounded(cbias), 1, 1),
-      torch::conv1d(rounded(signal), rounded(kernel1d), rounded(cbias), at::IntArrayRef(stride2),
-                    at::IntArrayRef(pad0))};
+  const std::vector<torch::Tensor> expected = {torch::linear(rounded(x), rounded(w), rounded(bias)),
+                                               torch::matmul(rounded(x), rounded(w).t()),
+                                               torch::addmm(rounded(m), rounded(x[0]), rounded(w).t(), 0.5, 2.0),
+                                               torch::bmm(rounded(batch1), rounded(batch2)),
+                                               torch::baddbmm(rounded(add), rounded(batch1), rounded(batch2), 0.5, 2.0),
+                                               torch::conv2d(rounded(image), rounded(kernel), rounded(cbias), 1, 1),
+                                               torch::conv1d(rounded(signal), rounded(kernel1d), rounded(cbias),
+                                                             at::IntArrayRef(stride2), at::IntArrayRef(pad0))};
   for (size_t i = 0; i < routed.size(); ++i) {
     EXPECT_EQ(routed[i].scalar_type(), torch::kBFloat16) << "op " << i;
     EXPECT_TRUE(torch::equal(routed[i], expected[i].to(torch::kBFloat16))) << "op " << i;

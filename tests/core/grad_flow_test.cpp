@@ -95,9 +95,10 @@ TEST(GradFlow, PerParameterStatisticsAreTheFullBatchGradientsForEveryDecompositi
 // one entry per parameter tensor in registration order; 0 turns it off.
 TEST(GradFlow, ProgramWritesGradFlowJsonl) {
   const auto dir = gradaccum::testing::make_temp_dir("grad-flow");
-  const std::string run = "train --set model.type=mlp --set model.hidden=[16] --set data.train_limit=128 "
-                          "--set data.eval_limit=0 --set max_steps=6 --set threads=2 --set logging_steps=2 "
-                          "--set output_dir=";
+  const std::string run =
+      "train --set model.type=mlp --set model.hidden=[16] --set data.train_limit=128 "
+      "--set data.eval_limit=0 --set max_steps=6 --set threads=2 --set logging_steps=2 "
+      "--set output_dir=";
   const auto r = gradaccum::testing::run_cli(run + dir + "/a");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto lines = gradaccum::testing::read_jsonl(dir + "/a/grad_flow.jsonl");

@@ -6,9 +6,9 @@
 //   micro_batch: loss = gradient = (6/3 + 3/1) / 2 = 5/2
 // Also: the loss multiplier (fp16's scale) divided out, ranks combined, an empty window, and a
 // window saved mid-way and restored continuing with the same totals.
-#include <gtest/gtest.h>
-
 #include "gradaccum/core/loss_normalizer.h"
+
+#include <gtest/gtest.h>
 
 namespace {
 

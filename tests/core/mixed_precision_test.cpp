@@ -3,9 +3,10 @@
 // steps grow the scale, clipping sees unscaled gradients, skipped steps do not
 // advance the LR schedule, the state survives a checkpoint), fp32 accumulation
 // under bf16 compute, and bf16 / fp16 runs tracking the fp32 loss curve.
-#include <gtest/gtest.h>
+#include "gradaccum/core/mixed_precision.h"
 
 #include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
@@ -15,7 +16,6 @@
 #include <set>
 
 #include "gradaccum/core/float32_cpu_matmuls.h"
-#include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/models/tasks.h"
 #include "gradaccum/optim/loss_scaler.h"
@@ -97,8 +97,7 @@ struct Problem {
 
 models::Regressor make_mlp(uint64_t seed) {
   torch::manual_seed(seed);
-  return models::Regressor(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(),
-                                                 torch::nn::Linear(8, 2)));
+  return models::Regressor(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2)));
 }
 
 // Wraps a model: multiplies every loss sum by `factor`, at the micro-steps
@@ -228,7 +227,8 @@ TEST(Fp16LossScaler, ANanSkipAfterAnOverflowLogsTheScheduleRateItSkipped) {
   const auto& r = snapshots.records;
   ASSERT_EQ(r.size(), 6u);
   const optim::LrSchedule schedule(optim::ScheduleType::linear, 1e-2, 0, 6);
-  const double expected[] = {schedule.at(0), schedule.at(1), schedule.at(1), schedule.at(2), schedule.at(3), schedule.at(4)};
+  const double expected[] = {schedule.at(0), schedule.at(1), schedule.at(1),
+                             schedule.at(2), schedule.at(3), schedule.at(4)};
   for (size_t i = 0; i < r.size(); ++i) EXPECT_DOUBLE_EQ(r[i].lr, expected[i]) << "step " << i + 1;
   EXPECT_TRUE(r[1].skipped);
   EXPECT_TRUE(r[4].skipped);
@@ -261,9 +261,8 @@ TEST(Fp16LossScaler, CleanStepsGrowTheScaleOncePerIntervalOfOptimizerSteps) {
 
 // One step of SGD with learning rate 1 on a fresh model: the update is minus
 // the clipped gradient. Returns the step's record and the update.
-std::pair<core::StepRecord, torch::Tensor> one_sgd_step(core::MixedPrecision precision,
-                                                        double init_scale, double loss_factor,
-                                                        double max_grad_norm) {
+std::pair<core::StepRecord, torch::Tensor> one_sgd_step(core::MixedPrecision precision, double init_scale,
+                                                        double loss_factor, double max_grad_norm) {
   Problem p;
   TensorDataset data(p.x, p.y);
   auto inner = make_mlp(3);
@@ -358,8 +357,8 @@ TEST(MixedPrecision, SixtyFourBf16MicroStepsAccumulateInFloat32WithinBf16Toleran
   const int64_t n = 64;
   auto x = torch::randn({n, 32});
   auto y = torch::randn({n, 16});
-  auto model = models::Regressor(torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::Tanh(),
-                                                       torch::nn::Linear(64, 16)));
+  auto model =
+      models::Regressor(torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::Tanh(), torch::nn::Linear(64, 16)));
   std::vector<torch::Tensor> params = model.module().parameters();
 
   // The fp32 full-batch gradient of the window mean.
@@ -471,7 +470,8 @@ TEST(MixedPrecision, ConfigErrorsNameTheKey) {
 TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
   const auto dir = make_temp_dir("mp-curves");
   const std::string run =
-      "train " + std::string(GRADACCUM_TEST_DATA) + "/../../configs/kjv-gpt2.yaml --set model.n_layer=2 --set model.n_embd=64 --set model.n_head=2 "
+      "train " + std::string(GRADACCUM_TEST_DATA) +
+      "/../../configs/kjv-gpt2.yaml --set model.n_layer=2 --set model.n_embd=64 --set model.n_head=2 "
       "--set data.max_length=24 --set data.train_limit=200 --set data.eval_limit=-1 "
       "--set per_device_train_batch_size=2 --set gradient_accumulation_steps=2 --set max_steps=50 "
       "--set warmup_steps=5 --set threads=1 --set sample.prompt=";
@@ -521,8 +521,7 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
   EXPECT_GT(bf16, 0.0);  // bf16 compute really ran
   for (const auto& l : curves["fp16"]) EXPECT_TRUE(l.contains("loss_scale"));
   std::cout << "worst per-step relative loss difference vs fp32 over 50 steps: bf16 " << bf16
-            << ", bf16 with float32 GEMMs " << bf16_float32 << ", fp16 (CPU autocast) " << fp16
-            << "\n";
+            << ", bf16 with float32 GEMMs " << bf16_float32 << ", fp16 (CPU autocast) " << fp16 << "\n";
   fs::remove_all(dir);
 }
 

@@ -4,9 +4,8 @@
 // above a number of rows (on one rank of two, too); through the program, a real address-space
 // limit (RLIMIT_AS) that micro-batch 16 exceeds and 4 fits, a resume after the switch, and the
 // one-line error when even one sample does not fit.
-#include <gtest/gtest.h>
-
 #include <c10/util/Exception.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
@@ -215,13 +214,15 @@ std::vector<nlohmann::json> steps_of(const std::string& dir) {
 }
 
 TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
-  if (kAddressSanitizer) GTEST_SKIP() << "built with AddressSanitizer, which reserves terabytes of address space for its "
-                                       "shadow memory at start-up, more than any RLIMIT_AS this test sets";
+  if (kAddressSanitizer)
+    GTEST_SKIP() << "built with AddressSanitizer, which reserves terabytes of address space for its "
+                    "shadow memory at start-up, more than any RLIMIT_AS this test sets";
   const auto dir = make_temp_dir("oom-rlimit");
   // The limit is measured here, not assumed: the least that the same run at micro-batch 4 needs
   // (25 MiB steps, without recovery), plus 50 MiB for what varies from run to run (about 100 MiB
   // below what micro-batch 8 needs); micro-batch 16 must then fail at it.
-  const std::string plain = kLimited + " --set oom_recovery=false --set save_steps=2 --set output_dir=" + dir + "/probe";
+  const std::string plain =
+      kLimited + " --set oom_recovery=false --set save_steps=2 --set output_dir=" + dir + "/probe";
   int64_t fits4 = 0;
   for (int64_t limit = 500 * 1024; limit <= 1600 * 1024 && fits4 == 0; limit += 25 * 1024) {
     if (run_limited(plain + " --set per_device_train_batch_size=4", limit).exit_code == 0) fits4 = limit;
@@ -233,11 +234,13 @@ TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
   EXPECT_NE(sixteen.err.find("can't allocate memory"), std::string::npos) << sixteen.err;
 
   const auto recovered = run_limited(
-      kLimited + " --set per_device_train_batch_size=16 --set save_steps=2 --set output_dir=" + dir + "/recovered", limit);
+      kLimited + " --set per_device_train_batch_size=16 --set save_steps=2 --set output_dir=" + dir + "/recovered",
+      limit);
   ASSERT_EQ(recovered.exit_code, 0) << recovered.err;
   EXPECT_NE(recovered.out.find("out of memory in step 1 at micro-batch 16 x 1"), std::string::npos) << recovered.out;
   EXPECT_NE(recovered.out.find("training the window again as 4 x 4"), std::string::npos) << recovered.out;
-  const auto reference = support::run_cli(kLimited + " --set per_device_train_batch_size=4 --set output_dir=" + dir + "/four");
+  const auto reference =
+      support::run_cli(kLimited + " --set per_device_train_batch_size=4 --set output_dir=" + dir + "/four");
   ASSERT_EQ(reference.exit_code, 0) << reference.err;
   const auto a = steps_of(dir + "/recovered"), b = steps_of(dir + "/four");
   ASSERT_EQ(a.size(), 4u);
@@ -247,7 +250,8 @@ TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
     EXPECT_EQ(a[i]["gradient_accumulation_steps"].get<int64_t>(), 4);
     EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-10 * b[i]["loss"].get<double>()) << i;
     EXPECT_NEAR(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>(),
-                1e-10 * b[i]["grad_norm"].get<double>()) << i;
+                1e-10 * b[i]["grad_norm"].get<double>())
+        << i;
   }
   const auto state = nlohmann::json::parse(read_text(dir + "/recovered/checkpoints/step-2/trainer_state.json"));
   EXPECT_EQ(state["micro_batch"].get<int64_t>(), 4);
@@ -273,8 +277,9 @@ TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
 }
 
 TEST(OomRecoveryUnderRlimit, TooLittleMemoryForOneSampleIsAOneLineError) {
-  if (kAddressSanitizer) GTEST_SKIP() << "built with AddressSanitizer, which reserves terabytes of address space for its "
-                                       "shadow memory at start-up, more than any RLIMIT_AS this test sets";
+  if (kAddressSanitizer)
+    GTEST_SKIP() << "built with AddressSanitizer, which reserves terabytes of address space for its "
+                    "shadow memory at start-up, more than any RLIMIT_AS this test sets";
   const auto dir = make_temp_dir("oom-one");
   // The most memory under which even one sample fails: below what micro-batch 1 needs, above
   // what the program needs to start (found by stepping down from where 1 fits).
@@ -289,7 +294,8 @@ TEST(OomRecoveryUnderRlimit, TooLittleMemoryForOneSampleIsAOneLineError) {
   bool found = false;
   for (int64_t limit = fits1 - 10 * 1024; limit > fits1 - 200 * 1024 && !found; limit -= 10 * 1024) {
     out = dir + "/run-" + std::to_string(limit);
-    r = run_limited(kLimited + " --set per_device_train_batch_size=4 --set save_steps=1 --set output_dir=" + out, limit);
+    r = run_limited(kLimited + " --set per_device_train_batch_size=4 --set save_steps=1 --set output_dir=" + out,
+                    limit);
     found = r.err.find("out of memory at optimizer step 1 with a micro-batch of 1 sample") != std::string::npos;
   }
   ASSERT_TRUE(found) << "no limit between starting and fitting one sample; last stderr: " << r.err;

@@ -135,8 +135,8 @@ TEST(WindowPlan, SequentialOrderTakesTheSamplesAsStoredEveryEpoch) {
     EXPECT_TRUE(torch::equal(last.micro_batch(0, 0), torch::tensor({8, 9}, torch::kLong)));
     EXPECT_EQ(last.micro_batch(0, 1).numel(), 0);
     // Window 0, micro-step 1, rank 1 = chunk 3 = samples 6, 7.
-    EXPECT_TRUE(torch::equal(plan.window(permutation, epoch, 0).micro_batch(1, 1),
-                             torch::tensor({6, 7}, torch::kLong)));
+    EXPECT_TRUE(
+        torch::equal(plan.window(permutation, epoch, 0).micro_batch(1, 1), torch::tensor({6, 7}, torch::kLong)));
   }
   // The random order is not the identity (the sequential one is not the default).
   const WindowPlan random(10, BatchGeometry::from_accumulation(2, 2, 2), LastWindow::partial, 1);
@@ -170,8 +170,7 @@ TEST(LrSchedule, WarmupThenConstantLinearCosine) {
 TEST(StepSequence, ClipThenStepThenZeroThenSchedule) {
   auto w = torch::zeros({4}, torch::kDouble).requires_grad_();
   auto optimizer = optim::make_optimizer({"sgd", 0.1}, {w});
-  core::StepSequence steps(*optimizer, {w},
-                           optim::LrSchedule(optim::ScheduleType::linear, 0.1, 0, 4), 0.5);
+  core::StepSequence steps(*optimizer, {w}, optim::LrSchedule(optim::ScheduleType::linear, 0.1, 0, 4), 0.5);
   EXPECT_DOUBLE_EQ(optimizer->param_groups()[0].options().get_lr(), 0.1);
   w.mutable_grad() = torch::tensor({1.0, 1.0, 1.0, 1.0}, torch::kDouble);  // ‖g‖ = 2
   const auto r = steps.apply();

@@ -5,10 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dtype_cases.h"
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
-#include "dtype_cases.h"
 #include "test_support.h"
 
 namespace {
@@ -20,8 +20,8 @@ using gradaccum::testing::flat_grads;
 using gradaccum::testing::max_relative_difference;
 
 const nlohmann::json& golden() {
-  static const nlohmann::json j = nlohmann::json::parse(
-      gradaccum::testing::read_text(std::string(GRADACCUM_TEST_DATA) + "/seed000_golden.json"));
+  static const nlohmann::json j =
+      nlohmann::json::parse(gradaccum::testing::read_text(std::string(GRADACCUM_TEST_DATA) + "/seed000_golden.json"));
   return j;
 }
 
@@ -31,9 +31,8 @@ torch::Tensor from_json(const nlohmann::json& values, std::vector<int64_t> shape
 
 // The seed's network with PyTorch's initial weights, in `dtype`.
 Regressor make_model(const std::string& variant, torch::ScalarType dtype) {
-  Regressor model = variant == "batchnorm"
-                        ? Regressor(gradaccum::models::seed000_sequential_mlp(true))
-                        : Regressor(gradaccum::models::seed000_mlp());
+  Regressor model = variant == "batchnorm" ? Regressor(gradaccum::models::seed000_sequential_mlp(true))
+                                           : Regressor(gradaccum::models::seed000_mlp());
   model.module().to(dtype);  // first: copying into float32 would round the golden weights
   torch::NoGradGuard no_grad;
   for (auto& item : model.module().named_parameters()) {
@@ -60,8 +59,8 @@ struct Split {
 };
 
 const std::vector<Split> kSplits = {
-    {"8x1", {8}, 1}, {"4x2", {4, 4}, 2}, {"2x4", {2, 2, 2, 2}, 4},
-    {"1x8", {1, 1, 1, 1, 1, 1, 1, 1}, 8}, {"3+3+2", {3, 3, 2}, 3},
+    {"8x1", {8}, 1},         {"4x2", {4, 4}, 2}, {"2x4", {2, 2, 2, 2}, 4}, {"1x8", {1, 1, 1, 1, 1, 1, 1, 1}, 8},
+    {"3+3+2", {3, 3, 2}, 3},
 };
 
 void expect_all_splits_match_full_batch(torch::ScalarType dtype, double tolerance) {
@@ -71,8 +70,8 @@ void expect_all_splits_match_full_batch(torch::ScalarType dtype, double toleranc
   const double expected_loss = golden()["gelu"]["loss"].get<double>();
   for (const auto& split : kSplits) {
     auto model = make_model("gelu", dtype);
-    const double loss = accumulate_window(model, x, y, split.sizes, LossNormalization::window,
-                                          split.accumulation_steps);
+    const double loss =
+        accumulate_window(model, x, y, split.sizes, LossNormalization::window, split.accumulation_steps);
     EXPECT_LE(max_relative_difference(flat_grads(model.module()), expected), tolerance) << split.name;
     EXPECT_NEAR(loss, expected_loss, tolerance * expected_loss) << split.name;
   }
@@ -80,7 +79,9 @@ void expect_all_splits_match_full_batch(torch::ScalarType dtype, double toleranc
 
 class Seed000MlpDtypes : public ::testing::TestWithParam<gradaccum::testing::DtypeCase> {};
 
-TEST_P(Seed000MlpDtypes, EverySplitEqualsFullBatch) { expect_all_splits_match_full_batch(GetParam().dtype, GetParam().tolerance); }
+TEST_P(Seed000MlpDtypes, EverySplitEqualsFullBatch) {
+  expect_all_splits_match_full_batch(GetParam().dtype, GetParam().tolerance);
+}
 
 INSTANTIATE_TEST_SUITE_P(, Seed000MlpDtypes, gradaccum::testing::dtype_cases(1e-10, 1e-5),
                          gradaccum::testing::dtype_case_name);

@@ -42,10 +42,11 @@ TEST(TokenBudget, ChunksTakeSamplesWhileRowsTimesLongestFitK) {
 
 // The KJV GPT-2 in float64 on its verses (dynamic padding), sorted by length inside each window,
 // logits unchunked up to 4096 tokens so that memory follows the micro-batch's tokens.
-const std::string kKjv = "train " + std::string(GRADACCUM_TEST_DATA) +
-                         "/../../configs/kjv-gpt2.yaml --set threads=1 --set dtype=float64 --set max_steps=4 "
-                         "--set eval_steps=0 --set data.eval_limit=-1 --set sample.prompt= --set loss_chunk_tokens=4096 "
-                         "--set per_device_train_batch_size=32 --set gradient_accumulation_steps=1";
+const std::string kKjv =
+    "train " + std::string(GRADACCUM_TEST_DATA) +
+    "/../../configs/kjv-gpt2.yaml --set threads=1 --set dtype=float64 --set max_steps=4 "
+    "--set eval_steps=0 --set data.eval_limit=-1 --set sample.prompt= --set loss_chunk_tokens=4096 "
+    "--set per_device_train_batch_size=32 --set gradient_accumulation_steps=1";
 
 TEST(TokenBudget, TrainsAsThePlainCutWithOtherMicroStepsAndLessMemory) {
   const auto dir = make_temp_dir("token-budget");
@@ -59,7 +60,8 @@ TEST(TokenBudget, TrainsAsThePlainCutWithOtherMicroStepsAndLessMemory) {
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_NEAR(b[i]["loss"].get<double>(), a[i]["loss"].get<double>(), 1e-10 * a[i]["loss"].get<double>()) << i;
     EXPECT_NEAR(b[i]["grad_norm"].get<double>(), a[i]["grad_norm"].get<double>(),
-                1e-10 * a[i]["grad_norm"].get<double>()) << i;
+                1e-10 * a[i]["grad_norm"].get<double>())
+        << i;
     EXPECT_EQ(b[i]["items"], a[i]["items"]);
     // One micro-batch of 32 rows in the plain cut; micro-batches of at most 128 padded tokens here.
     EXPECT_EQ(a[i]["micro_steps"].get<int64_t>(), 1);
@@ -80,8 +82,9 @@ TEST(TokenBudget, TrainsAsThePlainCutWithOtherMicroStepsAndLessMemory) {
 
   const auto both = run_cli(kKjv + " --set max_tokens_per_micro_batch=128 --set deterministic_accumulation=true");
   EXPECT_EQ(both.exit_code, 1);
-  EXPECT_EQ(both.err, "gradaccum: error: key 'max_tokens_per_micro_batch': cannot be combined with "
-                      "deterministic_accumulation (the number of micro-batches per rank would depend on the world size)\n");
+  EXPECT_EQ(both.err,
+            "gradaccum: error: key 'max_tokens_per_micro_batch': cannot be combined with "
+            "deterministic_accumulation (the number of micro-batches per rank would depend on the world size)\n");
 }
 
 }  // namespace

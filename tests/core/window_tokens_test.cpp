@@ -3,9 +3,8 @@
 // of b = 1, b = 4 and two ranks agree in float64, the LR schedule counts the windows, and a run
 // stopped inside a window — with token windows, with a token budget per micro-batch, or both —
 // continues bit-identically.
-#include <gtest/gtest.h>
-
 #include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
@@ -31,12 +30,12 @@ namespace core = gradaccum::core;
 namespace data = gradaccum::data;
 namespace models = gradaccum::models;
 namespace support = gradaccum::testing;
-using support::run_cli;
-using support::step_records;
 using core::BatchGeometry;
 using core::LastWindow;
 using core::SampleOrder;
 using core::WindowPlan;
+using support::run_cli;
+using support::step_records;
 
 std::vector<int64_t> to_vector(const torch::Tensor& t) {
   const auto c = t.contiguous();
@@ -112,8 +111,8 @@ TEST(WindowTokens, WindowsDependOnTheEpochButNotOnTheDecomposition) {
   }
   EXPECT_EQ(one.windows_in_epochs(3), total);
   // The permutations differ, and with them the boundaries.
-  EXPECT_FALSE(torch::equal(one.window(one.permutation(0), 0, 0).samples(),
-                            one.window(one.permutation(1), 1, 0).samples()));
+  EXPECT_FALSE(
+      torch::equal(one.window(one.permutation(0), 0, 0).samples(), one.window(one.permutation(1), 1, 0).samples()));
 }
 
 TEST(WindowTokens, RefusesWhatCannotHold) {
@@ -325,8 +324,8 @@ const std::string kTokens =
 
 TEST(WindowTokensCli, ARunCountsItsWindowsAndResumesWithAnotherMicroBatch) {
   const auto dir = support::make_temp_dir("window-tokens");
-  const auto whole = run_cli(kTokens + " --set per_device_train_batch_size=4 --set save_steps=3 --set output_dir=" +
-                             dir + "/whole");
+  const auto whole =
+      run_cli(kTokens + " --set per_device_train_batch_size=4 --set save_steps=3 --set output_dir=" + dir + "/whole");
   ASSERT_EQ(whole.exit_code, 0) << whole.err;
   const auto a = step_records(dir + "/whole/metrics.jsonl");
   ASSERT_GE(a.size(), 5u);
@@ -340,8 +339,10 @@ TEST(WindowTokensCli, ARunCountsItsWindowsAndResumesWithAnotherMicroBatch) {
   }
   // Each epoch's windows hold every training target once: the plain run over the same epochs
   // (windows of 8 verses) counts the same.
-  const auto plain = run_cli(kTokens + " --set window_tokens=0 --set per_device_train_batch_size=8 "
-                                       "--set gradient_accumulation_steps=1 --set output_dir=" + dir + "/plain");
+  const auto plain = run_cli(kTokens +
+                             " --set window_tokens=0 --set per_device_train_batch_size=8 "
+                             "--set gradient_accumulation_steps=1 --set output_dir=" +
+                             dir + "/plain");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   int64_t plain_items = 0;
   for (const auto& r : step_records(dir + "/plain/metrics.jsonl")) plain_items += r["items"].get<int64_t>();
@@ -369,15 +370,17 @@ TEST(WindowTokensCli, ARunCountsItsWindowsAndResumesWithAnotherMicroBatch) {
 TEST(WindowTokensCli, WhatCannotBeCombinedIsNamed) {
   const auto global = run_cli(kTokens + " --set global_batch_size=32");
   EXPECT_EQ(global.exit_code, 1);
-  EXPECT_EQ(global.err, "gradaccum: error: key 'window_tokens': cannot be combined with global_batch_size (the windows "
-                        "are measured in tokens)\n");
+  EXPECT_EQ(global.err,
+            "gradaccum: error: key 'window_tokens': cannot be combined with global_batch_size (the windows "
+            "are measured in tokens)\n");
   const auto carry = run_cli(kTokens + " --set last_window=carry");
   EXPECT_EQ(carry.exit_code, 1);
   EXPECT_EQ(carry.err, "gradaccum: error: key 'window_tokens': cannot be combined with last_window: carry\n");
   const auto images = run_cli("train --set model.type=cnn --set data.train_limit=64 --set window_tokens=100");
   EXPECT_EQ(images.exit_code, 1);
-  EXPECT_EQ(images.err, "gradaccum: error: key 'window_tokens': this dataset's samples have no token count (windows "
-                        "of tokens need a causal language model's data)\n");
+  EXPECT_EQ(images.err,
+            "gradaccum: error: key 'window_tokens': this dataset's samples have no token count (windows "
+            "of tokens need a causal language model's data)\n");
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // data::gather_rows against index_select, and its error for a bad index.
+#include "gradaccum/data/gather_rows.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/data/gather_rows.h"
 
 namespace {
 
@@ -13,9 +14,9 @@ using gradaccum::data::gather_rows;
 TEST(GatherRows, EqualsIndexSelectForEveryDtypeAndShape) {
   torch::manual_seed(1);
   const auto indices = torch::tensor({4, 0, 4, 2}, torch::kLong);
-  const std::vector<torch::Tensor> sources = {
-      torch::randn({5, 16}), torch::randn({5, 1, 3, 3}, torch::kDouble),
-      torch::randint(0, 255, {5, 1, 28, 28}).to(torch::kUInt8), torch::arange(5, torch::kLong)};
+  const std::vector<torch::Tensor> sources = {torch::randn({5, 16}), torch::randn({5, 1, 3, 3}, torch::kDouble),
+                                              torch::randint(0, 255, {5, 1, 28, 28}).to(torch::kUInt8),
+                                              torch::arange(5, torch::kLong)};
   for (const auto& source : sources) {
     const auto got = gather_rows(source, indices);
     EXPECT_TRUE(got.is_contiguous());

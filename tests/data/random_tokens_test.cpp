@@ -1,6 +1,8 @@
 // data.type random_tokens: the seeded synthetic LM corpus (data/random_tokens.h),
 // its configuration keys and errors, and a GPT-2 trained on it through the
 // program with the vocabulary taken from data.vocab_size (no tokenizer).
+#include "gradaccum/data/random_tokens.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -8,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "gradaccum/data/random_tokens.h"
 #include "gradaccum/io/config.h"
 #include "test_support.h"
 
@@ -118,7 +119,9 @@ TEST(RandomTokensConfig, KeysParseWithDefaults) {
 
 TEST(RandomTokensConfig, ErrorsNameTheKey) {
   using gradaccum::io::load_config;
-  EXPECT_EQ(error_of([] { load_config("", {"model.type=gpt2", "data.type=random_tokens"}); }),
+  EXPECT_EQ(error_of([] {
+              load_config("", {"model.type=gpt2", "data.type=random_tokens"});
+            }),
             "key 'data.vocab_size': must be >= 2 with data.type random_tokens, got 0");
   EXPECT_EQ(error_of([] { load_config("", lm_overrides({"data.vocab_size=1"})); }),
             "key 'data.vocab_size': must be >= 2 with data.type random_tokens, got 1");
@@ -129,10 +132,14 @@ TEST(RandomTokensConfig, ErrorsNameTheKey) {
   EXPECT_EQ(error_of([] { load_config("", lm_overrides({"sample.prompt=Hello"})); }),
             "key 'sample.prompt': data.type random_tokens has no tokenizer to encode a prompt; leave it \"\"");
   // Only random_tokens takes its vocabulary from the configuration.
-  EXPECT_EQ(error_of([] { load_config("", {"model.type=gpt2", "data.type=kjv", "data.vocab_size=64"}); }),
+  EXPECT_EQ(error_of([] {
+              load_config("", {"model.type=gpt2", "data.type=kjv", "data.vocab_size=64"});
+            }),
             "key 'data.vocab_size': must be 0 unless data.type is random_tokens (the tokenizer's), got 64");
   // Random tokens are language-model data.
-  EXPECT_THAT(error_of([] { load_config("", {"data.type=random_tokens", "data.vocab_size=64"}); }),
+  EXPECT_THAT(error_of([] {
+                load_config("", {"data.type=random_tokens", "data.vocab_size=64"});
+              }),
               HasSubstr("key 'data.type': random_tokens data needs a language model"));
   EXPECT_THAT(error_of([] { load_config("", lm_overrides({"data.type=random"})); }),
               HasSubstr("key 'data.type': 'random' is not one of"));
@@ -148,7 +155,8 @@ TEST(RandomTokensTrain, TwoStepsBuildAModelOfTheDataVocabulary) {
       "--set model.n_positions=32 --set data.type=random_tokens --set data.vocab_size=97 "
       "--set data.max_length=32 --set data.train_size=64 --set per_device_train_batch_size=4 "
       "--set gradient_accumulation_steps=2 --set max_steps=2 --set threads=1 "
-      "--set data.tokenizer=/nonexistent/tokenizer --set output_dir=" + dir + "/run";
+      "--set data.tokenizer=/nonexistent/tokenizer --set output_dir=" +
+      dir + "/run";
   const auto r = run_cli(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out + r.err, HasSubstr("random tokens: 64 rows of 32 ids in [0, 97), seed 42"));

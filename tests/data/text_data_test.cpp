@@ -73,8 +73,7 @@ TEST(TextDataLm, PadsEachMicroBatchToItsLongestRow) {
   EXPECT_EQ(d.lengths(), (std::vector<int64_t>{3, 2, 4}));
   EXPECT_EQ(d.tokens(), 9);
   EXPECT_TRUE(d.sample_lengths().equal(ids({3, 2, 4})));
-  EXPECT_EQ(d.summary(),
-            "4 documents, 1 dropped (< 2 tokens), 1 truncated to 4 tokens: 3 samples, 9 tokens");
+  EXPECT_EQ(d.summary(), "4 documents, 1 dropped (< 2 tokens), 1 truncated to 4 tokens: 3 samples, 9 tokens");
 
   auto b = d.get(ids({1, 0}), torch::kFloat);
   EXPECT_EQ(b.samples, 2);
@@ -131,8 +130,7 @@ TEST(TextDataLm, PackingJoinsDocumentsWithEosIntoFullBlocks) {
   CausalLmDataset d5(kDocs, o);
   ASSERT_EQ(d5.size(), 2);
   EXPECT_EQ(d5.dropped_tail_tokens(), 3);
-  EXPECT_TRUE(d5.get(ids({1, 0}), torch::kFloat)
-                  .input.equal(rows({{9, 99, 10, 11, 12}, {5, 6, 7, 99, 8}})));
+  EXPECT_TRUE(d5.get(ids({1, 0}), torch::kFloat).input.equal(rows({{9, 99, 10, 11, 12}, {5, 6, 7, 99, 8}})));
 }
 
 TEST(TextDataLm, LabelCountEqualsSumOfLengthsMinusOne) {
@@ -161,21 +159,25 @@ TEST(TextDataLm, Errors) {
   packing.packing = true;
   EXPECT_EQ(error_of([&] { CausalLmDataset(kDocs, packing); }),
             "lm dataset: packing needs eos_token_id (the separator between documents)");
-  EXPECT_EQ(error_of([] { CausalLmDataset({{1, 2}, {3, -4}}, padded(4)); }),
+  EXPECT_EQ(error_of([] {
+              CausalLmDataset({{1, 2}, {3, -4}}, padded(4));
+            }),
             "lm dataset: document 1 has a negative token id -4");
-  EXPECT_EQ(error_of([] { CausalLmDataset({{1}, {}}, padded(4)); }),
+  EXPECT_EQ(error_of([] {
+              CausalLmDataset({{1}, {}}, padded(4));
+            }),
             "lm dataset: no samples from 2 documents (2 with fewer than 2 tokens)");
   packing.eos_token_id = 0;
   packing.max_length = 8;
-  EXPECT_EQ(error_of([&] { CausalLmDataset({{1, 2}, {3, 4}}, packing); }),
+  EXPECT_EQ(error_of([&] {
+              CausalLmDataset({{1, 2}, {3, 4}}, packing);
+            }),
             "lm dataset: no samples from 2 documents (0 with fewer than 2 tokens, 6 tokens in "
             "all, less than one block of 8)");
 
   CausalLmDataset d(kDocs, padded(4));
-  EXPECT_EQ(error_of([&] { d.get(ids({0, 3}), torch::kFloat); }),
-            "lm dataset: sample index 3 out of range [0, 3)");
-  EXPECT_EQ(error_of([&] { d.get(ids({-1}), torch::kFloat); }),
-            "lm dataset: sample index -1 out of range [0, 3)");
+  EXPECT_EQ(error_of([&] { d.get(ids({0, 3}), torch::kFloat); }), "lm dataset: sample index 3 out of range [0, 3)");
+  EXPECT_EQ(error_of([&] { d.get(ids({-1}), torch::kFloat); }), "lm dataset: sample index -1 out of range [0, 3)");
   EXPECT_EQ(error_of([&] { d.get(torch::zeros({1}), torch::kFloat); }),
             "lm dataset: sample indices must be a 1-D integer tensor, got 1-D Float");
 }
@@ -207,17 +209,25 @@ TEST(TextDataClassification, PadsRightKeepsTheStartAndStacksLabels) {
 TEST(TextDataClassification, Errors) {
   ClassificationDatasetOptions o;
   o.pad_token_id = 0;
-  EXPECT_EQ(error_of([&] { SequenceClassificationDataset({{{1}, 0}, {{2}, 2}}, o); }),
+  EXPECT_EQ(error_of([&] {
+              SequenceClassificationDataset({{{1}, 0}, {{2}, 2}}, o);
+            }),
             "classification dataset: example 1 has label 2, outside [0, 2)");
-  EXPECT_EQ(error_of([&] { SequenceClassificationDataset({{{1}, -1}}, o); }),
+  EXPECT_EQ(error_of([&] {
+              SequenceClassificationDataset({{{1}, -1}}, o);
+            }),
             "classification dataset: example 0 has label -1, outside [0, 2)");
-  EXPECT_EQ(error_of([&] { SequenceClassificationDataset({{{1}, 0}, {{}, 1}}, o); }),
+  EXPECT_EQ(error_of([&] {
+              SequenceClassificationDataset({{{1}, 0}, {{}, 1}}, o);
+            }),
             "classification dataset: example 1 has no tokens");
   SequenceClassificationDataset d({{{1}, 0}}, o);
   EXPECT_EQ(error_of([&] { d.get(ids({1}), torch::kFloat); }),
             "classification dataset: sample index 1 out of range [0, 1)");
   o.pad_token_id = -1;
-  EXPECT_EQ(error_of([&] { SequenceClassificationDataset({{{1}, 0}}, o); }),
+  EXPECT_EQ(error_of([&] {
+              SequenceClassificationDataset({{{1}, 0}}, o);
+            }),
             "classification dataset: pad_token_id must be >= 0, got -1");
 }
 
@@ -265,17 +275,14 @@ TEST_F(TextDataSourceErrors, EachNamesTheFileAndLine) {
   const auto missing = write("missing.jsonl", "{\"text\": \"a\"}\n{\"txt\": \"b\"}\n");
   EXPECT_EQ(error_of([&] { read_jsonl_records(missing); }), missing + ":2: missing key \"text\"");
   const auto number = write("number.jsonl", "{\"text\": 12}\n");
-  EXPECT_EQ(error_of([&] { read_jsonl_records(number); }),
-            number + ":1: \"text\" is number, not a string");
+  EXPECT_EQ(error_of([&] { read_jsonl_records(number); }), number + ":1: \"text\" is number, not a string");
   const auto array = write("array.jsonl", "[\"text\"]\n");
   EXPECT_EQ(error_of([&] { read_jsonl_records(array); }),
             array + ":1: expected a JSON object like {\"text\": ...}, got array");
   const auto fractional = write("fractional.jsonl", "{\"text\": \"a\", \"label\": 1.5}\n");
-  EXPECT_EQ(error_of([&] { read_jsonl_records(fractional); }),
-            fractional + ":1: \"label\" is 1.5, not an integer");
+  EXPECT_EQ(error_of([&] { read_jsonl_records(fractional); }), fractional + ":1: \"label\" is 1.5, not an integer");
   const auto quoted = write("quoted.jsonl", "{\"text\": \"a\", \"label\": \"1\"}\n");
-  EXPECT_EQ(error_of([&] { read_jsonl_records(quoted); }),
-            quoted + ":1: \"label\" is \"1\", not an integer");
+  EXPECT_EQ(error_of([&] { read_jsonl_records(quoted); }), quoted + ":1: \"label\" is \"1\", not an integer");
   const auto negative = write("negative.jsonl", "{\"text\": \"a\", \"label\": -1}\n");
   EXPECT_EQ(error_of([&] { read_jsonl_records(negative); }),
             negative + ":1: \"label\" is -1; labels are integers >= 0");
@@ -294,7 +301,9 @@ TEST_F(TextDataSourceErrors, ByteOrderMarkIsSkipped) {
   const auto r = read_jsonl_records(jsonl);
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[0].text, "a");
-  const auto txt = write("bom.txt", "\xEF\xBB\xBF" "first\nsecond\n");
+  const auto txt = write("bom.txt",
+                         "\xEF\xBB\xBF"
+                         "first\nsecond\n");
   EXPECT_EQ(read_text_lines(txt)[0].text, "first");
 }
 
@@ -306,8 +315,7 @@ TEST_F(TextDataSourceErrors, EmptyAndMissingFiles) {
   EXPECT_EQ(error_of([&] { read_text_records(blank); }),
             blank + ": no documents (the file is empty or has only blank lines)");
   const auto absent = dir_ + "/absent.txt";
-  EXPECT_EQ(error_of([&] { read_text_lines(absent); }),
-            absent + ": cannot open: No such file or directory");
+  EXPECT_EQ(error_of([&] { read_text_lines(absent); }), absent + ": cannot open: No such file or directory");
   EXPECT_EQ(error_of([&] { read_jsonl_records(dir_); }), dir_ + ": is a directory, not a text file");
 }
 
@@ -330,8 +338,7 @@ TEST(TextDataSplit, InterleavedSplitIsEvenAndExact) {
     EXPECT_EQ(t.train.size() + t.eval.size(), 1000u);
   }
   EXPECT_EQ(error_of([] { interleaved_split(10, 1.0); }), "eval_fraction must be in [0, 1), got 1");
-  EXPECT_EQ(error_of([] { interleaved_split(10, -0.5); }),
-            "eval_fraction must be in [0, 1), got -0.5");
+  EXPECT_EQ(error_of([] { interleaved_split(10, -0.5); }), "eval_fraction must be in [0, 1), got -0.5");
 }
 
 TEST(TextDataSplit, BalanceClassesIsSeededAndKeepsOrder) {
@@ -401,9 +408,7 @@ TEST(TextDataKjv, BrokenInstallsNameThePackage) {
             "Gen1:1-Rev22:21\"); is the KJV text broken? install it with `apt install "
             "bible-kjv bible-kjv-text`");
   // Books out of canonical order are garbage too.
-  EXPECT_EQ(error_of([] {
-              parse_kjv_listing("Ge1:1 In the beginning.\nMat1:1 The book.\nGe1:2 And.\n", "x");
-            }),
+  EXPECT_EQ(error_of([] { parse_kjv_listing("Ge1:1 In the beginning.\nMat1:1 The book.\nGe1:2 And.\n", "x"); }),
             "x: line 3 is not a verse in canonical order (\"Ge1:2 And.\"); is the KJV text "
             "broken? install it with `apt install bible-kjv bible-kjv-text`");
   const auto two = parse_kjv_listing("1Sm3:10 And the LORD came.\n3Jn1:14 But I trust.", "x");
@@ -424,9 +429,9 @@ TEST(TextDataKjv, TestamentSplitSizesAndMajorityBaseline) {
   EXPECT_EQ(data.train->label_counts(), (std::vector<int64_t>{20831, 7161}));
   // Verse 9 (Ge1:10) is the first eval example; "Dry land" starts it.
   auto b = data.eval->get(ids({0}), torch::kFloat);
-  EXPECT_EQ(gpt2().decode(std::vector<TokenId>(b.input.data_ptr<int64_t>(),
-                                               b.input.data_ptr<int64_t>() + b.input.size(1))),
-            kjv()[9].text);
+  EXPECT_EQ(
+      gpt2().decode(std::vector<TokenId>(b.input.data_ptr<int64_t>(), b.input.data_ptr<int64_t>() + b.input.size(1))),
+      kjv()[9].text);
   EXPECT_EQ(b.target.item<int64_t>(), 0);
 
   KjvTestamentOptions balanced;
@@ -443,11 +448,10 @@ TEST(TextDataKjv, TestamentSplitSizesAndMajorityBaseline) {
 TEST(TextDataKjv, LanguageModelDataPaddedAndPacked) {
   const auto start = std::chrono::steady_clock::now();
   const auto data = make_kjv_lm_data(kjv(), gpt2(), KjvLmOptions{});
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   RecordProperty("tokenize_kjv_seconds", std::to_string(seconds));
-  std::printf("tokenizing and building the 31102-verse LM data took %.2f s (%lld tokens)\n",
-              seconds, static_cast<long long>(data.train->tokens() + data.eval->tokens()));
+  std::printf("tokenizing and building the 31102-verse LM data took %.2f s (%lld tokens)\n", seconds,
+              static_cast<long long>(data.train->tokens() + data.eval->tokens()));
   ASSERT_TRUE(data.eval);
   EXPECT_EQ(data.train->size(), 27992);
   EXPECT_EQ(data.eval->size(), 3110);
@@ -471,8 +475,7 @@ TEST(TextDataKjv, LanguageModelDataPaddedAndPacked) {
   const int64_t train_stream = data.train->tokens() + data.train->size();
   EXPECT_EQ(p.train->size(), train_stream / 128);
   EXPECT_EQ(p.train->dropped_tail_tokens(), train_stream % 128);
-  EXPECT_EQ(p.train->tokens() + p.eval->tokens() + p.train->dropped_tail_tokens() +
-                p.eval->dropped_tail_tokens(),
+  EXPECT_EQ(p.train->tokens() + p.eval->tokens() + p.train->dropped_tail_tokens() + p.eval->dropped_tail_tokens(),
             all_tokens + 31102);
   auto first = p.train->get(ids({0}), torch::kFloat);
   const int64_t verse0 = data.train->lengths()[0];

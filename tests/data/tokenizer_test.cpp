@@ -25,8 +25,6 @@
 #include <string>
 #include <vector>
 
-#include "test_support.h"
-
 #include "gradaccum/base/check.h"
 #include "gradaccum/data/bloom_pretokenizer.h"
 #include "gradaccum/data/byte_level_bpe.h"
@@ -36,6 +34,7 @@
 #include "gradaccum/data/tiktoken_ranks.h"
 #include "gradaccum/data/unicode_tables.h"
 #include "gradaccum/data/utf8.h"
+#include "test_support.h"
 
 namespace gradaccum::data {
 namespace {
@@ -93,8 +92,8 @@ class TempDir {
  public:
   TempDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() / ("gradaccum_tok_" + std::to_string(::getpid()) + "_" +
-                                         info->test_suite_name() + "_" + info->name());
+    path_ = fs::temp_directory_path() /
+            ("gradaccum_tok_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -122,8 +121,7 @@ CommandResult run(const std::string& command, const fs::path& dir) {
 std::string venv_python() { return gradaccum::testing::venv_program("python"); }
 
 bool have_tiktoken() {
-  static const bool have =
-      std::system(("'" + venv_python() + "' -c 'import tiktoken' > /dev/null 2>&1").c_str()) == 0;
+  static const bool have = std::system(("'" + venv_python() + "' -c 'import tiktoken' > /dev/null 2>&1").c_str()) == 0;
   return have;
 }
 
@@ -165,8 +163,7 @@ std::vector<std::string> pieces(const std::string& utf8) {
 // --- UTF-8 and Unicode classes ------------------------------------------------
 
 TEST(TokenizerUtf8, DecodesValidText) {
-  EXPECT_EQ(decode_utf8("a\xC3\xA9\xE4\xB8\x80\xF0\x9F\x98\x80"),
-            (std::u32string{U'a', 0xE9, 0x4E00, 0x1F600}));
+  EXPECT_EQ(decode_utf8("a\xC3\xA9\xE4\xB8\x80\xF0\x9F\x98\x80"), (std::u32string{U'a', 0xE9, 0x4E00, 0x1F600}));
   EXPECT_EQ(to_utf8(decode_utf8("\xF4\x8F\xBF\xBF")), "\xF4\x8F\xBF\xBF");  // U+10FFFF round-trips
 }
 
@@ -189,30 +186,26 @@ TEST(TokenizerUtf8, ReplacesEachMaximalInvalidSubsequenceWithOneReplacementChar)
 
 TEST(TokenizerUnicodeTables, ClassifiesLikeTiktokenRegex) {
   EXPECT_STREQ(kUnicodeTablesVersion, "14.0.0");
-  const auto white_space = [](char32_t c) {
-    return char_class(c, SpaceDefinition::kUnicodeWhiteSpace);
-  };
-  for (char32_t c : {U' ', U'\t', U'\n', U'\v', U'\f', U'\r', char32_t{0x85}, char32_t{0xA0},
-                     char32_t{0x1680}, char32_t{0x2003}, char32_t{0x3000}, char32_t{0x2028}}) {
+  const auto white_space = [](char32_t c) { return char_class(c, SpaceDefinition::kUnicodeWhiteSpace); };
+  for (char32_t c : {U' ', U'\t', U'\n', U'\v', U'\f', U'\r', char32_t{0x85}, char32_t{0xA0}, char32_t{0x1680},
+                     char32_t{0x2003}, char32_t{0x3000}, char32_t{0x2028}}) {
     EXPECT_EQ(white_space(c), CharClass::kSpace) << std::hex << static_cast<unsigned>(c);
   }
   // \s is Unicode's White_Space (tiktoken's Rust regex, Hugging Face's
   // Oniguruma): not U+FEFF (Cf), U+200B (Cf), U+180E (Cf since Unicode 6.3),
   // nor U+001C..U+001F (Python's str.isspace() has those).
-  for (char32_t c :
-       {char32_t{0xFEFF}, char32_t{0x200B}, char32_t{0x180E}, char32_t{0x1C}, char32_t{0x1F},
-        char32_t{0x301}, U'\'', U'_', char32_t{0x1F600}, char32_t{0xFFFD}}) {
+  for (char32_t c : {char32_t{0xFEFF}, char32_t{0x200B}, char32_t{0x180E}, char32_t{0x1C}, char32_t{0x1F},
+                     char32_t{0x301}, U'\'', U'_', char32_t{0x1F600}, char32_t{0xFFFD}}) {
     EXPECT_EQ(white_space(c), CharClass::kOther) << std::hex << static_cast<unsigned>(c);
   }
   // The generated tables hold JavaScript's \s, which SpaceDefinition::kJavaScript keeps.
   EXPECT_EQ(char_class(0xFEFF), CharClass::kSpace);
   EXPECT_EQ(char_class(0x85), CharClass::kOther);
-  for (char32_t c : {U'a', U'Z', char32_t{0xE9}, char32_t{0x4E00}, char32_t{0xAC00},
-                     char32_t{0x5D0}, char32_t{0x1D400}}) {
+  for (char32_t c :
+       {U'a', U'Z', char32_t{0xE9}, char32_t{0x4E00}, char32_t{0xAC00}, char32_t{0x5D0}, char32_t{0x1D400}}) {
     EXPECT_EQ(char_class(c), CharClass::kLetter) << std::hex << static_cast<unsigned>(c);
   }
-  for (char32_t c : {U'0', char32_t{0xB2}, char32_t{0xBD}, char32_t{0x663}, char32_t{0x2160},
-                     char32_t{0x1D7CE}}) {
+  for (char32_t c : {U'0', char32_t{0xB2}, char32_t{0xBD}, char32_t{0x663}, char32_t{0x2160}, char32_t{0x1D7CE}}) {
     EXPECT_EQ(char_class(c), CharClass::kNumber) << std::hex << static_cast<unsigned>(c);
   }
 }
@@ -234,8 +227,7 @@ TEST(TokenizerPretokenizer, SplitsLikeGpt2Regex) {
   EXPECT_EQ(pieces(" !!"), (V{" !!"}));
   EXPECT_EQ(pieces(" "), (V{" "}));
   EXPECT_EQ(pieces(""), (V{}));
-  EXPECT_EQ(pieces("\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C"),
-            (V{"\xE4\xBD\xA0\xE5\xA5\xBD", "\xEF\xBC\x8C"}));
+  EXPECT_EQ(pieces("\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C"), (V{"\xE4\xBD\xA0\xE5\xA5\xBD", "\xEF\xBC\x8C"}));
   EXPECT_EQ(pieces("Cafe\xCC\x81s"), (V{"Cafe", "\xCC\x81", "s"}));  // combining mark is not \p{L}
   // tiktoken writes the whitespace branches \s++$|\s+(?!\S)|\s: the same pieces.
   EXPECT_EQ(pieces("x\xC2\x85\xC2\x85y"), (V{"x", "\xC2\x85", "\xC2\x85", "y"}));  // U+0085 is \s
@@ -256,14 +248,12 @@ TEST(TokenizerPretokenizer, HuggingFaceWhiteSpaceDiffersOnNextLineAndByteOrderMa
   const std::u32string text = U"a\u0085b \uFEFFc";
   const auto spans = [&](SpaceDefinition d) {
     std::vector<std::u32string> out;
-    for (const TextSpan& s : gpt2_pretokenize(text, d))
-      out.push_back(text.substr(s.begin, s.end - s.begin));
+    for (const TextSpan& s : gpt2_pretokenize(text, d)) out.push_back(text.substr(s.begin, s.end - s.begin));
     return out;
   };
   using V = std::vector<std::u32string>;
   EXPECT_EQ(spans(SpaceDefinition::kJavaScript), (V{U"a", U"\u0085", U"b", U" ", U"\uFEFF", U"c"}));
-  EXPECT_EQ(spans(SpaceDefinition::kUnicodeWhiteSpace),
-            (V{U"a", U"\u0085", U"b", U" \uFEFF", U"c"}));
+  EXPECT_EQ(spans(SpaceDefinition::kUnicodeWhiteSpace), (V{U"a", U"\u0085", U"b", U" \uFEFF", U"c"}));
 }
 
 TEST(TokenizerPretokenizer, SplitsLikeBloomRegex) {
@@ -272,10 +262,8 @@ TEST(TokenizerPretokenizer, SplitsLikeBloomRegex) {
   EXPECT_EQ(bloom_pieces("a  b"), (V{"a", " ", " b"}));
   EXPECT_EQ(bloom_pieces("a ,b"), (V{"a", " ,", "b"}));  // separators between words form one piece
   EXPECT_EQ(bloom_pieces("  x...  "), (V{" ", " x", "...  "}));
-  EXPECT_EQ(bloom_pieces("I'm 3.5 [ok] (no|yes)"),
-            (V{"I'm", " 3", ".", "5", " [ok]", " (", "no", "|", "yes", ")"}));
-  EXPECT_EQ(bloom_pieces("\xE4\xBD\xA0\xE3\x80\x82\xE5\xA5\xBD"),
-            (V{"\xE4\xBD\xA0", "\xE3\x80\x82", "\xE5\xA5\xBD"}));
+  EXPECT_EQ(bloom_pieces("I'm 3.5 [ok] (no|yes)"), (V{"I'm", " 3", ".", "5", " [ok]", " (", "no", "|", "yes", ")"}));
+  EXPECT_EQ(bloom_pieces("\xE4\xBD\xA0\xE3\x80\x82\xE5\xA5\xBD"), (V{"\xE4\xBD\xA0", "\xE3\x80\x82", "\xE5\xA5\xBD"}));
   EXPECT_EQ(bloom_pieces("a\xC2\x85"
                          "b"),
             (V{"a", "\xC2\x85", "b"}));  // U+0085 is \s to Oniguruma
@@ -346,8 +334,7 @@ const Gpt2Files& gpt2_files() {
       }
       f.vocab[kGpt2EndOfText] = kGpt2EndOfTextId;
       for (const auto& m : tiktoken_merges(tokens, "gpt2.tiktoken")) {
-        f.merges.emplace_back(byte_characters(bytes_of.at(m.left)),
-                              byte_characters(bytes_of.at(m.right)));
+        f.merges.emplace_back(byte_characters(bytes_of.at(m.left)), byte_characters(bytes_of.at(m.right)));
       }
     } else {
       f.vocab = json::parse(read_bytes(gpt2_dir() + "/encoder.json"));
@@ -366,8 +353,7 @@ TEST(TokenizerTiktoken, LoadsGpt2FromTheFileOrItsDirectory) {
   REQUIRE_GPT2_TIKTOKEN();
   const auto start = std::chrono::steady_clock::now();
   const Tokenizer from_file = Tokenizer::load(gpt2_tiktoken_path());
-  const double load_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::cout << "[ tiktoken ] " << gpt2_tiktoken_path() << " loaded in " << load_ms << " ms\n";
   EXPECT_EQ(from_file.source(), gpt2_tiktoken_path());
   EXPECT_EQ(from_file.id_count(), 50257u);
@@ -379,8 +365,7 @@ TEST(TokenizerTiktoken, LoadsGpt2FromTheFileOrItsDirectory) {
   EXPECT_TRUE(from_file.added_tokens()[0].special);
   EXPECT_EQ(from_file.decode({50256, 15496}), "<|endoftext|>Hello");
   // As tiktoken's encode_ordinary: <|endoftext|> in the text is plain text.
-  EXPECT_EQ(from_file.encode("<|endoftext|>"),
-            (std::vector<TokenId>{27, 91, 437, 1659, 5239, 91, 29}));
+  EXPECT_EQ(from_file.encode("<|endoftext|>"), (std::vector<TokenId>{27, 91, 437, 1659, 5239, 91, 29}));
 
   // A directory holding gpt2.tiktoken (and a leftover of another format) loads it.
   TempDir dir;
@@ -439,10 +424,8 @@ std::string tiktoken_text(const std::vector<std::pair<std::string, int>>& tokens
     for (std::size_t i = 0; i < bytes.size(); i += 3) {
       std::uint32_t bits = 0;
       const std::size_t n = std::min<std::size_t>(3, bytes.size() - i);
-      for (std::size_t k = 0; k < 3; ++k)
-        bits = (bits << 8) | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0u);
-      for (std::size_t k = 0; k < 4; ++k)
-        text += k <= n ? kAlphabet[(bits >> (18 - 6 * k)) & 63] : '=';
+      for (std::size_t k = 0; k < 3; ++k) bits = (bits << 8) | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0u);
+      for (std::size_t k = 0; k < 4; ++k) text += k <= n ? kAlphabet[(bits >> (18 - 6 * k)) & 63] : '=';
     }
     text += " " + std::to_string(rank) + "\n";
   }
@@ -462,8 +445,7 @@ TEST(TokenizerTiktoken, SmallFileRanksAreMergePriorities) {
   const fs::path file = dir.path() / "small.tiktoken";
   // "hi" (256) comes before " h" (257): " hi" is " " + "hi".
   write_bytes(file, small_tiktoken_text({{"hi", 256}, {" h", 257}, {" hi", 258}, {"hih", 259}}));
-  EXPECT_EQ(tiktoken_text({{"a", 1}, {"ab", 2}, {"abc", 3}, {"\xFF", 4}}),
-            "YQ== 1\nYWI= 2\nYWJj 3\n/w== 4\n");
+  EXPECT_EQ(tiktoken_text({{"a", 1}, {"ab", 2}, {"abc", 3}, {"\xFF", 4}}), "YQ== 1\nYWI= 2\nYWJj 3\n/w== 4\n");
   const auto tokens = parse_tiktoken_ranks(read_bytes(file.string()), file.string());
   const auto merges = tiktoken_merges(tokens, file.string());
   ASSERT_EQ(merges.size(), 4u);
@@ -483,8 +465,7 @@ TEST(TokenizerTiktoken, SmallFileRanksAreMergePriorities) {
   EXPECT_EQ(t.encode("hihi"), (std::vector<TokenId>{256, 256}));
   EXPECT_EQ(t.encode(" h."), (std::vector<TokenId>{257, '.'}));
   EXPECT_EQ(t.decode({258, 50256, 0xFF}), " hi<|endoftext|>\xFF");
-  EXPECT_ONE_LINE_ERROR(t.decode({300}),
-                        "token id 300 is not in the vocabulary of " + file.string());
+  EXPECT_ONE_LINE_ERROR(t.decode({300}), "token id 300 is not in the vocabulary of " + file.string());
 
   // Not BPE ranks: "abc" cannot be made from two tokens of lower rank.
   write_bytes(file, small_tiktoken_text({{"abc", 256}}));
@@ -495,9 +476,9 @@ TEST(TokenizerTiktoken, SmallFileRanksAreMergePriorities) {
                 "priorities)");
   // A byte without a token of its own.
   write_bytes(file, tiktoken_text({{"a", 0}, {"b", 1}, {"ab", 2}, {"ac", 3}}));
-  EXPECT_EQ(error_of([&] { Tokenizer::load(file.string()); }),
-            "tokenizer file " + file.string() +
-                " line 4: the token of rank 3 has byte 0x63, which has no token of its own");
+  EXPECT_EQ(
+      error_of([&] { Tokenizer::load(file.string()); }),
+      "tokenizer file " + file.string() + " line 4: the token of rank 3 has byte 0x63, which has no token of its own");
   write_bytes(file, tiktoken_text({{"a", 0}, {"b", 1}, {"ab", 2}}));
   EXPECT_ONE_LINE_ERROR(Tokenizer::load(file.string()).encode("abc"), "has no token for byte 0x63");
 }
@@ -518,37 +499,28 @@ TEST(TokenizerTiktoken, MalformedLinesAreOneLineErrorsNamingFileAndLine) {
   EXPECT_EQ(error("IR== 0\n"), prefix + " line 1: token \"IR==\" is not valid base64");
   EXPECT_EQ(error("I=Q= 0\n"), prefix + " line 1: token \"I=Q=\" is not valid base64");
   EXPECT_EQ(error("\xFF\tA 0\n"), prefix + " line 1: token \"\\xFF\\x09A\" is not valid base64");
-  EXPECT_EQ(error("IQ== 0\n\nIg==\n"),
-            prefix + " line 3: no rank: expected \"<base64 token> <rank>\", got \"Ig==\"");
-  EXPECT_EQ(error("IQ== \n"),
-            prefix + " line 1: no rank: expected \"<base64 token> <rank>\", got \"IQ== \"");
+  EXPECT_EQ(error("IQ== 0\n\nIg==\n"), prefix + " line 3: no rank: expected \"<base64 token> <rank>\", got \"Ig==\"");
+  EXPECT_EQ(error("IQ== \n"), prefix + " line 1: no rank: expected \"<base64 token> <rank>\", got \"IQ== \"");
   EXPECT_EQ(error(" 5\n"), prefix + " line 1: the token before the rank is empty");
-  EXPECT_EQ(error("IQ== 0\nIg== 1x\n"),
-            prefix + " line 2: rank \"1x\" is not a non-negative integer");
+  EXPECT_EQ(error("IQ== 0\nIg== 1x\n"), prefix + " line 2: rank \"1x\" is not a non-negative integer");
   EXPECT_EQ(error("IQ== -1\n"), prefix + " line 1: rank \"-1\" is not a non-negative integer");
   EXPECT_EQ(error("IQ== 1 2\n"), prefix + " line 1: rank \"1 2\" is not a non-negative integer");
-  EXPECT_EQ(error("IQ== 99999999999\n"),
-            prefix + " line 1: rank \"99999999999\" is too large (above 2147483646)");
-  EXPECT_EQ(error("IQ== 50256\n"),
-            prefix +
-                " line 1: rank 50256 is GPT-2's <|endoftext|> id, which a .tiktoken file "
-                "must leave free (only GPT-2's vocabulary is supported)");
-  EXPECT_EQ(error("IQ== 0\nIg== 1\nIw== 0\nJA== 1\n"),
-            prefix + " line 3: rank 0 is already the rank of line 1");
-  EXPECT_EQ(error("IQ== 0\nIg== 1\nIQ== 2\nIg== 1\n"),
-            prefix + " line 3: token \"IQ==\" is already on line 1");
+  EXPECT_EQ(error("IQ== 99999999999\n"), prefix + " line 1: rank \"99999999999\" is too large (above 2147483646)");
+  EXPECT_EQ(error("IQ== 50256\n"), prefix +
+                                       " line 1: rank 50256 is GPT-2's <|endoftext|> id, which a .tiktoken file "
+                                       "must leave free (only GPT-2's vocabulary is supported)");
+  EXPECT_EQ(error("IQ== 0\nIg== 1\nIw== 0\nJA== 1\n"), prefix + " line 3: rank 0 is already the rank of line 1");
+  EXPECT_EQ(error("IQ== 0\nIg== 1\nIQ== 2\nIg== 1\n"), prefix + " line 3: token \"IQ==\" is already on line 1");
   EXPECT_EQ(error("\n\r\n"), prefix + " has no tokens");
   // CRLF line ends and empty lines are fine, as in tiktoken's loader.
   write_bytes(file, "IQ== 0\r\n\r\nIg== 1\r\n");
   EXPECT_EQ(Tokenizer::load(file.string()).encode("!\""), (std::vector<TokenId>{0, 1}));
 
-  EXPECT_ONE_LINE_ERROR(
-      Tokenizer::load((dir.path() / "absent.tiktoken").string()),
-      "tokenizer path " + (dir.path() / "absent.tiktoken").string() + " does not exist");
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load((dir.path() / "absent.tiktoken").string()),
+                        "tokenizer path " + (dir.path() / "absent.tiktoken").string() + " does not exist");
   fs::create_directories(dir.path() / "d" / "gpt2.tiktoken");
-  EXPECT_ONE_LINE_ERROR(
-      Tokenizer::load((dir.path() / "d").string()),
-      "tokenizer file " + (dir.path() / "d" / "gpt2.tiktoken").string() + " is a directory");
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load((dir.path() / "d").string()),
+                        "tokenizer file " + (dir.path() / "d" / "gpt2.tiktoken").string() + " is a directory");
 }
 
 // --- Live comparison with tiktoken -------------------------------------------------
@@ -560,11 +532,9 @@ TEST(TokenizerTiktoken, MalformedLinesAreOneLineErrorsNamingFileAndLine) {
 // Encodes every line of a file here and with tiktoken (reference_encode.py,
 // GPT-2's encoding built offline from the same GPT-2 directory); returns the
 // number of lines whose ids differ (each reported as a failure).
-std::size_t compare_with_tiktoken(const std::string& path, const std::string& what,
-                                  const fs::path& dir) {
-  const auto result = run("'" + venv_python() + "' -B '" + kDataDir + "/reference_encode.py' '" +
-                              gpt2_dir() + "' '" + path + "'",
-                          dir);
+std::size_t compare_with_tiktoken(const std::string& path, const std::string& what, const fs::path& dir) {
+  const auto result =
+      run("'" + venv_python() + "' -B '" + kDataDir + "/reference_encode.py' '" + gpt2_dir() + "' '" + path + "'", dir);
   EXPECT_EQ(result.status, 0) << result.err;
   const auto lines = split_lines(read_bytes(path));
   const auto reference = split_lines(result.out);
@@ -576,12 +546,11 @@ std::size_t compare_with_tiktoken(const std::string& path, const std::string& wh
     const auto ids = gpt2()->encode(lines[i]);
     tokens += expected.size();
     if (ids != expected && ++mismatches <= 20) {
-      ADD_FAILURE() << what << " line " << i + 1 << ": " << json(ids).dump() << " != tiktoken's "
-                    << reference[i];
+      ADD_FAILURE() << what << " line " << i + 1 << ": " << json(ids).dump() << " != tiktoken's " << reference[i];
     }
   }
-  std::cout << "[ " << what << " ] " << lines.size() << " lines, " << tokens
-            << " tokens compared with tiktoken, " << mismatches << " mismatching lines\n";
+  std::cout << "[ " << what << " ] " << lines.size() << " lines, " << tokens << " tokens compared with tiktoken, "
+            << mismatches << " mismatching lines\n";
   return mismatches;
 }
 
@@ -665,8 +634,7 @@ TEST(TokenizerReference, RandomRegexEdgeCasesMatchTiktoken) {
     text += '\n';
   }
   // Long pieces (one \p{L}+ run) take the heap merge path of ByteLevelBpe.
-  const std::vector<std::string> letters = {"a", "e", "n",        "t",
-                                            "s", "Q", "\xC3\xA9", "\xE4\xB8\xAD"};
+  const std::vector<std::string> letters = {"a", "e", "n", "t", "s", "Q", "\xC3\xA9", "\xE4\xB8\xAD"};
   for (int i = 0; i < 20; ++i) {
     const std::size_t length = 100 + rng() % 3000;
     for (std::size_t j = 0; j < length; ++j) text += letters[rng() % letters.size()];
@@ -686,8 +654,7 @@ TEST(TokenizerReference, RandomRegexEdgeCasesMatchTiktoken) {
 TEST(TokenizerReference, UnicodeClassesMatchPythonRegexUpToNewerAssignments) {
   REQUIRE_TIKTOKEN_REFERENCE();  // the regex module comes with tiktoken
   TempDir dir;
-  const auto result =
-      run("'" + venv_python() + "' -B '" + kDataDir + "/classify_code_points.py'", dir.path());
+  const auto result = run("'" + venv_python() + "' -B '" + kDataDir + "/classify_code_points.py'", dir.path());
   ASSERT_EQ(result.status, 0) << result.err;
   ASSERT_EQ(result.out.size(), 0x110000u);
   std::size_t newer = 0, conflicts = 0;
@@ -698,8 +665,8 @@ TEST(TokenizerReference, UnicodeClassesMatchPythonRegexUpToNewerAssignments) {
     if (ours == '0') {
       ++newer;
     } else if (++conflicts <= 20) {
-      ADD_FAILURE() << "U+" << std::hex << static_cast<unsigned>(cp) << ": ours " << ours
-                    << ", Python's regex " << python;
+      ADD_FAILURE() << "U+" << std::hex << static_cast<unsigned>(cp) << ": ours " << ours << ", Python's regex "
+                    << python;
     }
   }
   std::cout << "[ unicode  ] tables " << kUnicodeTablesVersion << ": " << newer
@@ -732,18 +699,16 @@ json tiny_tokenizer_json() {
   for (const char* t : {"<unk>", "<s>", "</s>", "<pad>"}) {
     added.push_back({{"id", vocab[t]}, {"content", t}, {"special", true}, {"normalized", false}});
   }
-  return {
-      {"version", "1.0"},
-      {"added_tokens", added},
-      {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", "<unk>"},
-        {"vocab", vocab},
-        {"merges", json::array({json::array({"h", "i"}), json::array({G, "h"}),
-                                json::array({G + "h", "i"})})}}}};
+  return {{"version", "1.0"},
+          {"added_tokens", added},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", "<unk>"},
+            {"vocab", vocab},
+            {"merges", json::array({json::array({"h", "i"}), json::array({G, "h"}), json::array({G + "h", "i"})})}}}};
 }
 
 TEST(TokenizerHfJson, SmallFileWithAddedTokensAndPairMerges) {
@@ -767,8 +732,7 @@ TEST(TokenizerHfJson, SmallFileWithAddedTokensAndPairMerges) {
   json prefixed = config;
   prefixed["pre_tokenizer"]["add_prefix_space"] = true;
   write_bytes(dir.path() / "prefixed.json", prefixed.dump());
-  EXPECT_EQ(Tokenizer::load((dir.path() / "prefixed.json").string()).encode("hi"),
-            (std::vector<TokenId>{G, 260}));
+  EXPECT_EQ(Tokenizer::load((dir.path() / "prefixed.json").string()).encode("hi"), (std::vector<TokenId>{G, 260}));
 }
 
 // A tokenizer.json from one of the *.template.json files here, filled with
@@ -807,9 +771,8 @@ TEST(TokenizerHfJson, MatchesHuggingFaceTokenizers) {
     if (tokenizers.count(name) == 0) {
       tokenizers.emplace(name, Tokenizer::load(write_hf_tokenizer(name, dir.path()).string()));
     }
-    const std::string text = c.contains("hex")
-                                 ? from_hex(c.at("hex").get<std::string>())
-                                 : corpus.at(c.at("corpus_line").get<std::size_t>() - 1);
+    const std::string text = c.contains("hex") ? from_hex(c.at("hex").get<std::string>())
+                                               : corpus.at(c.at("corpus_line").get<std::size_t>() - 1);
     EXPECT_EQ(tokenizers.at(name).encode(text), c.at("ids").get<std::vector<TokenId>>())
         << name << " case " << c.at("name").get<std::string>();
     ++compared;
@@ -817,8 +780,7 @@ TEST(TokenizerHfJson, MatchesHuggingFaceTokenizers) {
   EXPECT_EQ(tokenizers.size(), 3u);
   EXPECT_GE(compared, 300u);
   // <|endoftext|> is an added token there, plain text to tiktoken's encode_ordinary.
-  EXPECT_EQ(tokenizers.at("hf_gpt2").encode("a<|endoftext|>b"),
-            (std::vector<TokenId>{64, 50256, 65}));
+  EXPECT_EQ(tokenizers.at("hf_gpt2").encode("a<|endoftext|>b"), (std::vector<TokenId>{64, 50256, 65}));
   const auto plain = gpt2()->encode("a<|endoftext|>b");
   EXPECT_EQ(std::count(plain.begin(), plain.end(), TokenId{50256}), 0);
   EXPECT_EQ(tokenizers.at("hf_bloom").decode({50257, 15496, 50258}), "<pad>Hello</s>");
@@ -831,29 +793,23 @@ TEST(TokenizerHfJson, MatchesHuggingFaceTokenizers) {
 TEST(TokenizerErrors, MissingOrMalformedFilesNameTheFile) {
   TempDir dir;
   const fs::path d = dir.path();
-  EXPECT_ONE_LINE_ERROR(Tokenizer::load((d / "nowhere").string()),
-                        (d / "nowhere").string() + " does not exist");
-  EXPECT_ONE_LINE_ERROR(
-      Tokenizer::load(d.string()),
-      "holds none of tokenizer.json, gpt2.tiktoken, or encoder.json and vocab.bpe");
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load((d / "nowhere").string()), (d / "nowhere").string() + " does not exist");
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load(d.string()),
+                        "holds none of tokenizer.json, gpt2.tiktoken, or encoder.json and vocab.bpe");
 
   write_bytes(d / "vocab.bpe", "#version: 0.2\nh i\n");
-  EXPECT_ONE_LINE_ERROR(Tokenizer::load(d.string()),
-                        "cannot open tokenizer file " + (d / "encoder.json").string());
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load(d.string()), "cannot open tokenizer file " + (d / "encoder.json").string());
 
   write_bytes(d / "encoder.json", "{\"h\": 0, \"i\": 1,\n \"hi\" 2}");
-  EXPECT_ONE_LINE_ERROR(Tokenizer::load(d.string()),
-                        (d / "encoder.json").string() + " is not valid JSON");
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load(d.string()), (d / "encoder.json").string() + " is not valid JSON");
   write_bytes(d / "encoder.json", "{\"h\": 0, \"i\": \"one\"}");
   EXPECT_ONE_LINE_ERROR(Tokenizer::load(d.string()), "the id of token \"i\" is not an integer");
 
   write_bytes(d / "encoder.json", "{\"h\": 0, \"i\": 1, \"hi\": 2}");
   write_bytes(d / "vocab.bpe", "#version: 0.2\nh i\nhi\n");
-  EXPECT_ONE_LINE_ERROR(Tokenizer::load(d.string()),
-                        (d / "vocab.bpe").string() + " line 3: expected two tokens");
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load(d.string()), (d / "vocab.bpe").string() + " line 3: expected two tokens");
   write_bytes(d / "vocab.bpe", "#version: 0.2\nh x\n");
-  EXPECT_ONE_LINE_ERROR(Tokenizer::load(d.string()),
-                        "uses a token missing from the vocabulary ('x')");
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load(d.string()), "uses a token missing from the vocabulary ('x')");
   write_bytes(d / "vocab.bpe", "#version: 0.2\nh i\n");
   const Tokenizer tiny = Tokenizer::load(d.string());
   EXPECT_ONE_LINE_ERROR(tiny.encode("hi!"), "has no token for byte 0x21");
@@ -865,8 +821,7 @@ TEST(TokenizerErrors, MissingOrMalformedFilesNameTheFile) {
   json config = tiny_tokenizer_json();
   config["model"]["type"] = "WordPiece";
   write_bytes(tj, config.dump());
-  EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()),
-                        tj.string() + ": model type WordPiece is not supported");
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()), tj.string() + ": model type WordPiece is not supported");
   config = tiny_tokenizer_json();
   config["model"]["merges"][1] = "a b c";
   write_bytes(tj, config.dump());
@@ -883,27 +838,23 @@ TEST(TokenizerErrors, MissingOrMalformedFilesNameTheFile) {
   EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()), "normalizer NFKC is not supported");
   // BLOOM's Split is the one Split supported; another pattern is named.
   config = tiny_tokenizer_json();
-  const json byte_level = {
-      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
   config["pre_tokenizer"] = {
       {"type", "Sequence"},
-      {"pretokenizers", json::array({{{"type", "Split"},
-                                      {"pattern", {{"Regex", std::string(kBloomSplitPattern)}}},
-                                      {"behavior", "Isolated"}},
-                                     byte_level})}};
+      {"pretokenizers",
+       json::array(
+           {{{"type", "Split"}, {"pattern", {{"Regex", std::string(kBloomSplitPattern)}}}, {"behavior", "Isolated"}},
+            byte_level})}};
   write_bytes(tj, config.dump());
-  EXPECT_EQ(Tokenizer::load(tj.string()).encode("hi, hi"),
-            (std::vector<TokenId>{260, 4 + ',', 4 + ' ', 260}));
+  EXPECT_EQ(Tokenizer::load(tj.string()).encode("hi, hi"), (std::vector<TokenId>{260, 4 + ',', 4 + ' ', 260}));
   config["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+";
   write_bytes(tj, config.dump());
   EXPECT_ONE_LINE_ERROR(
       Tokenizer::load(tj.string()),
-      tj.string() +
-          ": pre_tokenizer step Split with pattern {\"Regex\":\"\\\\w+\"} is not supported");
+      tj.string() + ": pre_tokenizer step Split with pattern {\"Regex\":\"\\\\w+\"} is not supported");
   config["pre_tokenizer"]["pretokenizers"] = json::array({{{"type", "Metaspace"}}, byte_level});
   write_bytes(tj, config.dump());
-  EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()),
-                        "pre_tokenizer step Metaspace is not supported");
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()), "pre_tokenizer step Metaspace is not supported");
   config = tiny_tokenizer_json();
   config.erase("model");
   write_bytes(tj, config.dump());
@@ -915,8 +866,7 @@ TEST(TokenizerErrors, MissingOrMalformedFilesNameTheFile) {
 TEST(TokenizerCli, EncodesLinesAndDecodesThemBack) {
   REQUIRE_GPT2();
   TempDir dir;
-  const std::string cli =
-      std::string("'") + GRADACCUM_CLI + "' tokenize --tokenizer '" + gpt2_dir() + "' ";
+  const std::string cli = std::string("'") + GRADACCUM_CLI + "' tokenize --tokenizer '" + gpt2_dir() + "' ";
   write_bytes(dir.path() / "in.txt", "Hello world\n\nI'm here  \xF0\x9F\x98\x80\n");
   const auto encoded = run(cli + "'" + (dir.path() / "in.txt").string() + "'", dir.path());
   ASSERT_EQ(encoded.status, 0) << encoded.err;
@@ -924,18 +874,15 @@ TEST(TokenizerCli, EncodesLinesAndDecodesThemBack) {
   ASSERT_EQ(lines.size(), 3u) << encoded.out;
   EXPECT_EQ(lines[0], "[15496,995]");
   EXPECT_EQ(lines[1], "[]");
-  EXPECT_EQ(json::parse(lines[2]).get<std::vector<TokenId>>(),
-            gpt2()->encode("I'm here  \xF0\x9F\x98\x80"));
+  EXPECT_EQ(json::parse(lines[2]).get<std::vector<TokenId>>(), gpt2()->encode("I'm here  \xF0\x9F\x98\x80"));
 
   write_bytes(dir.path() / "ids.txt", encoded.out);
-  const auto decoded =
-      run(cli + "--decode < '" + (dir.path() / "ids.txt").string() + "'", dir.path());
+  const auto decoded = run(cli + "--decode < '" + (dir.path() / "ids.txt").string() + "'", dir.path());
   ASSERT_EQ(decoded.status, 0) << decoded.err;
   EXPECT_EQ(decoded.out, "Hello world\n\nI'm here  \xF0\x9F\x98\x80\n");
 
   write_bytes(dir.path() / "bad_ids.txt", "[15496, \"x\"]\n");
-  const auto bad =
-      run(cli + "--decode '" + (dir.path() / "bad_ids.txt").string() + "'", dir.path());
+  const auto bad = run(cli + "--decode '" + (dir.path() / "bad_ids.txt").string() + "'", dir.path());
   EXPECT_EQ(bad.status, 1);
   EXPECT_EQ(bad.err, "gradaccum: error: input line 1: \"x\" is not a token id\n");
 }
@@ -944,16 +891,13 @@ TEST(TokenizerCli, MissingTokenizerIsAOneLineError) {
   TempDir dir;
   const std::string missing = (dir.path() / "absent").string();
   const auto result =
-      run(std::string("echo hi | '") + GRADACCUM_CLI + "' tokenize --tokenizer '" + missing + "'",
-          dir.path());
+      run(std::string("echo hi | '") + GRADACCUM_CLI + "' tokenize --tokenizer '" + missing + "'", dir.path());
   EXPECT_EQ(result.status, 1);
   EXPECT_EQ(result.err, "gradaccum: error: tokenizer path " + missing + " does not exist\n");
   const auto env =
-      run("echo hi | GRADACCUM_TOKENIZER_DIR='" + missing + "' '" + GRADACCUM_CLI + "' tokenize",
-          dir.path());
+      run("echo hi | GRADACCUM_TOKENIZER_DIR='" + missing + "' '" + GRADACCUM_CLI + "' tokenize", dir.path());
   EXPECT_EQ(env.status, 1);
-  EXPECT_NE(env.err.find(missing + " does not exist: run scripts/setup.sh"), std::string::npos)
-      << env.err;
+  EXPECT_NE(env.err.find(missing + " does not exist: run scripts/setup.sh"), std::string::npos) << env.err;
 }
 
 }  // namespace

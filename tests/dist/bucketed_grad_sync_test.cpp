@@ -2,9 +2,10 @@
 // .grad is a view into its bucket (the gradients are held once), a window of
 // two micro-steps ends with the sum over ranks in .grad and in the loss totals, and a .grad set to
 // none or replaced between windows is pointed back at its view.
+#include "gradaccum/dist/bucketed_grad_sync.h"
+
 #include <gtest/gtest.h>
 
-#include "gradaccum/dist/bucketed_grad_sync.h"
 #include "in_process_ranks.h"
 
 namespace {
@@ -34,12 +35,12 @@ void micro_step(BucketedGradSync& sync, std::vector<torch::Tensor>& params, int 
 }
 
 struct RankRun {
-  std::vector<const void*> storages;   // each .grad's storage after attaching
-  std::vector<torch::Tensor> summed;   // .grad after the window
-  torch::Tensor totals;                // the window's loss totals after finish_window
+  std::vector<const void*> storages;  // each .grad's storage after attaching
+  std::vector<torch::Tensor> summed;  // .grad after the window
+  torch::Tensor totals;               // the window's loss totals after finish_window
   int64_t calls = 0;
   bool reattached_to_same_memory = false;
-  double replaced_value = 0.0;         // a replaced .grad, after re-attaching
+  double replaced_value = 0.0;  // a replaced .grad, after re-attaching
 };
 
 TEST(BucketedGradSync, GradientsAreBucketViewsAndHoldTheSumOverRanks) {
@@ -54,8 +55,8 @@ TEST(BucketedGradSync, GradientsAreBucketViewsAndHoldTheSumOverRanks) {
     for (auto& p : params) run.storages.push_back(p.grad().storage().data());
     micro_step(sync, params, rank, /*last=*/true);
     // This rank's [Σ loss sums, Σ counts, Σ naive terms] (and the stop flag the Trainer appends).
-    auto totals = torch::tensor({1.5 * (rank + 1), 10.0 * (rank + 1), 0.25 + rank, rank == 1 ? 1.0 : 0.0},
-                                torch::kDouble);
+    auto totals =
+        torch::tensor({1.5 * (rank + 1), 10.0 * (rank + 1), 0.25 + rank, rank == 1 ? 1.0 : 0.0}, torch::kDouble);
     sync.finish_window(totals);
     run.totals = totals.clone();
     run.calls = sync.allreduce_calls();

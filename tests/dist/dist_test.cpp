@@ -3,7 +3,6 @@
 // rendezvous, mismatched configurations).
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,10 +10,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/dist/environment.h"
@@ -48,8 +48,12 @@ TEST(DistEnvironment, TorchrunMpirunAndNone) {
   auto none = env_of({});
   EXPECT_EQ(none.world_size, 1);
   EXPECT_FALSE(none.distributed());
-  auto torchrun = env_of({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                          {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29400"}});
+  auto torchrun = env_of({{"RANK", "3"},
+                          {"WORLD_SIZE", "4"},
+                          {"LOCAL_RANK", "1"},
+                          {"LOCAL_WORLD_SIZE", "2"},
+                          {"MASTER_ADDR", "10.1.2.3"},
+                          {"MASTER_PORT", "29400"}});
   EXPECT_EQ(torchrun.rank, 3);
   EXPECT_EQ(torchrun.world_size, 4);
   EXPECT_EQ(torchrun.local_rank, 1);
@@ -57,11 +61,13 @@ TEST(DistEnvironment, TorchrunMpirunAndNone) {
   EXPECT_EQ(torchrun.master_addr, "10.1.2.3");
   EXPECT_EQ(torchrun.master_port, 29400);
   EXPECT_FALSE(torchrun.agent_store);
-  EXPECT_TRUE(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"},
-                      {"TORCHELASTIC_USE_AGENT_STORE", "True"}})
-                  .agent_store);
-  auto mpi = env_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+  EXPECT_TRUE(
+      env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}})
+          .agent_store);
+  auto mpi = env_of({{"OMPI_COMM_WORLD_RANK", "1"},
+                     {"OMPI_COMM_WORLD_SIZE", "2"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                      {"MASTER_PORT", "29500"}});
   EXPECT_EQ(mpi.rank, 1);
   EXPECT_EQ(mpi.world_size, 2);
@@ -86,12 +92,16 @@ const std::string kRun =
 
 TEST(DataParallel, TwoRanksTimesTwoStepsEqualsOneRankAndTheFullBatch) {
   const auto root = make_temp_dir("dp-equivalence");
-  struct Case { std::string args; int64_t world, micro_steps; };
+  struct Case {
+    std::string args;
+    int64_t world, micro_steps;
+  };
   const std::vector<Case> cases = {
       {" --set per_device_train_batch_size=64 --set gradient_accumulation_steps=1", 1, 1},
       {" --set per_device_train_batch_size=16 --set gradient_accumulation_steps=4", 1, 4},
       {" --set per_device_train_batch_size=16 --set gradient_accumulation_steps=2 --nproc 2", 2, 2},
-      {" --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 --set global_batch_size=64 --nproc 2", 2, 4},
+      {" --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 --set global_batch_size=64 --nproc 2",
+       2, 4},
   };
   std::vector<std::vector<nlohmann::json>> runs;
   for (size_t k = 0; k < cases.size(); ++k) {
@@ -142,9 +152,8 @@ TEST(DataParallel, TorchrunTwoRanksEqualNproc2PerStep) {
   const auto r = run_cli(args + " --nproc 2 --set output_dir=" + root + "/nproc");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string port = std::to_string(20000 + (getpid() + 13) % 20000);
-  const auto command = torchrun + " --nproc-per-node 2 --master-port " + port + " --no-python " +
-                       GRADACCUM_CLI + " " + args + " --set output_dir=" + root + "/torchrun > " +
-                       root + "/torchrun.log 2>&1";
+  const auto command = torchrun + " --nproc-per-node 2 --master-port " + port + " --no-python " + GRADACCUM_CLI + " " +
+                       args + " --set output_dir=" + root + "/torchrun > " + root + "/torchrun.log 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0) << read_text(root + "/torchrun.log");
   const auto a = step_lines(root + "/nproc");
   const auto b = step_lines(root + "/torchrun");
@@ -163,7 +172,8 @@ TEST(DataParallel, TorchrunTwoRanksEqualNproc2PerStep) {
 
 TEST(DataParallel, OneAllReducePerBucketPerWindowUnlessSyncingEveryMicroStep) {
   const auto root = make_temp_dir("dp-calls");
-  const std::string args = kRun + " --set max_steps=3 --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4 --nproc 2";
+  const std::string args =
+      kRun + " --set max_steps=3 --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4 --nproc 2";
   const auto deferred = run_cli(args + " --set output_dir=" + root + "/deferred");
   ASSERT_EQ(deferred.exit_code, 0) << deferred.err;
   const auto eager = run_cli(args + " --set sync_each_micro_step=true --set output_dir=" + root + "/eager");
@@ -183,14 +193,17 @@ TEST(DataParallel, OneAllReducePerBucketPerWindowUnlessSyncingEveryMicroStep) {
     EXPECT_EQ(e[i]["allreduce_bytes"].get<int64_t>(), 4 * bytes);
     // Syncing every micro-step changes the cost, not the result.
     EXPECT_NEAR(e[i]["loss"].get<double>(), d[i]["loss"].get<double>(), 1e-10 * d[i]["loss"].get<double>());
-    EXPECT_NEAR(e[i]["grad_norm"].get<double>(), d[i]["grad_norm"].get<double>(), 1e-10 * d[i]["grad_norm"].get<double>());
+    EXPECT_NEAR(e[i]["grad_norm"].get<double>(), d[i]["grad_norm"].get<double>(),
+                1e-10 * d[i]["grad_norm"].get<double>());
   }
   // The default CNN in float64 (3.4 MB): walking backward from the head, the
   // head and fc bias share a bucket, the 3.2 MB fc weight exceeds the 1 MB cap
   // and gets its own, and the conv and norm layers share a third.
-  const auto big = run_cli("train --set dtype=float64 --set data.train_limit=128 --set data.eval_limit=-1 "
-                           "--set max_steps=1 --set ddp_bucket_cap_mb=1 --set threads=1 --nproc 2 "
-                           "--set per_device_train_batch_size=8 --set gradient_accumulation_steps=4 --set output_dir=" + root + "/big");
+  const auto big = run_cli(
+      "train --set dtype=float64 --set data.train_limit=128 --set data.eval_limit=-1 "
+      "--set max_steps=1 --set ddp_bucket_cap_mb=1 --set threads=1 --nproc 2 "
+      "--set per_device_train_batch_size=8 --set gradient_accumulation_steps=4 --set output_dir=" +
+      root + "/big");
   ASSERT_EQ(big.exit_code, 0) << big.err;
   const auto b = step_lines(root + "/big");
   EXPECT_EQ(b[0]["allreduce_calls"].get<int64_t>(), 3);
@@ -204,8 +217,10 @@ TEST(DataParallel, ZeroStage1GivesTheSameWeightsAsPlainDataParallel) {
   for (const char* stage : {"0", "1"}) {
     for (const char* optimizer : {"adamw", "sgd --set momentum=0.9"}) {
       const auto out = root + "/zero" + stage + optimizer[0];
-      const auto r = run_cli(kRun + " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=2 --nproc 2"
-                             " --set zero_stage=" + stage + " --set optim=" + optimizer + " --set output_dir=" + out);
+      const auto r = run_cli(kRun +
+                             " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=2 --nproc 2"
+                             " --set zero_stage=" +
+                             stage + " --set optim=" + optimizer + " --set output_dir=" + out);
       ASSERT_EQ(r.exit_code, 0) << r.err;
       runs.push_back(step_lines(out));
       ASSERT_EQ(runs.back().size(), 11u);
@@ -308,8 +323,10 @@ TEST(StopAgreement, FirstDecisionOfAWindowBindsEveryRank) {
 
 TEST(DataParallelFailures, KilledRankStopsTheJobAndIsNamed) {
   const auto dir = make_temp_dir("dp-kill");
-  auto args = split_args("train --set data.train_limit=60000 --set data.eval_limit=-1 --set max_steps=100000 "
-                         "--set threads=1 --set dist_timeout=10 --nproc 2 --set output_dir=" + dir + "/out");
+  auto args = split_args(
+      "train --set data.train_limit=60000 --set data.eval_limit=-1 --set max_steps=100000 "
+      "--set threads=1 --set dist_timeout=10 --nproc 2 --set output_dir=" +
+      dir + "/out");
   const pid_t launcher = spawn(args, {}, dir + "/stderr");
   KillOnExit guard{{launcher}};
   // Wait until training runs, then kill rank 1 in the middle of a window.
@@ -335,8 +352,10 @@ TEST(DataParallelFailures, KilledRankStopsTheJobAndIsNamed) {
 TEST(DataParallelFailures, SurvivingRankOfATorchrunStyleJobFailsWithinTheTimeout) {
   const auto dir = make_temp_dir("dp-torchrun");
   const std::string port = std::to_string(20000 + getpid() % 20000);
-  const auto args = split_args("train --set data.train_limit=60000 --set data.eval_limit=-1 --set max_steps=100000 "
-                               "--set threads=1 --set dist_timeout=5 --set output_dir=" + dir + "/out");
+  const auto args = split_args(
+      "train --set data.train_limit=60000 --set data.eval_limit=-1 --set max_steps=100000 "
+      "--set threads=1 --set dist_timeout=5 --set output_dir=" +
+      dir + "/out");
   std::map<std::string, std::string> env{{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
   env["RANK"] = "0";
   const pid_t rank0 = spawn(args, env, dir + "/stderr0");
@@ -362,16 +381,17 @@ TEST(DataParallelFailures, SurvivingRankOfATorchrunStyleJobFailsWithinTheTimeout
 TEST(DataParallelFailures, NoRendezvousIsAClearErrorWithinTheTimeout) {
   const auto dir = make_temp_dir("dp-rendezvous");
   // Rank 1 of 2 with nobody serving the port.
-  const pid_t pid = spawn(split_args("train --set dist_timeout=3 --set output_dir=" + dir + "/out"),
-                          {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "9"}},
-                          dir + "/stderr");
+  const pid_t pid =
+      spawn(split_args("train --set dist_timeout=3 --set output_dir=" + dir + "/out"),
+            {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "9"}}, dir + "/stderr");
   KillOnExit guard{{pid}};
   const int status = wait_within(pid, std::chrono::seconds(30));
   ASSERT_NE(status, -1);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1);
   const auto err = read_text(dir + "/stderr");
   EXPECT_NE(err.find("gradaccum: error: rank 1: cannot rendezvous at MASTER_ADDR=127.0.0.1 MASTER_PORT=9 within 3 s"),
-            std::string::npos) << err;
+            std::string::npos)
+      << err;
   fs::remove_all(dir);
 }
 
@@ -379,7 +399,8 @@ TEST(DataParallelFailures, MismatchedConfigurationsAreRefused) {
   const auto dir = make_temp_dir("dp-mismatch");
   const std::string port = std::to_string(20000 + (getpid() + 7) % 20000);
   std::map<std::string, std::string> env{{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
-  const std::string common = "train --set dist_timeout=20 --set data.train_limit=256 --set max_steps=2 --set output_dir=" + dir + "/out";
+  const std::string common =
+      "train --set dist_timeout=20 --set data.train_limit=256 --set max_steps=2 --set output_dir=" + dir + "/out";
   env["RANK"] = "0";
   const pid_t rank0 = spawn(split_args(common + " --set learning_rate=0.001"), env, dir + "/stderr0");
   env["RANK"] = "1";
@@ -392,7 +413,8 @@ TEST(DataParallelFailures, MismatchedConfigurationsAreRefused) {
   EXPECT_TRUE(WIFEXITED(s0) && WEXITSTATUS(s0) == 1);
   EXPECT_TRUE(WIFEXITED(s1) && WEXITSTATUS(s1) == 1);
   EXPECT_NE(read_text(dir + "/stderr0").find("gradaccum: error: rank 1's configuration differs from rank 0's"),
-            std::string::npos) << read_text(dir + "/stderr0");
+            std::string::npos)
+      << read_text(dir + "/stderr0");
   EXPECT_FALSE(fs::exists(dir + "/out/metrics.jsonl"));
   fs::remove_all(dir);
 }

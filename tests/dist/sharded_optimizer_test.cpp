@@ -2,10 +2,11 @@
 // each rank holds optimizer state for its own range of the flattened
 // parameters only, the weights equal the unsharded optimizer's, and no
 // reference to the gradients outlives a step.
+#include "gradaccum/dist/sharded_optimizer.h"
+
 #include <gtest/gtest.h>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/dist/sharded_optimizer.h"
 #include "in_process_ranks.h"
 
 namespace {
@@ -31,8 +32,8 @@ void set_grads(std::vector<torch::Tensor>& params, int step) {
   for (auto& p : params) {
     // Made in its final shape: a view (reshape) would keep its base, a second
     // holder of the storage, and blur the reference count checked below.
-    p.mutable_grad() = torch::sin(
-        torch::arange(p.numel(), p.options().requires_grad(false)).reshape(p.sizes()) + phase);
+    p.mutable_grad() =
+        torch::sin(torch::arange(p.numel(), p.options().requires_grad(false)).reshape(p.sizes()) + phase);
     phase += 1.0;
   }
 }
@@ -119,15 +120,13 @@ TEST(ShardedOptimizer, WeightsEqualTheUnshardedOptimizersOnEveryRank) {
       const auto runs = run_sharded(spec, gather_bytes);
       for (int rank = 0; rank < kWorld; ++rank) {
         for (size_t k = 0; k < expected.size(); ++k) {
-          const double difference =
-              (runs[rank].weights[k] - expected[k].detach()).abs().max().item<double>();
-          EXPECT_LE(difference, 1e-15) << spec.type << ", gather " << gather_bytes << ", rank "
-                                       << rank << ", parameter " << k;
+          const double difference = (runs[rank].weights[k] - expected[k].detach()).abs().max().item<double>();
+          EXPECT_LE(difference, 1e-15) << spec.type << ", gather " << gather_bytes << ", rank " << rank
+                                       << ", parameter " << k;
           // The update moved every element (both ranges reached every rank).
-          const double moved =
-              (runs[rank].weights[k] - make_params()[k].detach()).abs().min().item<double>();
-          EXPECT_GT(moved, 1e-3) << spec.type << ", gather " << gather_bytes << ", rank " << rank
-                                 << ", parameter " << k;
+          const double moved = (runs[rank].weights[k] - make_params()[k].detach()).abs().min().item<double>();
+          EXPECT_GT(moved, 1e-3) << spec.type << ", gather " << gather_bytes << ", rank " << rank << ", parameter "
+                                 << k;
         }
       }
     }
@@ -150,8 +149,7 @@ TEST(ShardedOptimizer, NoReferenceToTheGradientsOutlivesAStep) {
   for (const auto& spec : {adamw(), sgd_with_momentum()}) {
     const auto runs = run_sharded(spec);
     for (int rank = 0; rank < kWorld; ++rank) {
-      EXPECT_EQ(runs[rank].grad_storage_refs, (std::vector<int64_t>{1, 1, 1}))
-          << spec.type << ", rank " << rank;
+      EXPECT_EQ(runs[rank].grad_storage_refs, (std::vector<int64_t>{1, 1, 1})) << spec.type << ", rank " << rank;
     }
   }
 }

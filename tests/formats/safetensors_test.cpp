@@ -92,9 +92,8 @@ TEST(Safetensors, HeaderIsPaddedToEightBytesAndEveryTensorAligned) {
   const uint64_t n = header_length(bytes);
   EXPECT_EQ(n % 8, 0u);
   const auto header = nlohmann::json::parse(bytes.substr(8, n));
-  const std::map<std::string, uint64_t> sizes = {{"F64", 8}, {"I64", 8},  {"F32", 4}, {"I32", 4},
-                                                 {"F16", 2}, {"BF16", 2}, {"I16", 2}, {"I8", 1},
-                                                 {"U8", 1},  {"BOOL", 1}};
+  const std::map<std::string, uint64_t> sizes = {{"F64", 8},  {"I64", 8}, {"F32", 4}, {"I32", 4}, {"F16", 2},
+                                                 {"BF16", 2}, {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}};
   uint64_t covered = 0;
   for (const auto& [name, entry] : header.items()) {
     const uint64_t begin = entry["data_offsets"][0];
@@ -117,8 +116,7 @@ TEST(Safetensors, ReadsUnalignedDataAndOwnsIt) {
   // Data region at an odd address inside the buffer: the reader must copy.
   const float values[2] = {1.5f, -2.25f};
   std::string data(reinterpret_cast<const char*>(values), sizeof(values));
-  std::string bytes =
-      " " + file_bytes(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data);
+  std::string bytes = " " + file_bytes(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data);
   auto back = formats::parse_safetensors(std::string_view(bytes).substr(1), "mem");
   bytes.assign(bytes.size(), '\0');  // the tensor must not alias the buffer
   ASSERT_EQ(back.size(), 1u);
@@ -141,8 +139,7 @@ TEST(Safetensors, SavesAtomicallyAndLoadsFromDisk) {
   EXPECT_TRUE(metadata.empty());
   // Only the file itself is left: no temporary.
   int entries = 0;
-  for (const auto& e : fs::directory_iterator(dir))
-    entries += e.path().filename() == "model.safetensors" ? 1 : 100;
+  for (const auto& e : fs::directory_iterator(dir)) entries += e.path().filename() == "model.safetensors" ? 1 : 100;
   EXPECT_EQ(entries, 1);
 }
 
@@ -156,8 +153,7 @@ TEST(Safetensors, FailedSaveLeavesNoTemporaryAndNoFile) {
   int entries = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++entries;
   EXPECT_EQ(entries, 1);
-  EXPECT_ONE_LINE_ERROR(formats::load_safetensors(dir + "/absent.safetensors"),
-                        "absent.safetensors: cannot open");
+  EXPECT_ONE_LINE_ERROR(formats::load_safetensors(dir + "/absent.safetensors"), "absent.safetensors: cannot open");
 }
 
 TEST(Safetensors, RefusesTensorsItCannotWrite) {
@@ -212,12 +208,10 @@ TEST(SafetensorsErrors, HeaderNotJsonOrNotAnObject) {
 }
 
 TEST(SafetensorsErrors, EntryMissingAField) {
-  EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(one_tensor(R"({"shape":[3],"data_offsets":[0,12]})"), "f.st"),
-      "f.st: tensor w: header entry has no \"dtype\"");
-  EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","data_offsets":[0,12]})"), "f.st"),
-      "f.st: tensor w: header entry has no \"shape\"");
+  EXPECT_ONE_LINE_ERROR(formats::parse_safetensors(one_tensor(R"({"shape":[3],"data_offsets":[0,12]})"), "f.st"),
+                        "f.st: tensor w: header entry has no \"dtype\"");
+  EXPECT_ONE_LINE_ERROR(formats::parse_safetensors(one_tensor(R"({"dtype":"F32","data_offsets":[0,12]})"), "f.st"),
+                        "f.st: tensor w: header entry has no \"shape\"");
   EXPECT_ONE_LINE_ERROR(formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3]})"), "f.st"),
                         "f.st: tensor w: header entry has no \"data_offsets\"");
 }
@@ -230,12 +224,10 @@ TEST(SafetensorsErrors, WrongJsonTypes) {
       formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":3,"data_offsets":[0,12]})"), "f.st"),
       "tensor w: \"shape\" is not an array");
   EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":["3"],"data_offsets":[0,12]})"),
-                        "f.st"),
+      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":["3"],"data_offsets":[0,12]})"), "f.st"),
       "tensor w: shape [\"3\"] is not a list of integers");
   EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3.0],"data_offsets":[0,12]})"),
-                        "f.st"),
+      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3.0],"data_offsets":[0,12]})"), "f.st"),
       "tensor w: shape [3.0] is not a list of integers");
   EXPECT_ONE_LINE_ERROR(
       formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":"0-12"})"), "f.st"),
@@ -244,26 +236,22 @@ TEST(SafetensorsErrors, WrongJsonTypes) {
 
 TEST(SafetensorsErrors, UnknownDtype) {
   EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(one_tensor(R"({"dtype":"F8_E4M3","shape":[12],"data_offsets":[0,12]})"),
-                        "f.st"),
+      formats::parse_safetensors(one_tensor(R"({"dtype":"F8_E4M3","shape":[12],"data_offsets":[0,12]})"), "f.st"),
       "f.st: tensor w: unknown dtype \"F8_E4M3\"");
 }
 
 TEST(SafetensorsErrors, NegativeOrOverflowingShape) {
   EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[-3],"data_offsets":[0,12]})"),
-                        "f.st"),
+      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[-3],"data_offsets":[0,12]})"), "f.st"),
       "f.st: tensor w: shape [-3] has a negative dimension");
   // 2^32 * 2^32 elements: the byte count overflows 64 bits.
   EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(
-          one_tensor(R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,12]})"),
-          "f.st"),
+      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,12]})"),
+                                 "f.st"),
       "f.st: tensor w: shape [4294967296,4294967296] overflows");
   EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(
-          one_tensor(R"({"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,12]})"),
-          "f.st"),
+      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,12]})"),
+                                 "f.st"),
       "overflows");
 }
 
@@ -272,8 +260,7 @@ TEST(SafetensorsErrors, DataOffsetsNotABeginEndPair) {
       formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":[12]})"), "f.st"),
       "f.st: tensor w: \"data_offsets\" [12] is not [begin, end]");
   EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":[-1,11]})"),
-                        "f.st"),
+      formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":[-1,11]})"), "f.st"),
       "\"data_offsets\" [-1,11] is not [begin, end] of non-negative integers");
   EXPECT_ONE_LINE_ERROR(
       formats::parse_safetensors(one_tensor(R"({"dtype":"F32","shape":[0],"data_offsets":[12,0]})"), "f.st"),
@@ -281,9 +268,8 @@ TEST(SafetensorsErrors, DataOffsetsNotABeginEndPair) {
 }
 
 TEST(SafetensorsErrors, DataOffsetsPastTheEnd) {
-  EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(one_tensor(kGood, /*data_size=*/11), "f.st"),
-      "f.st: tensor w: data_offsets [0, 12] extend past the data region of 11 bytes");
+  EXPECT_ONE_LINE_ERROR(formats::parse_safetensors(one_tensor(kGood, /*data_size=*/11), "f.st"),
+                        "f.st: tensor w: data_offsets [0, 12] extend past the data region of 11 bytes");
 }
 
 TEST(SafetensorsErrors, ByteCountDoesNotMatchShape) {
@@ -322,9 +308,8 @@ TEST(SafetensorsErrors, MalformedMetadata) {
 
 TEST(SafetensorsErrors, BoolBytesOtherThanZeroOrOne) {
   EXPECT_ONE_LINE_ERROR(
-      formats::parse_safetensors(file_bytes(R"({"m":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})",
-                                   std::string("\x01\x02", 2)),
-                        "f.st"),
+      formats::parse_safetensors(
+          file_bytes(R"({"m":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", std::string("\x01\x02", 2)), "f.st"),
       "f.st: tensor m: BOOL data holds a byte other than 0 or 1");
 }
 
@@ -332,8 +317,7 @@ TEST(SafetensorsErrors, LoadNamesThePath) {
   const auto dir = gradaccum::testing::make_temp_dir("safetensors-bad");
   const auto path = dir + "/bad.safetensors";
   gradaccum::formats::write_file_atomically_fsync(path, one_tensor(kGood, 4));
-  EXPECT_ONE_LINE_ERROR(formats::load_safetensors(path),
-                        path + ": tensor w: data_offsets [0, 12] extend past");
+  EXPECT_ONE_LINE_ERROR(formats::load_safetensors(path), path + ": tensor w: data_offsets [0, 12] extend past");
   gradaccum::formats::write_file_atomically_fsync(path, "");
   EXPECT_ONE_LINE_ERROR(formats::load_safetensors(path), path + ": not a safetensors file: 0 bytes");
   EXPECT_ONE_LINE_ERROR(formats::load_safetensors(dir), dir + ": not a regular file");

@@ -35,11 +35,11 @@ std::string cuda_unavailable() {
 #endif
 }
 
-#define SKIP_WITHOUT_CUDA()                                            \
-  do {                                                                 \
-    if (const auto reason = cuda_unavailable(); !reason.empty()) {     \
-      GTEST_SKIP() << reason;                                          \
-    }                                                                  \
+#define SKIP_WITHOUT_CUDA()                                        \
+  do {                                                             \
+    if (const auto reason = cuda_unavailable(); !reason.empty()) { \
+      GTEST_SKIP() << reason;                                      \
+    }                                                              \
   } while (false)
 
 using gradaccum::testing::relative_difference;
@@ -51,8 +51,7 @@ Trajectory train_mlp(const torch::Device& device, int64_t b, int64_t n) {
   return gradaccum::testing::train_seed000_mlp(b, n, 60, 12, device);
 }
 
-void expect_same_trajectory(const Trajectory& a, const Trajectory& b, double tolerance,
-                            const std::string& what) {
+void expect_same_trajectory(const Trajectory& a, const Trajectory& b, double tolerance, const std::string& what) {
   ASSERT_EQ(a.loss.size(), b.loss.size()) << what;
   for (size_t i = 0; i < a.loss.size(); ++i) {
     EXPECT_NEAR(a.loss[i], b.loss[i], tolerance * std::abs(b.loss[i])) << what << " step " << i;
@@ -149,8 +148,8 @@ std::string tiny_gpt_run(const std::string& dir) {
     out << ".\n";
   }
   return "--set model.type=gpt2 --set model.n_layer=2 --set model.n_embd=32 --set model.n_head=4 "
-         "--set model.n_positions=64 --set data.type=text --set data.path=" + corpus +
-         " --set data.tokenizer=" + gradaccum::testing::gpt2_tokenizer_dir() +
+         "--set model.n_positions=64 --set data.type=text --set data.path=" +
+         corpus + " --set data.tokenizer=" + gradaccum::testing::gpt2_tokenizer_dir() +
          " --set data.max_length=40 --set data.eval_limit=-1 --set max_steps=3 --set threads=2 "
          "--set learning_rate=1e-2 --set seed=7";
 }
@@ -168,12 +167,14 @@ TEST(GpuDropout, PerSampleMasksOnCudaEqualTheCpusAndTrainingFollowsIt) {
   const auto cuda = gradaccum::models::per_sample_dropout_scale(x.cuda(), 0.1, keys, 7);
   EXPECT_TRUE(torch::equal(cuda.cpu(), cpu));
   const auto dir = gradaccum::testing::make_temp_dir("gpu-dropout");
-  const std::string run = tiny_gpt_run(dir) + " --set dtype=float64 --set model.resid_pdrop=0.1 "
-                                              "--set model.embd_pdrop=0.1 --set model.attn_pdrop=0.1";
+  const std::string run = tiny_gpt_run(dir) +
+                          " --set dtype=float64 --set model.resid_pdrop=0.1 "
+                          "--set model.embd_pdrop=0.1 --set model.attn_pdrop=0.1";
   const auto on_cpu = gradaccum::testing::train_steps(
       run + " --set per_device_train_batch_size=16 --set gradient_accumulation_steps=1", dir + "/cpu");
   const auto on_cuda = gradaccum::testing::train_steps(
-      run + " --set device=cuda --set per_device_train_batch_size=4 --set gradient_accumulation_steps=4", dir + "/cuda");
+      run + " --set device=cuda --set per_device_train_batch_size=4 --set gradient_accumulation_steps=4",
+      dir + "/cuda");
   ASSERT_EQ(on_cuda.size(), on_cpu.size());
   for (size_t i = 0; i < on_cpu.size(); ++i) {
     EXPECT_LE(relative_difference(on_cuda[i]["loss"].get<double>(), on_cpu[i]["loss"].get<double>()), 1e-10) << i;
@@ -190,13 +191,15 @@ TEST(GpuCli, GptOnPaddedDocumentsFollowsTheCpuFullBatch) {
   const auto cpu = gradaccum::testing::train_steps(
       run + " --set dtype=float64 --set per_device_train_batch_size=16 --set gradient_accumulation_steps=1",
       dir + "/cpu");
-  const auto cuda = gradaccum::testing::train_steps(
-      run + " --set dtype=float64 --set device=cuda --set per_device_train_batch_size=4 "
-            "--set gradient_accumulation_steps=4",
-      dir + "/cuda");
+  const auto cuda =
+      gradaccum::testing::train_steps(run +
+                                          " --set dtype=float64 --set device=cuda --set per_device_train_batch_size=4 "
+                                          "--set gradient_accumulation_steps=4",
+                                      dir + "/cuda");
   const auto bf16 = gradaccum::testing::train_steps(
-      run + " --set device=cuda --set mixed_precision=bf16 --set per_device_train_batch_size=4 "
-            "--set gradient_accumulation_steps=4",
+      run +
+          " --set device=cuda --set mixed_precision=bf16 --set per_device_train_batch_size=4 "
+          "--set gradient_accumulation_steps=4",
       dir + "/bf16");
   ASSERT_EQ(cpu.size(), 3u);
   ASSERT_EQ(cuda.size(), cpu.size());
@@ -233,8 +236,8 @@ TEST(GpuCli, Fp16SkipsAndScalesAsOnTheCpu) {
   ASSERT_EQ(cuda.size(), cpu.size());
   for (size_t i = 0; i < cpu.size(); ++i) {
     std::cout << "step " << i + 1 << ": cpu " << cpu[i]["loss"] << " skipped " << cpu[i]["skipped"] << " scale "
-              << cpu[i]["loss_scale"] << "; cuda " << cuda[i]["loss"] << " skipped " << cuda[i]["skipped"]
-              << " scale " << cuda[i]["loss_scale"] << "\n";
+              << cpu[i]["loss_scale"] << "; cuda " << cuda[i]["loss"] << " skipped " << cuda[i]["skipped"] << " scale "
+              << cuda[i]["loss_scale"] << "\n";
     EXPECT_EQ(cuda[i]["skipped"], cpu[i]["skipped"]) << "step " << i + 1;
     EXPECT_EQ(cuda[i]["loss_scale"], cpu[i]["loss_scale"]) << "step " << i + 1;
     EXPECT_EQ(cuda[i]["items"], cpu[i]["items"]) << "step " << i + 1;
@@ -263,8 +266,7 @@ TEST(GpuNccl, TwoRanksAllReduce) {
       env.local_rank = rank;
       env.local_world_size = 2;
       env.master_port = port;
-      auto connection =
-          dist::connect(env, std::chrono::seconds(60), c10::Device(torch::kCUDA, rank));
+      auto connection = dist::connect(env, std::chrono::seconds(60), c10::Device(torch::kCUDA, rank));
       std::vector<torch::Tensor> tensors{
           torch::full({4}, rank + 1.0, torch::TensorOptions(torch::kDouble).device(torch::kCUDA, rank))};
       connection.group->allreduce(tensors)->wait();

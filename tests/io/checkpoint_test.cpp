@@ -2,6 +2,8 @@
 // machine and thread count), inside a window too; SIGTERM saves and exits 0;
 // SIGKILL loses at most the work since the last checkpoint; a corrupt
 // checkpoint is a one-line error, not a crash.
+#include "gradaccum/io/checkpoint.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -16,7 +18,6 @@
 #include <thread>
 
 #include "gradaccum/core/trainer.h"
-#include "gradaccum/io/checkpoint.h"
 #include "gradaccum/models/model_factory.h"
 #include "gradaccum/models/module_tensors.h"
 #include "gradaccum/models/tasks.h"
@@ -44,8 +45,8 @@ const std::string kRun =
     "--set warmup_steps=3";
 
 // The fields of a step record that must agree bit for bit (not the times).
-void expect_same_steps(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
-                       int64_t from_step, int64_t to_step) {
+void expect_same_steps(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b, int64_t from_step,
+                       int64_t to_step) {
   auto steps = [](const std::vector<nlohmann::json>& lines, int64_t from, int64_t to) {
     std::vector<nlohmann::json> out;
     for (const auto& l : lines) {
@@ -60,8 +61,8 @@ void expect_same_steps(const std::vector<nlohmann::json>& a, const std::vector<n
   ASSERT_EQ(x.size(), static_cast<size_t>(to_step - from_step + 1));
   ASSERT_EQ(y.size(), x.size());
   for (size_t i = 0; i < x.size(); ++i) {
-    for (const char* key : {"step", "epoch", "loss", "grad_norm", "grad_norm_clipped", "lr", "items",
-                            "samples", "weight_norm", "micro_steps", "micro_step_items", "loss_normalization"}) {
+    for (const char* key : {"step", "epoch", "loss", "grad_norm", "grad_norm_clipped", "lr", "items", "samples",
+                            "weight_norm", "micro_steps", "micro_step_items", "loss_normalization"}) {
       EXPECT_EQ(x[i][key], y[i][key]) << "step " << x[i]["step"] << " key " << key;
     }
   }
@@ -88,8 +89,7 @@ TEST(CheckpointResume, ResumedRunEqualsUninterruptedBitForBit) {
   const auto resumed = read_jsonl(dir + "/resumed/metrics.jsonl");
   expect_same_steps(straight, resumed, 13, 20);
   // The final weights are the same bytes.
-  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"),
-            read_text(dir + "/resumed/final/model.safetensors"));
+  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(dir + "/resumed/final/model.safetensors"));
 
   // Resuming into the same directory keeps steps 1..12 and redoes the rest:
   // the file then reads as one uninterrupted run.
@@ -112,8 +112,7 @@ TEST(CheckpointResume, OtherDecompositionOfTheSameGlobalBatchStaysExactFloat64) 
     for (const auto& y : b) {
       if (!x.contains("loss") || !y.contains("loss") || x["step"] != y["step"]) continue;
       EXPECT_NEAR(y["loss"].get<double>(), x["loss"].get<double>(), 1e-10 * x["loss"].get<double>());
-      EXPECT_NEAR(y["grad_norm"].get<double>(), x["grad_norm"].get<double>(),
-                  1e-10 * x["grad_norm"].get<double>());
+      EXPECT_NEAR(y["grad_norm"].get<double>(), x["grad_norm"].get<double>(), 1e-10 * x["grad_norm"].get<double>());
       EXPECT_EQ(y["micro_steps"].get<int64_t>() > x["micro_steps"].get<int64_t>(), true);
       ++compared;
     }
@@ -142,8 +141,8 @@ TEST(CheckpointResume, TwoRanksResumeBitIdenticallyAlsoWithZero1) {
 TEST(CheckpointResume, AnotherGlobalBatchIsRefusedUnlessAllowed) {
   const auto dir = make_temp_dir("ckpt-batch");
   run_ok("train " + kRun + " --set max_steps=4 --set output_dir=" + dir + "/a");
-  const auto resume = " --set output_dir=" + dir + "/b --set resume_from_checkpoint=" + dir +
-                      "/a/checkpoints/step-4 --set max_steps=8";
+  const auto resume =
+      " --set output_dir=" + dir + "/b --set resume_from_checkpoint=" + dir + "/a/checkpoints/step-4 --set max_steps=8";
   const auto refused = run_cli("train " + kRun + " --set gradient_accumulation_steps=2" + resume);
   EXPECT_EQ(refused.exit_code, 1);
   EXPECT_NE(refused.err.find("it was saved with global batch 64 and this run has 32"), std::string::npos)
@@ -209,10 +208,8 @@ TEST(CheckpointSignals, SigtermSavesAndExitsZeroThenResumesBitIdentically) {
   }
   EXPECT_NE(read_text(dir + "/log").find("resume with: --set resume_from_checkpoint=latest"), std::string::npos);
   run_ok("train " + kLongWindows + " --set output_dir=" + dir + "/stopped --set resume_from_checkpoint=latest");
-  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"),
-                    read_jsonl(dir + "/stopped/metrics.jsonl"), 1, 20);
-  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"),
-            read_text(dir + "/stopped/final/model.safetensors"));
+  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(dir + "/stopped/metrics.jsonl"), 1, 20);
+  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(dir + "/stopped/final/model.safetensors"));
   fs::remove_all(dir);
 }
 
@@ -220,8 +217,8 @@ TEST(CheckpointSignals, SigtermSavesAndExitsZeroThenResumesBitIdentically) {
 // step take long enough (~0.1 s) for a signal sent after step 3 to land in
 // training rather than after the run's end.
 const std::string kTwoRanks = kRun +
-    " --set model.type=cnn --set threads=1 --set per_device_train_batch_size=4"
-    " --set gradient_accumulation_steps=16 --nproc 2";
+                              " --set model.type=cnn --set threads=1 --set per_device_train_batch_size=4"
+                              " --set gradient_accumulation_steps=16 --nproc 2";
 
 // SIGTERM to a two-rank job (the launcher, which passes it to both ranks, or
 // rank 1 alone: rank 0 then learns it through the store) once it has logged 3
@@ -260,7 +257,8 @@ void expect_two_rank_preemption_inside_a_window(const std::string& name, bool to
   ASSERT_GT(micro_steps.second, 0);
   ASSERT_LT(micro_steps.first, 16);
   ASSERT_LT(micro_steps.second, 16);
-  const auto resumed = run_ok("train " + kTwoRanks + " --set output_dir=" + out + " --set resume_from_checkpoint=latest");
+  const auto resumed =
+      run_ok("train " + kTwoRanks + " --set output_dir=" + out + " --set resume_from_checkpoint=latest");
   EXPECT_NE(resumed.find(fmt::format("micro-step {})", micro_steps.first)), std::string::npos) << resumed;
   expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(out + "/metrics.jsonl"), 1, 20);
   EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(out + "/final/model.safetensors"));
@@ -294,13 +292,12 @@ TEST(CheckpointSignals, SigkillAtARandomPointLosesOnlyWorkSinceTheLastCheckpoint
   const auto out = run_ok("train " + run + " --set output_dir=" + dir + "/killed --set resume_from_checkpoint=latest");
   EXPECT_NE(out.find("resuming from"), std::string::npos) << "killed after " << lines << " lines";
   EXPECT_FALSE(fs::exists(dir + "/killed/checkpoints/.tmp-step-99"));
-  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"),
-                    read_jsonl(dir + "/killed/metrics.jsonl"), 1, 20);
-  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"),
-            read_text(dir + "/killed/final/model.safetensors"));
+  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(dir + "/killed/metrics.jsonl"), 1, 20);
+  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(dir + "/killed/final/model.safetensors"));
   // save_total_limit=2 kept the newest two.
   int kept = 0;
-  for (const auto& e : fs::directory_iterator(dir + "/killed/checkpoints")) kept += e.path().filename().string().rfind("step-", 0) == 0;
+  for (const auto& e : fs::directory_iterator(dir + "/killed/checkpoints"))
+    kept += e.path().filename().string().rfind("step-", 0) == 0;
   EXPECT_EQ(kept, 2);
   fs::remove_all(dir);
 }
@@ -361,8 +358,9 @@ TEST_F(CheckpointCorruption, OlderFormatVersionIsRefusedByName) {
   EXPECT_EQ(manifest.at("format_version"), 4);
   manifest["format_version"] = 3;
   std::ofstream(c + "/manifest.json") << manifest.dump(2);
-  expect_error(c, "manifest.json: format version 3 is not supported (this build reads version 4 "
-                  "only; versions before 4 hold the optimizer state in a libtorch 1.13 archive)");
+  expect_error(c,
+               "manifest.json: format version 3 is not supported (this build reads version 4 "
+               "only; versions before 4 hold the optimizer state in a libtorch 1.13 archive)");
 }
 
 TEST_F(CheckpointCorruption, MissingManifestMissingFileAndNoCheckpoint) {
@@ -379,8 +377,8 @@ TEST_F(CheckpointCorruption, MissingManifestMissingFileAndNoCheckpoint) {
 }
 
 TEST_F(CheckpointCorruption, CheckpointOfAnotherModelIsNamed) {
-  const auto r = run_cli("train " + kRun + " --set model.hidden=[16] --set max_steps=4 --set output_dir=" +
-                         dir_ + "/other --set resume_from_checkpoint=" + dir_ + "/run/checkpoints/step-2");
+  const auto r = run_cli("train " + kRun + " --set model.hidden=[16] --set max_steps=4 --set output_dir=" + dir_ +
+                         "/other --set resume_from_checkpoint=" + dir_ + "/run/checkpoints/step-2");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("has shape [32, 784], the model expects [16, 784]"), std::string::npos) << r.err;
 }
@@ -459,8 +457,7 @@ TEST(CheckpointPreemption, StopInsideAWindowThenRestoreGivesIdenticalWeights) {
   core::Trainer second(options, *second_model, data, nullptr, quiet);
   gradaccum::models::load_module_tensors(second_model->module(), hook.weights, "memory");
   gradaccum::optim::load_optimizer_state(second.optimizer(), second.named_parameters(),
-                                         gradaccum::formats::parse_safetensors(hook.optimizer, "memory"),
-                                         "memory");
+                                         gradaccum::formats::parse_safetensors(hook.optimizer, "memory"), "memory");
   second.restore(hook.saved);
   const auto summary = second.run();
   EXPECT_FALSE(summary.preempted);

@@ -1,6 +1,8 @@
 // The configuration in-process (io/config.h, io/config_keys.h): the key table makes the default
 // YAML, the checks and their messages, and the reference; the CLI tests (cli/cli_test.cpp) see
 // the same errors through the program.
+#include "gradaccum/io/config.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "gradaccum/data/fashion_mnist.h"
-#include "gradaccum/io/config.h"
 #include "gradaccum/io/config_keys.h"
 #include "gradaccum/io/workload.h"
 #include "gradaccum/models/model_types.h"
@@ -142,7 +143,8 @@ TEST(Config, TheBatchArithmeticAndAuto) {
 }
 
 TEST(Config, TheResolvedYamlLoadsBackToTheSameConfiguration) {
-  const auto first = with({"model.type=resnet", "model.channels=[8, 16]", "learning_rate=0.01", "report_to=tensorboard"});
+  const auto first =
+      with({"model.type=resnet", "model.channels=[8, 16]", "learning_rate=0.01", "report_to=tensorboard"});
   const auto dir = gradaccum::testing::make_temp_dir("config_round_trip");
   const auto path = dir + "/config.yaml";
   std::ofstream(path) << first.resolved_yaml;

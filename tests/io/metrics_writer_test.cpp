@@ -1,13 +1,14 @@
 // metrics.jsonl and summary.json (io/metrics_writer.h) in process: the fields of a step
 // record and which appear only when they apply, eval lines, summary.json from the run's
 // geometry, and a resumed run keeping the lines up to its checkpoint's step.
+#include "gradaccum/io/metrics_writer.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 
-#include "gradaccum/io/metrics_writer.h"
 #include "test_support.h"
 
 namespace {

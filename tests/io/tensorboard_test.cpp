@@ -26,11 +26,11 @@ using gradaccum::testing::run_cli;
 nlohmann::json read_with_tensorboard(const std::string& logdir) {
   const std::string out = logdir + "/../read_events.json";
   const std::string script = std::string(GRADACCUM_TEST_DATA) + "/../tensorboard/read_events.py";
-  const std::string command = "'" + gradaccum::testing::venv_program("python") + "' -B '" + script + "' '" +
-                              logdir + "' '" + out + "' > '" + out + ".log' 2>&1";
+  const std::string command = "'" + gradaccum::testing::venv_program("python") + "' -B '" + script + "' '" + logdir +
+                              "' '" + out + "' > '" + out + ".log' 2>&1";
   EXPECT_EQ(std::system(command.c_str()), 0) << "tensorboard's reader failed (tensorboard in the venv "
-                                             << gradaccum::testing::venv_program("python")
-                                             << "?):\n" << gradaccum::testing::read_text(out + ".log");
+                                             << gradaccum::testing::venv_program("python") << "?):\n"
+                                             << gradaccum::testing::read_text(out + ".log");
   std::ifstream in(out);
   return in.good() ? nlohmann::json::parse(in) : nlohmann::json::object();
 }
@@ -163,14 +163,14 @@ TEST(TensorBoardRun, ClassifierScalarsEqualMetricsJsonl) {
   const auto r = run_cli(
       "train --set model.type=mlp --set model.hidden=[32] --set data.train_limit=300 --set data.eval_limit=100 "
       "--set max_steps=11 --set eval_steps=5 --set logging_steps=2 --set threads=2 --set report_to=[tensorboard] "
-      "--set output_dir=" + dir + "/run");
+      "--set output_dir=" +
+      dir + "/run");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_tensorboard_matches_metrics(
       dir + "/run", 2,
       {"train/loss", "train/lr", "train/grad_norm", "train/grad_norm_clipped", "train/weight_norm", "train/items",
-       "train/samples_per_s", "train/epoch", "train/micro_step_items_min", "train/micro_step_items_max",
-       "eval/loss", "eval/accuracy", "eval/items",
-       "grad_flow/fc0.weight/mean_abs", "grad_flow/head.bias/zero_fraction"});
+       "train/samples_per_s", "train/epoch", "train/micro_step_items_min", "train/micro_step_items_max", "eval/loss",
+       "eval/accuracy", "eval/items", "grad_flow/fc0.weight/mean_abs", "grad_flow/head.bias/zero_fraction"});
   // The histogram of mean |grad| across the 6 parameter tensors, at each gradient-flow step
   // (every logging_steps = 2: steps 2, 4, ..., 10).
   const auto read = read_with_tensorboard(dir + "/run/runs");
@@ -192,7 +192,8 @@ TEST(TensorBoardRun, LanguageModelUnderFp16ScalarsEqualMetricsJsonl) {
       "--set data.eval_limit=-1 --set max_steps=3 --set threads=2 --set learning_rate=1e-2 --set seed=7 "
       "--set per_device_train_batch_size=8 --set gradient_accumulation_steps=4 --set mixed_precision=fp16 "
       "--set loss_scaler.init_scale=1e10 --set loss_scaler.backoff_factor=1e-6 "
-      "--set report_to=tensorboard --set output_dir=" + dir + "/run");
+      "--set report_to=tensorboard --set output_dir=" +
+      dir + "/run");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto metrics = read_jsonl(dir + "/run/metrics.jsonl");
   ASSERT_FALSE(metrics.empty());
@@ -205,9 +206,10 @@ TEST(TensorBoardRun, LanguageModelUnderFp16ScalarsEqualMetricsJsonl) {
 TEST(TensorBoardRun, UnusableLoggingDirIsAOneLineErrorBeforeTraining) {
   const auto dir = make_temp_dir("tb-error");
   std::ofstream(dir + "/file") << "not a directory";
-  const auto r = run_cli("train --set model.type=mlp --set model.hidden=[8] --set data.train_limit=64 "
-                         "--set max_steps=2 --set report_to=tensorboard --set logging_dir=" + dir +
-                         "/file/logs --set output_dir=" + dir + "/run");
+  const auto r = run_cli(
+      "train --set model.type=mlp --set model.hidden=[8] --set data.train_limit=64 "
+      "--set max_steps=2 --set report_to=tensorboard --set logging_dir=" +
+      dir + "/file/logs --set output_dir=" + dir + "/run");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("logging_dir '" + dir + "/file/logs': cannot create it"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

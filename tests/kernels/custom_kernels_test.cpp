@@ -3,11 +3,12 @@
 // own path computes the same function (attention through
 // at::scaled_dot_product_attention); and a float64 training run is the same
 // with the kernels on or off.
+#include "gradaccum/kernels/custom_kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
-#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/models/decoder.h"
 #include "gradaccum/models/gelu_mlp.h"
 #include "gradaccum/models/gelu_tanh.h"
@@ -17,9 +18,9 @@
 namespace {
 
 using namespace gradaccum;
-using kernels::CustomKernel;
 using gradaccum::testing::CustomKernelsScope;
 using gradaccum::testing::max_relative_difference;
+using kernels::CustomKernel;
 
 TEST(CustomKernels, SpecsParseAndUnknownNamesAreOneLineErrors) {
   EXPECT_EQ(kernels::parse_custom_kernels("none").size(), 0u);
@@ -108,8 +109,8 @@ TEST(CustomKernels, AFloat64RunIsTheSameWithTheKernelsOnOrOff) {
 
 TEST(CustomKernels, TheConfigKeyIsCheckedBeforeAnythingIsWritten) {
   const auto dir = gradaccum::testing::make_temp_dir("custom-kernels");
-  const auto r = gradaccum::testing::run_cli("train --set custom_kernels=gelu_mlp,flash --set output_dir=" +
-                                             dir + "/out");
+  const auto r =
+      gradaccum::testing::run_cli("train --set custom_kernels=gelu_mlp,flash --set output_dir=" + dir + "/out");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("custom_kernels: unknown kernel 'flash'"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(dir + "/out"));

@@ -1,11 +1,10 @@
 // The library's own at::parallel_for loops use the threads they are given
 // (kernels/parallel_loops.h): they run on one thread when the library is compiled
 // without OpenMP, which nothing else would notice.
-#include <gtest/gtest.h>
+#include "gradaccum/kernels/parallel_loops.h"
 
 #include <ATen/Parallel.h>
-
-#include "gradaccum/kernels/parallel_loops.h"
+#include <gtest/gtest.h>
 
 namespace {
 

@@ -30,6 +30,7 @@ namespace {
 using gradaccum::testing::tiny_bloom_config;
 using gradaccum::testing::tiny_gpt2_config;
 
+using gradaccum::core::kIgnoreIndex;
 using gradaccum::models::BloomConfig;
 using gradaccum::models::BloomForCausalLm;
 using gradaccum::models::CausalLmHead;
@@ -37,7 +38,6 @@ using gradaccum::models::CausalLmHeadImpl;
 using gradaccum::models::checkpoint;
 using gradaccum::models::Gpt2Config;
 using gradaccum::models::Gpt2LmHeadModel;
-using gradaccum::core::kIgnoreIndex;
 using gradaccum::testing::max_relative_difference;
 using gradaccum::testing::pad;
 using gradaccum::testing::Padded;
@@ -52,8 +52,7 @@ torch::Tensor leaf(std::vector<double> values, bool requires_grad = true) {
 
 // A fixed upstream gradient, so that no output weight is 1 by accident.
 torch::Tensor weighted_sum(const torch::Tensor& y) {
-  return (y * torch::arange(1, y.numel() + 1, y.options().requires_grad(false)).view(y.sizes()))
-      .sum();
+  return (y * torch::arange(1, y.numel() + 1, y.options().requires_grad(false)).view(y.sizes())).sum();
 }
 
 TEST(ActivationCheckpointFunction, RecomputesInBackwardAndMatchesPlainGradients) {
@@ -74,13 +73,11 @@ TEST(ActivationCheckpointFunction, RecomputesInBackwardAndMatchesPlainGradients)
   auto y = checkpoint(fn, {x}, {w});
   EXPECT_EQ(calls, 1);  // the forward
   ASSERT_NE(y.grad_fn(), nullptr);
-  EXPECT_NE(y.grad_fn()->name().find("CheckpointFunction"), std::string::npos)
-      << y.grad_fn()->name();
+  EXPECT_NE(y.grad_fn()->name().find("CheckpointFunction"), std::string::npos) << y.grad_fn()->name();
   // Nothing of fn's inside is in the graph: the checkpoint node leads straight
   // to x's accumulator (w is reached only through the recompute).
   ASSERT_EQ(y.grad_fn()->next_edges().size(), 1u);
-  EXPECT_NE(y.grad_fn()->next_edges()[0].function->name().find("AccumulateGrad"),
-            std::string::npos);
+  EXPECT_NE(y.grad_fn()->next_edges()[0].function->name().find("AccumulateGrad"), std::string::npos);
   weighted_sum(y).backward();
   EXPECT_EQ(calls, 2);  // + the recompute
   EXPECT_TRUE(torch::equal(x.grad(), x_plain.grad()));
@@ -126,8 +123,7 @@ TEST(ActivationCheckpointFunction, GradientsAccumulateAcrossBackwards) {
   for (const auto& values : micro_batches) weighted_sum(fn({leaf(values)})).backward();
   const auto plain = w.grad().clone();
   w.mutable_grad() = torch::Tensor();
-  for (const auto& values : micro_batches)
-    weighted_sum(checkpoint(fn, {leaf(values)}, {w})).backward();
+  for (const auto& values : micro_batches) weighted_sum(checkpoint(fn, {leaf(values)}, {w})).backward();
   EXPECT_TRUE(torch::equal(w.grad(), plain));
 }
 
@@ -262,9 +258,7 @@ class CpuAutocast {
 // at::linear with a leaf weight is where autocast caches the weight's bf16
 // cast (the C++ frontend's Linear goes through a transposed view, which it
 // does not cache). The weight's gradient depends on its value through tanh.
-torch::Tensor tanh_linear(const torch::Tensor& x, const torch::Tensor& w) {
-  return torch::tanh(torch::linear(x, w));
-}
+torch::Tensor tanh_linear(const torch::Tensor& x, const torch::Tensor& w) { return torch::tanh(torch::linear(x, w)); }
 // Not a view: autocast caches casts of leaves that are not views.
 torch::Tensor float_leaf(std::vector<float> values, std::vector<int64_t> shape) {
   return torch::tensor(values, torch::kFloat).view(shape).clone().requires_grad_(true);
@@ -338,8 +332,7 @@ TEST(ActivationCheckpointFunction, Bf16AutocastRecomputeLeavesNoStaleWeightCast)
 TEST(ActivationCheckpointFunction, UndefinedInputOrOutputIsAOneLineError) {
   auto x = leaf({1.0});
   auto identity = [](const std::vector<torch::Tensor>& in) { return in[0] * 2; };
-  EXPECT_ONE_LINE_ERROR(checkpoint(identity, {x, torch::Tensor()}),
-                        "activation checkpoint: input 1 of 2 is undefined");
+  EXPECT_ONE_LINE_ERROR(checkpoint(identity, {x, torch::Tensor()}), "activation checkpoint: input 1 of 2 is undefined");
   auto undefined = [](const std::vector<torch::Tensor>&) { return torch::Tensor(); };
   EXPECT_ONE_LINE_ERROR(checkpoint(undefined, {x}), "returned an undefined tensor");
 }
@@ -350,17 +343,15 @@ TEST(ActivationCheckpointFunction, UndefinedInputOrOutputIsAOneLineError) {
 enum class Arch { gpt2, bloom };
 
 CausalLmHead make_model(Arch arch, torch::ScalarType dtype) {
-  CausalLmHead model = arch == Arch::gpt2 ? CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(
-                                                Gpt2LmHeadModel(tiny_gpt2_config(3)).ptr()))
-                                          : CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(
-                                                BloomForCausalLm(tiny_bloom_config(3)).ptr()));
+  CausalLmHead model =
+      arch == Arch::gpt2
+          ? CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(Gpt2LmHeadModel(tiny_gpt2_config(3)).ptr()))
+          : CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(BloomForCausalLm(tiny_bloom_config(3)).ptr()));
   model->to(dtype);
   return model;
 }
 
-int64_t n_layer(Arch arch) {
-  return arch == Arch::gpt2 ? tiny_gpt2_config(3).n_layer : tiny_bloom_config(3).n_layer;
-}
+int64_t n_layer(Arch arch) { return arch == Arch::gpt2 ? tiny_gpt2_config(3).n_layer : tiny_bloom_config(3).n_layer; }
 
 // A right-padded batch of very different lengths, padding labelled -100.
 struct LmBatch {
@@ -377,8 +368,7 @@ LmBatch lm_batch() {
 // How many nodes of the autograd graph behind `t` have each name (unqualified:
 // CheckpointFunction matches gradaccum::models::(anonymous namespace)::CheckpointFunction).
 // The checkpoint nodes, then the two kinds of attention node.
-const std::vector<std::string> kNodeKinds = {"CheckpointFunction", "SoftmaxBackward0",
-                                             "FusedQkvAttention"};
+const std::vector<std::string> kNodeKinds = {"CheckpointFunction", "SoftmaxBackward0", "FusedQkvAttention"};
 
 std::vector<int> count_nodes(const torch::Tensor& t, const std::vector<std::string>& needles) {
   std::vector<int> counts(needles.size(), 0);
@@ -454,8 +444,8 @@ void expect_plain_gradients(Arch arch, torch::ScalarType dtype, double tolerance
   EXPECT_TRUE(torch::equal(checkpointed.loss, plain.loss))
       << checkpointed.loss.item<double>() << " vs " << plain.loss.item<double>();
   const double worst = worst_gradient_difference(checkpointed, plain, tolerance);
-  std::printf("[ measured ] %s %s: max relative gradient difference %.3e\n",
-              arch == Arch::gpt2 ? "GPT-2" : "BLOOM", c10::toString(dtype), worst);
+  std::printf("[ measured ] %s %s: max relative gradient difference %.3e\n", arch == Arch::gpt2 ? "GPT-2" : "BLOOM",
+              c10::toString(dtype), worst);
 }
 
 TEST(ActivationCheckpointGpt2, GradientsEqualThePlainRunInFloat64AndFloat32) {
@@ -495,8 +485,7 @@ TEST(ActivationCheckpointGpt2, Bf16AutocastRecomputeUsesTheForwardsAutocastState
   auto model = make_model(Arch::gpt2, torch::kFloat);
   const auto fp32 = lm_step(model, false, batch);
   for (bool backward_inside : {false, true}) {
-    SCOPED_TRACE(backward_inside ? "backward inside the autocast region"
-                                 : "backward after the autocast region");
+    SCOPED_TRACE(backward_inside ? "backward inside the autocast region" : "backward after the autocast region");
     auto autocast_step = [&](bool checkpointing) {
       CpuAutocast autocast;
       return lm_step(model, checkpointing, batch, [&] {
@@ -519,8 +508,7 @@ TEST(ActivationCheckpointGpt2, Bf16AutocastRecomputeUsesTheForwardsAutocastState
     // bf16 really was used: its gradients differ from float32's well beyond float32 noise.
     double fp32_vs_bf16 = 0;
     for (size_t i = 0; i < plain.grads.size(); ++i)
-      fp32_vs_bf16 = std::max(fp32_vs_bf16,
-                              max_relative_difference(plain.grads[i].second, fp32.grads[i].second));
+      fp32_vs_bf16 = std::max(fp32_vs_bf16, max_relative_difference(plain.grads[i].second, fp32.grads[i].second));
     std::printf("[ measured ] GPT-2 bf16 autocast vs float32 gradients: %.3e\n", fp32_vs_bf16);
     EXPECT_GT(fp32_vs_bf16, 1e-3);
   }

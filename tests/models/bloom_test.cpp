@@ -5,11 +5,10 @@
 
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -24,11 +23,11 @@ namespace {
 
 using gradaccum::testing::tiny_bloom_config;
 
+using gradaccum::core::kIgnoreIndex;
 using gradaccum::core::LossNormalization;
 using gradaccum::models::BloomConfig;
 using gradaccum::models::BloomForCausalLm;
 using gradaccum::models::CausalLm;
-using gradaccum::core::kIgnoreIndex;
 using gradaccum::testing::accumulate_padded_window;
 using gradaccum::testing::flat_grads;
 using gradaccum::testing::max_relative_difference;
@@ -43,14 +42,11 @@ CausalLm make_model(torch::ScalarType dtype) {
 
 // kTokenSeed: see BloomAccumulation.IgnoredPaddingNaiveMeanOverWeightsShortMicroBatches.
 constexpr uint64_t kTokenSeed = 5;
-std::vector<torch::Tensor> make_sequences(const std::vector<int64_t>& lengths,
-                                          uint64_t seed = kTokenSeed) {
+std::vector<torch::Tensor> make_sequences(const std::vector<int64_t>& lengths, uint64_t seed = kTokenSeed) {
   return gradaccum::testing::make_sequences(lengths, seed);
 }
 
-torch::Tensor labels_ignoring_padding(const Padded& p) {
-  return p.ids.masked_fill(p.mask.eq(0), kIgnoreIndex);
-}
+torch::Tensor labels_ignoring_padding(const Padded& p) { return p.ids.masked_fill(p.mask.eq(0), kIgnoreIndex); }
 
 // Seed 000's shape, as in gpt2_test: 8 rows of very different lengths in 4
 // micro-batches of 2 (5, 21, 9 and 17 targets after the shift, right padding).
@@ -67,17 +63,15 @@ Comparison compare_to_full_batch(torch::ScalarType dtype, LossNormalization mode
   const auto data = pad(make_sequences(kLengths), left);
   const auto labels = labels_ignoring_padding(data);
   auto full = make_model(dtype);
-  const double full_loss =
-      accumulate_padded_window(full, data, labels, {8}, LossNormalization::window, 1);
+  const double full_loss = accumulate_padded_window(full, data, labels, {8}, LossNormalization::window, 1);
   auto split = make_model(dtype);
   const double loss = accumulate_padded_window(split, data, labels, kSplits, mode, 4);
-  return {max_relative_difference(flat_grads(split.module()), flat_grads(full.module())), loss,
-          full_loss};
+  return {max_relative_difference(flat_grads(split.module()), flat_grads(full.module())), loss, full_loss};
 }
 
 void print(const std::string& what, const Comparison& c) {
-  std::printf("[ measured ] %s: grad rel diff %.3e, window loss %.12f, full-batch loss %.12f\n",
-              what.c_str(), c.grad_difference, c.loss, c.full_loss);
+  std::printf("[ measured ] %s: grad rel diff %.3e, window loss %.12f, full-batch loss %.12f\n", what.c_str(),
+              c.grad_difference, c.loss, c.full_loss);
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -120,13 +114,11 @@ TEST(BloomModel, ParameterNamesFollowHuggingFace) {
   EXPECT_EQ(params.find("lm_head.weight"), nullptr);
   // HF's init: N(0, 0.02) weights, zero biases, LayerNorm (1, 0); deterministic.
   auto again = make_model(torch::kFloat);
-  EXPECT_TRUE(torch::equal(gradaccum::testing::flat_params(model.module()),
-                           gradaccum::testing::flat_params(again.module())));
+  EXPECT_TRUE(
+      torch::equal(gradaccum::testing::flat_params(model.module()), gradaccum::testing::flat_params(again.module())));
   EXPECT_NEAR(params["transformer.word_embeddings.weight"].std().item<double>(), 0.02, 0.002);
-  EXPECT_NEAR(params["transformer.h.1.mlp.dense_h_to_4h.weight"].std().item<double>(), 0.02,
-              0.002);
-  EXPECT_EQ(params["transformer.h.0.self_attention.query_key_value.bias"].abs().sum().item<double>(),
-            0.0);
+  EXPECT_NEAR(params["transformer.h.1.mlp.dense_h_to_4h.weight"].std().item<double>(), 0.02, 0.002);
+  EXPECT_EQ(params["transformer.h.0.self_attention.query_key_value.bias"].abs().sum().item<double>(), 0.0);
   EXPECT_EQ(params["transformer.word_embeddings_layernorm.weight"].sum().item<double>(), 24.0);
   EXPECT_EQ(params["transformer.ln_f.bias"].abs().sum().item<double>(), 0.0);
   // The decoder interface: no position table.
@@ -143,8 +135,7 @@ TEST(BloomAlibi, SlopesHaveTheirClosedForm) {
     auto slopes = bloom_alibi_slopes(n_head);
     ASSERT_EQ(slopes.size(0), static_cast<int64_t>(log2_slopes.size()));
     for (size_t i = 0; i < log2_slopes.size(); ++i) {
-      EXPECT_NEAR(slopes[i].item<double>(), std::exp2(log2_slopes[i]), 1e-15)
-          << "n_head " << n_head << ", head " << i;
+      EXPECT_NEAR(slopes[i].item<double>(), std::exp2(log2_slopes[i]), 1e-15) << "n_head " << n_head << ", head " << i;
     }
   };
   // A power of two, 8: base 2^(-8/8), slopes 2^-1 .. 2^-8.
@@ -185,8 +176,8 @@ TEST(BloomModel, GeluIsHfsBloomGelu) {
 // The logits of an independent plain-torch BLOOM forward (float64), for a
 // 6-head model with random LayerNorms, padded on the right and on the left.
 TEST(BloomModel, MatchesGoldenLogits) {
-  const auto golden = nlohmann::json::parse(
-      gradaccum::testing::read_text(std::string(GRADACCUM_TEST_DATA) + "/bloom_golden.json"));
+  const auto golden =
+      nlohmann::json::parse(gradaccum::testing::read_text(std::string(GRADACCUM_TEST_DATA) + "/bloom_golden.json"));
   BloomConfig config;
   config.vocab_size = golden["config"]["vocab_size"];
   config.hidden_size = golden["config"]["hidden_size"];
@@ -218,8 +209,7 @@ TEST(BloomModel, MatchesGoldenLogits) {
         return torch::tensor(flat, torch::kLong).view({rows, -1});
       };
       auto logits = model->forward(to_ids(batch["input_ids"]), to_ids(batch["attention_mask"]));
-      auto expected = torch::tensor(batch["logits"].get<std::vector<double>>(), torch::kDouble)
-                          .view(logits.sizes());
+      auto expected = torch::tensor(batch["logits"].get<std::vector<double>>(), torch::kDouble).view(logits.sizes());
       const double difference = max_relative_difference(logits.to(torch::kDouble), expected);
       std::printf("[ measured ] %s, %s padding: max relative difference to golden %.3e\n",
                   dtype == torch::kDouble ? "float64" : "float32", side, difference);
@@ -250,8 +240,7 @@ TEST(BloomModel, PaddingDoesNotChangeRealTokenLogits) {
   // positions alone could not show it: shifting every key of a row by the same
   // amount leaves its softmax unchanged; KeyPositionsComeFromTheMask checks them.)
   auto unmasked = model.model()->forward(left.ids);
-  EXPECT_GT(max_relative_difference(unmasked[2].slice(0, 9, 12), left_logits[2].slice(0, 9, 12)),
-            1e-6);
+  EXPECT_GT(max_relative_difference(unmasked[2].slice(0, 9, 12), left_logits[2].slice(0, 9, 12)), 1e-6);
 }
 
 TEST(BloomModel, LaterTokensDoNotChangeEarlierLogits) {
@@ -269,19 +258,23 @@ TEST(BloomModel, LaterTokensDoNotChangeEarlierLogits) {
 TEST(BloomModel, BadInputIsAnErrorNamingIt) {
   BloomConfig odd = tiny_bloom_config();
   odd.n_head = 5;
-  EXPECT_EQ(error_of([&] { BloomForCausalLm m(odd); }),
-            "BLOOM config: hidden_size 24 is not divisible by n_head 5");
+  EXPECT_EQ(error_of([&] { BloomForCausalLm m(odd); }), "BLOOM config: hidden_size 24 is not divisible by n_head 5");
   auto model = make_model(torch::kFloat);
-  EXPECT_EQ(error_of([&] { model.model()->forward(torch::tensor({1, 2, 3}, torch::kLong)); }),
+  EXPECT_EQ(error_of([&] {
+              model.model()->forward(torch::tensor({1, 2, 3}, torch::kLong));
+            }),
             "BLOOM: input_ids must be [batch, time] with time >= 1, got [3]");
-  EXPECT_EQ(error_of([&] { model.model()->forward(torch::tensor({{1, 64}}, torch::kLong)); }),
+  EXPECT_EQ(error_of([&] {
+              model.model()->forward(torch::tensor({{1, 64}}, torch::kLong));
+            }),
             "BLOOM: input_ids must lie in [0, vocab_size = 64), got values in [1, 64]");
   EXPECT_EQ(error_of([&] {
-              model.model()->forward(torch::ones({2, 3}, torch::kLong),
-                                     torch::ones({2, 4}, torch::kLong));
+              model.model()->forward(torch::ones({2, 3}, torch::kLong), torch::ones({2, 4}, torch::kLong));
             }),
             "BLOOM: attention_mask [2, 4] does not match input_ids [2, 3]");
-  EXPECT_EQ(error_of([&] { model.model()->forward(torch::ones({2, 3}, torch::kFloat)); }),
+  EXPECT_EQ(error_of([&] {
+              model.model()->forward(torch::ones({2, 3}, torch::kFloat));
+            }),
             "BLOOM: input_ids must be int64 (or int32) token ids, got Float");
 }
 
@@ -320,14 +313,13 @@ TEST(BloomAccumulation, IgnoredPaddingNaiveMeanOverWeightsShortMicroBatches) {
   torch::NoGradGuard no_grad;
   std::vector<double> means, counts;
   for (int64_t k = 0; k < 4; ++k) {
-    gradaccum::core::Batch batch{data.ids.slice(0, 2 * k, 2 * k + 2),
-                                 labels.slice(0, 2 * k, 2 * k + 2),
+    gradaccum::core::Batch batch{data.ids.slice(0, 2 * k, 2 * k + 2), labels.slice(0, 2 * k, 2 * k + 2),
                                  data.mask.slice(0, 2 * k, 2 * k + 2), 2};
     auto l = model.loss(batch);
     counts.push_back(static_cast<double>(l.count.item<int64_t>()));
     means.push_back(l.sum.item<double>() / counts.back());
-    std::printf("[ measured ] micro-batch %lld: %g tokens, mean loss %.6f\n",
-                static_cast<long long>(k), counts.back(), means.back());
+    std::printf("[ measured ] micro-batch %lld: %g tokens, mean loss %.6f\n", static_cast<long long>(k), counts.back(),
+                means.back());
   }
   EXPECT_EQ(counts, (std::vector<double>{5, 21, 9, 17}));
   EXPECT_GT(std::min(means[0], means[2]), std::max(means[1], means[3]));

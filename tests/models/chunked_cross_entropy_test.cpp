@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "dtype_cases.h"
 #include "gradaccum/models/bloom.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
 #include "padded_batches.h"
-#include "dtype_cases.h"
 #include "test_support.h"
 #include "tiny_decoders.h"
 
@@ -26,6 +26,7 @@ namespace {
 using gradaccum::testing::tiny_bloom_config;
 using gradaccum::testing::tiny_gpt2_config;
 
+using gradaccum::core::kIgnoreIndex;
 using gradaccum::models::BloomConfig;
 using gradaccum::models::BloomForCausalLm;
 using gradaccum::models::causal_lm_loss;
@@ -33,7 +34,6 @@ using gradaccum::models::CausalLm;
 using gradaccum::models::chunked_causal_lm_loss;
 using gradaccum::models::Gpt2Config;
 using gradaccum::models::Gpt2LmHeadModel;
-using gradaccum::core::kIgnoreIndex;
 using gradaccum::models::TargetSelection;
 using gradaccum::testing::flat_grads;
 using gradaccum::testing::max_relative_difference;
@@ -74,18 +74,14 @@ struct Result {
 // masked on accelerators).
 const TargetSelection kSelections[] = {TargetSelection::compact, TargetSelection::masked};
 
-const char* name_of(TargetSelection selection) {
-  return selection == TargetSelection::masked ? "masked" : "compact";
-}
+const char* name_of(TargetSelection selection) { return selection == TargetSelection::masked ? "masked" : "compact"; }
 
 // chunk_tokens 0 = the plain path.
-Result run(const Inputs& in, int64_t chunk_tokens,
-           TargetSelection selection = TargetSelection::automatic) {
+Result run(const Inputs& in, int64_t chunk_tokens, TargetSelection selection = TargetSelection::automatic) {
   auto hidden = in.hidden.clone().requires_grad_(true);
   auto weight = in.weight.clone().requires_grad_(true);
-  auto loss = chunk_tokens == 0
-                  ? causal_lm_loss(torch::nn::functional::linear(hidden, weight), in.labels)
-                  : chunked_causal_lm_loss(hidden, weight, in.labels, chunk_tokens, selection);
+  auto loss = chunk_tokens == 0 ? causal_lm_loss(torch::nn::functional::linear(hidden, weight), in.labels)
+                                : chunked_causal_lm_loss(hidden, weight, in.labels, chunk_tokens, selection);
   (loss.sum * kGradScale).backward();
   return {loss.sum.detach(), loss.count, hidden.grad(), weight.grad()};
 }
@@ -111,8 +107,8 @@ void expect_matches_plain(torch::ScalarType dtype, double tolerance) {
       const double hidden_diff = relative(chunked.grad_hidden, plain.grad_hidden);
       const double weight_diff = relative(chunked.grad_weight, plain.grad_weight);
       std::printf("[ measured ] %s %s chunk %lld: loss %.3e, grad hidden %.3e, grad weight %.3e\n",
-                  c10::toString(dtype), name_of(selection), static_cast<long long>(chunk),
-                  loss_diff, hidden_diff, weight_diff);
+                  c10::toString(dtype), name_of(selection), static_cast<long long>(chunk), loss_diff, hidden_diff,
+                  weight_diff);
       EXPECT_LE(loss_diff, tolerance);
       EXPECT_EQ(chunked.grad_hidden.scalar_type(), dtype);
       EXPECT_EQ(chunked.grad_weight.scalar_type(), dtype);
@@ -144,8 +140,7 @@ TEST(ChunkedCrossEntropy, GradientsMatchFiniteDifferences) {
     const double eps = 1e-6;
     auto loss_at = [&](const torch::Tensor& hidden, const torch::Tensor& weight) {
       torch::NoGradGuard no_grad;
-      return chunked_causal_lm_loss(hidden, weight, in.labels, 3, selection).sum.item<double>() *
-             kGradScale;
+      return chunked_causal_lm_loss(hidden, weight, in.labels, 3, selection).sum.item<double>() * kGradScale;
     };
     auto numeric = [&](bool of_hidden) {
       const auto& base = of_hidden ? in.hidden : in.weight;
@@ -179,8 +174,8 @@ TEST(ChunkedCrossEntropy, TargetFarBelowTheBestKeepsItsLossInFloat32) {
   const auto plain_hidden = hidden.clone().requires_grad_();
   auto plain = causal_lm_loss(torch::nn::functional::linear(plain_hidden, plain_weight), labels);
   plain.sum.backward();
-  const double expected = 200.0 + std::log1p(std::exp(-200.0) + 2 * std::exp(-100.0)) +
-                          std::log1p(std::exp(-200.0) + 2 * std::exp(-100.0));
+  const double expected =
+      200.0 + std::log1p(std::exp(-200.0) + 2 * std::exp(-100.0)) + std::log1p(std::exp(-200.0) + 2 * std::exp(-100.0));
   EXPECT_NEAR(plain.sum.item<double>(), expected, 1e-4);
   for (auto selection : {TargetSelection::compact, TargetSelection::masked}) {
     const auto w = weight.clone().requires_grad_();
@@ -292,9 +287,8 @@ TEST(ChunkedCrossEntropy, Bf16AutocastRunsMatmulsInBf16AndSoftmaxInFloat32) {
   const double loss_diff = relative(loss.sum.detach(), fp32.sum);
   const double hidden_diff = relative(hidden.grad(), fp32.grad_hidden);
   const double weight_diff = relative(weight.grad(), fp32.grad_weight);
-  std::printf(
-      "[ measured ] bf16 autocast vs float32: loss %.3e, grad hidden %.3e, grad weight %.3e\n",
-      loss_diff, hidden_diff, weight_diff);
+  std::printf("[ measured ] bf16 autocast vs float32: loss %.3e, grad hidden %.3e, grad weight %.3e\n", loss_diff,
+              hidden_diff, weight_diff);
   EXPECT_LE(loss_diff, kBf16LossTolerance);
   EXPECT_LE(hidden_diff, kBf16GradTolerance);
   EXPECT_LE(weight_diff, kBf16GradTolerance);
@@ -308,8 +302,7 @@ TEST(ChunkedCrossEntropy, Bf16AutocastRunsMatmulsInBf16AndSoftmaxInFloat32) {
   auto weight_plain = in.weight.clone().requires_grad_(true);
   {
     CpuAutocastBf16 autocast;
-    auto plain =
-        causal_lm_loss(torch::nn::functional::linear(hidden_plain, weight_plain), in.labels);
+    auto plain = causal_lm_loss(torch::nn::functional::linear(hidden_plain, weight_plain), in.labels);
     (plain.sum * kGradScale).backward();
     EXPECT_LE(relative(loss.sum.detach(), plain.sum.detach()), kBf16LossTolerance);
   }
@@ -377,8 +370,7 @@ ModelRun model_run(CausalLm& model, const gradaccum::core::Batch& batch) {
   return {loss.sum.item<double>(), loss.count.item<int64_t>(), flat_grads(model.module())};
 }
 
-void expect_model_chunking_exact(CausalLm model, torch::ScalarType dtype, bool left_padding,
-                                 double tolerance) {
+void expect_model_chunking_exact(CausalLm model, torch::ScalarType dtype, bool left_padding, double tolerance) {
   model.module().to(dtype);
   const auto data = pad(gradaccum::testing::make_sequences({3, 11, 6, 9}, 17), left_padding);
   const auto labels = data.ids.masked_fill(data.mask.eq(0), kIgnoreIndex);
@@ -395,16 +387,15 @@ void expect_model_chunking_exact(CausalLm model, torch::ScalarType dtype, bool l
     EXPECT_EQ(chunked.count, plain.count);
     const double loss_diff = std::abs(chunked.loss - plain.loss) / std::abs(plain.loss);
     const double grad_diff = max_relative_difference(chunked.grads, plain.grads);
-    std::printf("[ measured ] chunk %lld: loss %.3e, all gradients %.3e\n",
-                static_cast<long long>(chunk), loss_diff, grad_diff);
+    std::printf("[ measured ] chunk %lld: loss %.3e, all gradients %.3e\n", static_cast<long long>(chunk), loss_diff,
+                grad_diff);
     EXPECT_LE(loss_diff, tolerance);
     EXPECT_LE(grad_diff, tolerance);
     // Evaluation takes the chunked path under no_grad and gives the same sums.
     torch::NoGradGuard no_grad;
     const auto eval = model.evaluate(batch);
     EXPECT_EQ(eval.count.item<int64_t>(), plain.count);
-    EXPECT_LE(std::abs(eval.loss_sum.item<double>() - plain.loss) / std::abs(plain.loss),
-              tolerance);
+    EXPECT_LE(std::abs(eval.loss_sum.item<double>() - plain.loss) / std::abs(plain.loss), tolerance);
   }
   model.set_loss_chunk_tokens(0);
 }

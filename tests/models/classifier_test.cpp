@@ -1,8 +1,6 @@
 // Sequence classification on GPT-2 and BLOOM backbones: last-real-token
 // pooling under padding, and exact accumulation — one item per row, so every
 // split of a window (4×2, 8×1, 2×4, 16×1) gives the full batch's gradient.
-#include "gradaccum/models/sequence_classifier.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -14,6 +12,7 @@
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/models/bloom.h"
 #include "gradaccum/models/gpt2.h"
+#include "gradaccum/models/sequence_classifier.h"
 #include "padded_batches.h"
 #include "test_support.h"
 
@@ -56,8 +55,7 @@ Decoder make_backbone(const std::string& architecture) {
 SequenceClassifier make_classifier(const std::string& architecture, torch::ScalarType dtype) {
   // initializer_range 0.2 for the score, not 0.02: logits of order 1, so the
   // cross-entropy's gradient is not nearly the same for every row.
-  SequenceClassifier classifier{
-      SequenceClassificationModel(make_backbone(architecture), kLabels, 0.2, 99)};
+  SequenceClassifier classifier{SequenceClassificationModel(make_backbone(architecture), kLabels, 0.2, 99)};
   classifier.module().to(dtype);
   return classifier;
 }
@@ -72,8 +70,7 @@ struct Rows {
 Rows make_rows(const std::vector<int64_t>& lengths, uint64_t seed = 5) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + 1000);
   const auto rows = static_cast<int64_t>(lengths.size());
-  return {make_sequences(lengths, seed),
-          torch::randint(0, kLabels, {rows}, generator, torch::kLong)};
+  return {make_sequences(lengths, seed), torch::randint(0, kLabels, {rows}, generator, torch::kLong)};
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -93,8 +90,7 @@ TEST(ClassifierModel, ParameterNamesFollowHuggingFace) {
     ASSERT_NE(params.find("score.weight"), nullptr) << architecture;
     EXPECT_EQ(params["score.weight"].sizes().vec(), (std::vector<int64_t>{kLabels, hidden}));
     EXPECT_EQ(params.find("score.bias"), nullptr);
-    EXPECT_NE(params.find(architecture == "gpt2" ? "transformer.wte.weight"
-                                                 : "transformer.word_embeddings.weight"),
+    EXPECT_NE(params.find(architecture == "gpt2" ? "transformer.wte.weight" : "transformer.word_embeddings.weight"),
               nullptr);
     // The backbone's own parameters and the score, nothing else.
     EXPECT_EQ(params.size(), (architecture == "gpt2" ? 28u : 29u) + 1u) << architecture;
@@ -125,19 +121,17 @@ TEST(ClassifierModel, PoolsTheLastRealToken) {
     for (bool left : {true, false}) {
       for (int64_t width : {12, 15, 20}) {
         const auto padded = pad(rows.sequences, left, width);
-        worst = std::max(worst, max_relative_difference(model->forward(padded.ids, padded.mask),
-                                                         reference));
+        worst = std::max(worst, max_relative_difference(model->forward(padded.ids, padded.mask), reference));
       }
     }
-    std::printf("[ measured ] %s: logits over paddings vs alone: %.3e\n", architecture.c_str(),
-                worst);
+    std::printf("[ measured ] %s: logits over paddings vs alone: %.3e\n", architecture.c_str(), worst);
     EXPECT_LE(worst, 1e-12) << architecture;
     // Pooling the last position of a right-padded batch instead would read padding.
     EXPECT_GT(max_relative_difference(model->forward(right.ids), reference), 1e-3);
   }
-  EXPECT_TRUE(torch::equal(
-      gradaccum::models::last_real_token(torch::tensor({{1, 1, 0, 0}, {0, 0, 1, 1}, {0, 1, 0, 0}})),
-      torch::tensor({1, 3, 1}, torch::kLong)));
+  EXPECT_TRUE(
+      torch::equal(gradaccum::models::last_real_token(torch::tensor({{1, 1, 0, 0}, {0, 0, 1, 1}, {0, 1, 0, 0}})),
+                   torch::tensor({1, 3, 1}, torch::kLong)));
 }
 
 // 8 padded rows: 4×2, 8×1 and 2×4 give the full batch's gradient and loss.
@@ -148,21 +142,18 @@ TEST(ClassifierAccumulation, SplitsEqualFullBatch) {
       const auto data = pad(rows.sequences, left);
       for (auto dtype : {torch::kDouble, torch::kFloat}) {
         auto full = make_classifier(architecture, dtype);
-        const double full_loss = accumulate_padded_window(full, data, rows.labels, {8},
-                                                          LossNormalization::window, 1);
+        const double full_loss = accumulate_padded_window(full, data, rows.labels, {8}, LossNormalization::window, 1);
         const double tolerance = dtype == torch::kDouble ? 1e-10 : 1e-5;
-        for (const auto& splits : std::vector<std::vector<int64_t>>{
-                 {2, 2, 2, 2}, {1, 1, 1, 1, 1, 1, 1, 1}, {4, 4}}) {
+        for (const auto& splits : std::vector<std::vector<int64_t>>{{2, 2, 2, 2}, {1, 1, 1, 1, 1, 1, 1, 1}, {4, 4}}) {
           auto split = make_classifier(architecture, dtype);
-          const double loss = accumulate_padded_window(
-              split, data, rows.labels, splits, LossNormalization::window,
-              static_cast<int64_t>(splits.size()));
-          const double difference =
-              max_relative_difference(flat_grads(split.module()), flat_grads(full.module()));
-          std::printf("[ measured ] %s %s %s, %zu micro-batches: grad rel diff %.3e, loss %.12f "
-                      "vs %.12f\n",
-                      architecture.c_str(), dtype == torch::kDouble ? "float64" : "float32",
-                      left ? "left" : "right", splits.size(), difference, loss, full_loss);
+          const double loss = accumulate_padded_window(split, data, rows.labels, splits, LossNormalization::window,
+                                                       static_cast<int64_t>(splits.size()));
+          const double difference = max_relative_difference(flat_grads(split.module()), flat_grads(full.module()));
+          std::printf(
+              "[ measured ] %s %s %s, %zu micro-batches: grad rel diff %.3e, loss %.12f "
+              "vs %.12f\n",
+              architecture.c_str(), dtype == torch::kDouble ? "float64" : "float32", left ? "left" : "right",
+              splits.size(), difference, loss, full_loss);
           EXPECT_LE(difference, tolerance) << architecture;
           EXPECT_NEAR(loss, full_loss, tolerance * full_loss) << architecture;
         }
@@ -174,20 +165,16 @@ TEST(ClassifierAccumulation, SplitsEqualFullBatch) {
 
 // Seed 001's shape: batch 1 × 16 accumulation steps equals batch 16.
 TEST(ClassifierAccumulation, BatchOneBySixteenEqualsBatchSixteen) {
-  const auto rows =
-      make_rows({2, 9, 4, 12, 7, 1, 5, 11, 3, 8, 6, 10, 12, 2, 9, 4}, /*seed=*/17);
+  const auto rows = make_rows({2, 9, 4, 12, 7, 1, 5, 11, 3, 8, 6, 10, 12, 2, 9, 4}, /*seed=*/17);
   const auto data = pad(rows.sequences, false);
   for (const auto& architecture : kArchitectures) {
     auto full = make_classifier(architecture, torch::kDouble);
-    const double full_loss =
-        accumulate_padded_window(full, data, rows.labels, {16}, LossNormalization::window, 1);
+    const double full_loss = accumulate_padded_window(full, data, rows.labels, {16}, LossNormalization::window, 1);
     auto split = make_classifier(architecture, torch::kDouble);
-    const double loss = accumulate_padded_window(
-        split, data, rows.labels, std::vector<int64_t>(16, 1), LossNormalization::window, 16);
-    const double difference =
-        max_relative_difference(flat_grads(split.module()), flat_grads(full.module()));
-    std::printf("[ measured ] %s 16x1 vs 16: grad rel diff %.3e\n", architecture.c_str(),
-                difference);
+    const double loss =
+        accumulate_padded_window(split, data, rows.labels, std::vector<int64_t>(16, 1), LossNormalization::window, 16);
+    const double difference = max_relative_difference(flat_grads(split.module()), flat_grads(full.module()));
+    std::printf("[ measured ] %s 16x1 vs 16: grad rel diff %.3e\n", architecture.c_str(), difference);
     EXPECT_LE(difference, 1e-10) << architecture;
     EXPECT_NEAR(loss, full_loss, 1e-10 * full_loss) << architecture;
   }
@@ -216,15 +203,12 @@ TEST(ClassifierTask, EvaluateSumsLossRowsAndCorrect) {
 TEST(ClassifierTask, BadLabelsAreAnErrorNamingThem) {
   auto classifier = make_classifier("bloom", torch::kFloat);
   const auto data = pad(make_sequences({3, 4}, 1), false);
-  auto run = [&](torch::Tensor labels) {
-    return error_of([&] { classifier.loss({data.ids, labels, data.mask, 2}); });
-  };
+  auto run = [&](torch::Tensor labels) { return error_of([&] { classifier.loss({data.ids, labels, data.mask, 2}); }); };
   EXPECT_EQ(run(torch::tensor({{0}, {1}}, torch::kLong)),
             "sequence classifier: labels must be [2] (one per row), got 2 dims of shape [2, 1]");
   EXPECT_EQ(run(torch::tensor({0, 3}, torch::kLong)),
             "sequence classifier: labels must lie in [0, num_labels = 3), got values in [0, 3]");
-  EXPECT_EQ(run(torch::tensor({0.0, 1.0}, torch::kDouble)),
-            "sequence classifier: labels must be int64, got Double");
+  EXPECT_EQ(run(torch::tensor({0.0, 1.0}, torch::kDouble)), "sequence classifier: labels must be int64, got Double");
   EXPECT_EQ(error_of([&] { SequenceClassificationModel(make_backbone("gpt2"), 0); }),
             "sequence classifier: num_labels must be positive, got 0");
 }

@@ -1,14 +1,14 @@
 // GeluMlp: the fused CPU path against libtorch's own Linear → GELU → Linear,
 // against central finite differences, and which inputs take which path.
-#include <gtest/gtest.h>
+#include "gradaccum/models/gelu_mlp.h"
 
 #include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
 
 #include <string>
 
-#include "gradaccum/models/gelu_mlp.h"
-#include "gradaccum/models/networks.h"
 #include "dtype_cases.h"
+#include "gradaccum/models/networks.h"
 #include "test_support.h"
 
 namespace {
@@ -25,8 +25,7 @@ struct Pair {
 Pair make_pair(int64_t in, int64_t hidden, int64_t out, torch::ScalarType dtype) {
   torch::manual_seed(7);
   Pair p{GeluMlp(in, hidden, out), nullptr};
-  p.plain = torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::GELU(),
-                                  torch::nn::Linear(hidden, out));
+  p.plain = torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::GELU(), torch::nn::Linear(hidden, out));
   p.fused->to(dtype);
   p.plain->to(dtype);
   torch::NoGradGuard no_grad;
@@ -59,9 +58,10 @@ void expect_fused_equals_plain(torch::ScalarType dtype, double tolerance) {
     const auto x = torch::randn({rows, 16}, dtype);
     const auto weights = torch::randn({rows, 2}, dtype);
     ASSERT_TRUE(p.fused->fuses(x));
-    const auto fused = run(*p.fused, [&](const torch::Tensor& t) { return p.fused(t); }, x, weights);
-    const auto plain = run(*p.plain, [&](const torch::Tensor& t) { return p.plain->forward(t); }, x,
-                           weights);
+    const auto fused = run(
+        *p.fused, [&](const torch::Tensor& t) { return p.fused(t); }, x, weights);
+    const auto plain = run(
+        *p.plain, [&](const torch::Tensor& t) { return p.plain->forward(t); }, x, weights);
     EXPECT_LE(max_relative_difference(fused.y, plain.y), tolerance);
     EXPECT_LE(max_relative_difference(fused.grad_x, plain.grad_x), tolerance);
     EXPECT_LE(max_relative_difference(fused.grads, plain.grads), tolerance);
@@ -71,7 +71,9 @@ void expect_fused_equals_plain(torch::ScalarType dtype, double tolerance) {
 
 class GeluMlpDtypes : public ::testing::TestWithParam<gradaccum::testing::DtypeCase> {};
 
-TEST_P(GeluMlpDtypes, FusedPathEqualsLibtorchLayers) { expect_fused_equals_plain(GetParam().dtype, GetParam().tolerance); }
+TEST_P(GeluMlpDtypes, FusedPathEqualsLibtorchLayers) {
+  expect_fused_equals_plain(GetParam().dtype, GetParam().tolerance);
+}
 
 INSTANTIATE_TEST_SUITE_P(, GeluMlpDtypes, gradaccum::testing::dtype_cases(1e-12, 1e-5),
                          gradaccum::testing::dtype_case_name);
@@ -97,7 +99,8 @@ TEST(GeluMlp, FusedGradientsMatchFiniteDifferences) {
   torch::manual_seed(3);
   const auto x = torch::randn({4, 5}, torch::kDouble);
   const auto weights = torch::randn({4, 3}, torch::kDouble);
-  const auto analytic = run(*p.fused, [&](const torch::Tensor& t) { return p.fused(t); }, x, weights);
+  const auto analytic = run(
+      *p.fused, [&](const torch::Tensor& t) { return p.fused(t); }, x, weights);
   auto objective = [&](const torch::Tensor& input) {
     torch::NoGradGuard no_grad;
     return (p.fused(input) * weights).sum().item<double>();
@@ -152,8 +155,8 @@ TEST(GeluMlp, LargeNonContiguousOrReducedPrecisionInputsTakeLibtorchLayers) {
   const int64_t most_rows = GeluMlp::Impl::kMaxFusedMultiplyAdds / per_row;
   EXPECT_TRUE(mlp->fuses(torch::randn({most_rows, 16})));
   EXPECT_FALSE(mlp->fuses(torch::randn({most_rows + 1, 16})));
-  EXPECT_FALSE(mlp->fuses(torch::randn({16, 4}).t()));     // not contiguous
-  EXPECT_FALSE(mlp->fuses(torch::randn({2, 3, 16})));      // not a matrix
+  EXPECT_FALSE(mlp->fuses(torch::randn({16, 4}).t()));              // not contiguous
+  EXPECT_FALSE(mlp->fuses(torch::randn({2, 3, 16})));               // not a matrix
   EXPECT_FALSE(mlp->fuses(torch::randn({2, 16}, torch::kDouble)));  // weights are float32
   {
     at::autocast::set_autocast_enabled(at::kCPU, true);

@@ -1,10 +1,11 @@
 // models::gelu_tanh's fused CPU path against libtorch's gelu(x, "tanh"):
 // values and slopes in float32, bfloat16 as the float32 result rounded once,
 // the fallback for other dtypes, and its refusal of second-order gradients.
+#include "gradaccum/models/gelu_tanh.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "gradaccum/models/gelu_tanh.h"
 #include "test_support.h"
 
 namespace {
@@ -37,8 +38,7 @@ TEST(GeluTanh, Float32MatchesLibtorchToRounding) {
   // cancels too, below ~1e-13).
   const auto exact = torch::gelu(x.to(torch::kDouble), "tanh");
   const auto shown = exact.abs().gt(1e-9);
-  const auto relative =
-      ((fused.value.to(torch::kDouble) - exact).abs() / exact.abs()).masked_select(shown);
+  const auto relative = ((fused.value.to(torch::kDouble) - exact).abs() / exact.abs()).masked_select(shown);
   // (The tail's relative condition number, ~2|u| ≈ 30 at x = −6, scales float32's rounding of u.)
   EXPECT_LT(relative.max().item<double>(), 1e-5);
 }
@@ -47,8 +47,8 @@ TEST(GeluTanh, BFloat16IsTheFloat32ResultRoundedOnce) {
   const auto x = inputs(torch::kBFloat16);
   ASSERT_TRUE(gelu_tanh_fuses(x));
   const auto fused = value_and_grad([](const torch::Tensor& t) { return gelu_tanh(t); }, x);
-  const auto float32 = value_and_grad(
-      [](const torch::Tensor& t) { return gelu_tanh(t.to(torch::kFloat)).to(torch::kBFloat16); }, x);
+  const auto float32 =
+      value_and_grad([](const torch::Tensor& t) { return gelu_tanh(t.to(torch::kFloat)).to(torch::kBFloat16); }, x);
   EXPECT_EQ(fused.value.scalar_type(), torch::kBFloat16);
   EXPECT_EQ(fused.grad.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::equal(fused.value, float32.value));

@@ -24,18 +24,17 @@ namespace {
 
 using gradaccum::testing::tiny_gpt2_config;
 
+using gradaccum::core::kIgnoreIndex;
 using gradaccum::core::LossNormalization;
 using gradaccum::models::CausalLm;
 using gradaccum::models::Gpt2Config;
 using gradaccum::models::Gpt2LmHeadModel;
-using gradaccum::core::kIgnoreIndex;
 using gradaccum::testing::accumulate_padded_window;
 using gradaccum::testing::flat_grads;
 using gradaccum::testing::max_relative_difference;
 using gradaccum::testing::pad;
 using gradaccum::testing::Padded;
 using gradaccum::testing::zero_grads;
-
 
 CausalLm make_model(torch::ScalarType dtype) {
   CausalLm model{Gpt2LmHeadModel(tiny_gpt2_config())};
@@ -46,18 +45,14 @@ CausalLm make_model(torch::ScalarType dtype) {
 // Random real tokens (never the pad id) of each length, from a fixed seed.
 // kTokenSeed: see IgnoredPaddingNaiveMeanOverWeightsShortMicroBatches.
 constexpr uint64_t kTokenSeed = 6;
-std::vector<torch::Tensor> make_sequences(const std::vector<int64_t>& lengths,
-                                          uint64_t seed = kTokenSeed) {
+std::vector<torch::Tensor> make_sequences(const std::vector<int64_t>& lengths, uint64_t seed = kTokenSeed) {
   return gradaccum::testing::make_sequences(lengths, seed);
 }
 
 // Labels as in the seed's first experiment: the input ids, padding included.
 torch::Tensor labels_with_padding(const Padded& p) { return p.ids.clone(); }
 // Labels as HF's data collators make them: padding ignored.
-torch::Tensor labels_ignoring_padding(const Padded& p) {
-  return p.ids.masked_fill(p.mask.eq(0), kIgnoreIndex);
-}
-
+torch::Tensor labels_ignoring_padding(const Padded& p) { return p.ids.masked_fill(p.mask.eq(0), kIgnoreIndex); }
 
 // Seed 000's lengths in spirit: short and long sequences, paired into micro-batches
 // of very different token counts (after the shift, right padding ignored: 5, 21,
@@ -71,21 +66,20 @@ struct Comparison {
   double full_loss;        // the full batch's loss
 };
 
-Comparison compare_to_full_batch(torch::ScalarType dtype, bool ignore_padding,
-                                 LossNormalization mode, bool left_padding = false) {
+Comparison compare_to_full_batch(torch::ScalarType dtype, bool ignore_padding, LossNormalization mode,
+                                 bool left_padding = false) {
   const auto data = pad(make_sequences(kLengths), left_padding);
   const auto labels = ignore_padding ? labels_ignoring_padding(data) : labels_with_padding(data);
   auto full = make_model(dtype);
   const double full_loss = accumulate_padded_window(full, data, labels, {8}, LossNormalization::window, 1);
   auto split = make_model(dtype);
   const double loss = accumulate_padded_window(split, data, labels, kSplits, mode, 4);
-  return {max_relative_difference(flat_grads(split.module()), flat_grads(full.module())), loss,
-          full_loss};
+  return {max_relative_difference(flat_grads(split.module()), flat_grads(full.module())), loss, full_loss};
 }
 
 void print(const char* what, const Comparison& c) {
-  std::printf("[ measured ] %s: grad rel diff %.3e, window loss %.12f, full-batch loss %.12f\n",
-              what, c.grad_difference, c.loss, c.full_loss);
+  std::printf("[ measured ] %s: grad rel diff %.3e, window loss %.12f, full-batch loss %.12f\n", what,
+              c.grad_difference, c.loss, c.full_loss);
 }
 
 TEST(Gpt2Model, ParameterNamesFollowHuggingFace) {
@@ -95,8 +89,7 @@ TEST(Gpt2Model, ParameterNamesFollowHuggingFace) {
       {"transformer.wte.weight", {64, 16}},
       {"transformer.wpe.weight", {32, 16}},
       {"transformer.h.0.ln_1.weight", {16}},
-      {"transformer.h.0.attn.c_attn.weight",
-       {48, 16}},  // Linear: [out, in] = HF Conv1D's transpose
+      {"transformer.h.0.attn.c_attn.weight", {48, 16}},  // Linear: [out, in] = HF Conv1D's transpose
       {"transformer.h.0.attn.c_proj.bias", {16}},
       {"transformer.h.1.mlp.c_fc.weight", {64, 16}},
       {"transformer.h.1.mlp.c_proj.weight", {16, 64}},
@@ -111,8 +104,8 @@ TEST(Gpt2Model, ParameterNamesFollowHuggingFace) {
   EXPECT_EQ(params.find("lm_head.weight"), nullptr);
   // Deterministic init: equal configs give equal weights; std 0.02 as HF.
   auto again = make_model(torch::kFloat);
-  EXPECT_TRUE(torch::equal(gradaccum::testing::flat_params(model.module()),
-                           gradaccum::testing::flat_params(again.module())));
+  EXPECT_TRUE(
+      torch::equal(gradaccum::testing::flat_params(model.module()), gradaccum::testing::flat_params(again.module())));
   EXPECT_NEAR(params["transformer.wte.weight"].std().item<double>(), 0.02, 0.002);
   EXPECT_EQ(params["transformer.h.0.ln_1.weight"].sum().item<double>(), 16.0);
 }
@@ -140,14 +133,12 @@ TEST(Gpt2Accumulation, PadLabelsEveryModeEqualsFullBatch) {
 // full batch; the naive mean / N does not.
 TEST(Gpt2Accumulation, IgnoredPaddingWindowEqualsFullBatch) {
   for (bool left : {true, false}) {
-    const auto window64 =
-        compare_to_full_batch(torch::kDouble, true, LossNormalization::window, left);
+    const auto window64 = compare_to_full_batch(torch::kDouble, true, LossNormalization::window, left);
     print(left ? "b float64 window, left padding" : "b float64 window, right padding", window64);
     EXPECT_LE(window64.grad_difference, 1e-10);
     EXPECT_NEAR(window64.loss, window64.full_loss, 1e-10 * window64.full_loss);
 
-    const auto window32 =
-        compare_to_full_batch(torch::kFloat, true, LossNormalization::window, left);
+    const auto window32 = compare_to_full_batch(torch::kFloat, true, LossNormalization::window, left);
     print(left ? "b float32 window, left padding" : "b float32 window, right padding", window32);
     EXPECT_LE(window32.grad_difference, 1e-5);
     EXPECT_NEAR(window32.loss, window32.full_loss, 1e-5 * window32.full_loss);
@@ -178,14 +169,13 @@ TEST(Gpt2Accumulation, IgnoredPaddingNaiveMeanOverWeightsShortMicroBatches) {
   torch::NoGradGuard no_grad;
   std::vector<double> means, counts;
   for (int64_t k = 0; k < 4; ++k) {
-    gradaccum::core::Batch batch{data.ids.slice(0, 2 * k, 2 * k + 2),
-                                 labels.slice(0, 2 * k, 2 * k + 2),
+    gradaccum::core::Batch batch{data.ids.slice(0, 2 * k, 2 * k + 2), labels.slice(0, 2 * k, 2 * k + 2),
                                  data.mask.slice(0, 2 * k, 2 * k + 2), 2};
     auto l = model.loss(batch);
     counts.push_back(static_cast<double>(l.count.item<int64_t>()));
     means.push_back(l.sum.item<double>() / counts.back());
-    std::printf("[ measured ] micro-batch %lld: %g tokens, mean loss %.6f\n",
-                static_cast<long long>(k), counts.back(), means.back());
+    std::printf("[ measured ] micro-batch %lld: %g tokens, mean loss %.6f\n", static_cast<long long>(k), counts.back(),
+                means.back());
   }
   EXPECT_EQ(counts, (std::vector<double>{5, 21, 9, 17}));
   EXPECT_GT(std::min(means[0], means[2]), std::max(means[1], means[3]));
@@ -224,9 +214,7 @@ TEST(Gpt2CausalLmLoss, CountsShiftedNonIgnoredLabels) {
     const double expected = -(picked * keep.to(torch::kDouble)).sum().item<double>();
     EXPECT_NEAR(l.sum.item<double>(), expected, 1e-12 * expected);
     // Padding labelled with the pad id instead: every shifted position counts.
-    EXPECT_EQ(
-        gradaccum::models::causal_lm_loss(logits, labels_with_padding(data)).count.item<int64_t>(),
-        3 * 5);
+    EXPECT_EQ(gradaccum::models::causal_lm_loss(logits, labels_with_padding(data)).count.item<int64_t>(), 3 * 5);
   }
   // A batch of single tokens has no targets: sum 0, count 0 (no NaN).
   auto one = model.model()->forward(torch::tensor({{5}, {9}}, torch::kLong));
@@ -248,8 +236,7 @@ TEST(Gpt2Model, LaterTokensDoNotChangeEarlierLogits) {
   auto b = model.model()->forward(changed);
   const double before = (a.slice(1, 0, 6) - b.slice(1, 0, 6)).abs().max().item<double>();
   const double after = (a.slice(1, 6, 10) - b.slice(1, 6, 10)).abs().max().item<double>();
-  std::printf("[ measured ] logits before the changed token: %.3e, from it on: %.3e\n", before,
-              after);
+  std::printf("[ measured ] logits before the changed token: %.3e, from it on: %.3e\n", before, after);
   EXPECT_EQ(before, 0.0);
   EXPECT_GT(after, 1e-3);
 }
@@ -296,8 +283,7 @@ TEST(Gpt2CausalLmLoss, GradientMatchesFiniteDifferences) {
   // embedding and tied LM head.
   std::vector<std::pair<std::string, int64_t>> entries;
   for (const auto& item : params) {
-    entries.emplace_back(item.key(),
-                         item.value().grad().abs().reshape(-1).argmax().item<int64_t>());
+    entries.emplace_back(item.key(), item.value().grad().abs().reshape(-1).argmax().item<int64_t>());
   }
   ASSERT_EQ(entries.size(), 28u);
   const double h = 1e-5;
@@ -313,8 +299,8 @@ TEST(Gpt2CausalLmLoss, GradientMatchesFiniteDifferences) {
     flat[index].fill_(original);
     const double numeric = (up - down) / (2 * h);
     const double error = std::abs(numeric - analytic) / std::abs(analytic);
-    std::printf("[ measured ] %s[%lld]: analytic %.6e, numeric %.6e, rel error %.2e\n",
-                name.c_str(), static_cast<long long>(index), analytic, numeric, error);
+    std::printf("[ measured ] %s[%lld]: analytic %.6e, numeric %.6e, rel error %.2e\n", name.c_str(),
+                static_cast<long long>(index), analytic, numeric, error);
     EXPECT_GT(std::abs(analytic), 1e-4) << name;
     EXPECT_LE(error, 1e-6) << name;
   }
@@ -330,19 +316,18 @@ class FullSizeAddCounter {
     numel_ = numel;
     count_ = 0;
     handle_ = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(
-            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-              const auto op = fn.operator_name();
-              if (op && op->name == "aten::add" && op->overload_name == "Tensor") {
-                const auto inputs = fn.inputs();
-                if (inputs.size() >= 2 && inputs[0].isTensor() && inputs[1].isTensor() &&
-                    inputs[0].toTensor().numel() == numel_ && !inputs[0].toTensor().is_sparse() &&
-                    !inputs[1].toTensor().is_sparse()) {
-                  ++count_;
-                }
-              }
-              return nullptr;
-            })
+        at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+          const auto op = fn.operator_name();
+          if (op && op->name == "aten::add" && op->overload_name == "Tensor") {
+            const auto inputs = fn.inputs();
+            if (inputs.size() >= 2 && inputs[0].isTensor() && inputs[1].isTensor() &&
+                inputs[0].toTensor().numel() == numel_ && !inputs[0].toTensor().is_sparse() &&
+                !inputs[1].toTensor().is_sparse()) {
+              ++count_;
+            }
+          }
+          return nullptr;
+        })
             .needsInputs(true)
             .scopes({at::RecordScope::FUNCTION}));
   }

@@ -72,8 +72,7 @@ torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
 }
 
 NamedTensors without(NamedTensors tensors, const std::string& name) {
-  tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
-                               [&](const auto& item) { return item.first == name; }),
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [&](const auto& item) { return item.first == name; }),
                 tensors.end());
   return tensors;
 }
@@ -126,8 +125,7 @@ TEST(HfCheckpoint, Gpt2TensorsUseHfNamesAndConv1DLayout) {
     ASSERT_TRUE(theirs.defined()) << name;
     EXPECT_TRUE(torch::equal(theirs, ours.t())) << name;
   }
-  EXPECT_EQ(find(tensors, "transformer.h.0.attn.c_attn.weight").sizes(),
-            torch::IntArrayRef({16, 48}));  // [in, out]
+  EXPECT_EQ(find(tensors, "transformer.h.0.attn.c_attn.weight").sizes(), torch::IntArrayRef({16, 48}));  // [in, out]
   EXPECT_TRUE(torch::equal(find(tensors, "transformer.wte.weight"), model->gpt2()->wte->weight));
   // A snapshot: later training does not change it.
   {
@@ -146,8 +144,7 @@ TEST(HfCheckpoint, WritingReplacesAnExistingDirectoryAndLeavesNoStaging) {
   write_hf_checkpoint(dir + "/", {gpt2_hf_config(second->config()), hf_tensors(*second, "gpt2")});
   EXPECT_FALSE(fs::exists(dir + "/stale.txt"));
   const auto back = read_hf_checkpoint(dir);
-  EXPECT_TRUE(
-      torch::equal(find(back.tensors, "transformer.wte.weight"), second->gpt2()->wte->weight));
+  EXPECT_TRUE(torch::equal(find(back.tensors, "transformer.wte.weight"), second->gpt2()->wte->weight));
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(parent)) names.push_back(e.path().filename());
   EXPECT_EQ(names, std::vector<std::string>{"ckpt"});
@@ -165,8 +162,7 @@ Golden read_golden() {
   Golden g;
   auto rows = j["input_ids"].get<std::vector<std::vector<int64_t>>>();
   auto mask = j["attention_mask"].get<std::vector<std::vector<int64_t>>>();
-  const int64_t batch = static_cast<int64_t>(rows.size()),
-                time = static_cast<int64_t>(rows[0].size());
+  const int64_t batch = static_cast<int64_t>(rows.size()), time = static_cast<int64_t>(rows[0].size());
   g.input_ids = torch::empty({batch, time}, torch::kLong);
   g.attention_mask = torch::empty({batch, time}, torch::kLong);
   for (int64_t b = 0; b < batch; ++b)
@@ -174,8 +170,7 @@ Golden read_golden() {
       g.input_ids[b][t] = rows[b][t];
       g.attention_mask[b][t] = mask[b][t];
     }
-  g.logits =
-      torch::tensor(j["logits"].get<std::vector<double>>(), torch::kDouble).view({batch, time, -1});
+  g.logits = torch::tensor(j["logits"].get<std::vector<double>>(), torch::kDouble).view({batch, time, -1});
   return g;
 }
 
@@ -196,12 +191,10 @@ TEST(HfCheckpoint, GoldenGpt2FromAnIndependentImplementationMatches) {
   EXPECT_EQ(config.resid_pdrop, 0.1);
   Gpt2LmHeadModel model(config);
   model->eval();
-  ASSERT_GT(golden_difference(model->forward(golden.input_ids, golden.attention_mask), golden),
-            0.1);
+  ASSERT_GT(golden_difference(model->forward(golden.input_ids, golden.attention_mask), golden), 0.1);
   load_hf_tensors(*model, checkpoint.tensors, "gpt2", kGolden);
   torch::NoGradGuard no_grad;
-  EXPECT_LE(golden_difference(model->forward(golden.input_ids, golden.attention_mask), golden),
-            1e-5);
+  EXPECT_LE(golden_difference(model->forward(golden.input_ids, golden.attention_mask), golden), 1e-5);
 
   // Loaded into a float64 model (F32 → F64 on load) it matches to float64 precision:
   // the remaining float32 difference above is rounding, not a mapping error.
@@ -210,8 +203,7 @@ TEST(HfCheckpoint, GoldenGpt2FromAnIndependentImplementationMatches) {
   model64->to(torch::kDouble);
   load_hf_tensors(*model64, checkpoint.tensors, "gpt2", kGolden);
   EXPECT_EQ(model64->gpt2()->wte->weight.scalar_type(), torch::kDouble);
-  EXPECT_LE(golden_difference(model64->forward(golden.input_ids, golden.attention_mask), golden),
-            1e-12);
+  EXPECT_LE(golden_difference(model64->forward(golden.input_ids, golden.attention_mask), golden), 1e-12);
 }
 
 TEST(HfCheckpoint, AcceptsNamesWithoutTransformerPrefixAndAPresentTiedHead) {
@@ -230,12 +222,10 @@ TEST(HfCheckpoint, AcceptsNamesWithoutTransformerPrefixAndAPresentTiedHead) {
   model->eval();  // inference logits, as the golden's
   load_hf_tensors(*model, bare, "gpt2", "bare");
   torch::NoGradGuard no_grad;
-  EXPECT_LE(golden_difference(model->forward(golden.input_ids, golden.attention_mask), golden),
-            1e-5);
+  EXPECT_LE(golden_difference(model->forward(golden.input_ids, golden.attention_mask), golden), 1e-5);
 
   EXPECT_ONE_LINE_ERROR(
-      load_hf_tensors(*model, replaced(bare, "lm_head.weight", torch::zeros({63, 16})), "gpt2",
-                      "bare"),
+      load_hf_tensors(*model, replaced(bare, "lm_head.weight", torch::zeros({63, 16})), "gpt2", "bare"),
       "bare: tensor lm_head.weight: shape [63, 16] does not match the tied transformer.wte.weight "
       "[64, 16]");
 }
@@ -248,23 +238,19 @@ TEST(HfCheckpointErrors, MissingWrongShapeUnexpectedOrDuplicateTensorIsNamed) {
   Gpt2LmHeadModel model(tiny_config(2));
   const auto before = gradaccum::testing::flat_params(*model);
 
+  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*model, without(tensors, "transformer.h.1.ln_2.bias"), "gpt2", "ck"),
+                        "ck: missing tensor transformer.h.1.ln_2.bias");
   EXPECT_ONE_LINE_ERROR(
-      load_hf_tensors(*model, without(tensors, "transformer.h.1.ln_2.bias"), "gpt2", "ck"),
-      "ck: missing tensor transformer.h.1.ln_2.bias");
-  EXPECT_ONE_LINE_ERROR(
-      load_hf_tensors(*model,
-                      without(without(tensors, "transformer.ln_f.bias"), "transformer.wpe.weight"),
-                      "gpt2", "ck"),
+      load_hf_tensors(*model, without(without(tensors, "transformer.ln_f.bias"), "transformer.wpe.weight"), "gpt2",
+                      "ck"),
       "ck: missing tensor transformer.wpe.weight (and 1 more)");
   EXPECT_ONE_LINE_ERROR(
-      load_hf_tensors(*model, replaced(tensors, "transformer.ln_f.weight", torch::ones({17})),
-                      "gpt2", "ck"),
+      load_hf_tensors(*model, replaced(tensors, "transformer.ln_f.weight", torch::ones({17})), "gpt2", "ck"),
       "ck: tensor transformer.ln_f.weight: shape [17] does not match the model's [16]");
   // Our own [out, in] layout where HF's Conv1D [in, out] is expected.
   EXPECT_ONE_LINE_ERROR(
-      load_hf_tensors(
-          *model, replaced(tensors, "transformer.h.0.attn.c_attn.weight", torch::zeros({48, 16})),
-          "gpt2", "ck"),
+      load_hf_tensors(*model, replaced(tensors, "transformer.h.0.attn.c_attn.weight", torch::zeros({48, 16})), "gpt2",
+                      "ck"),
       "ck: tensor transformer.h.0.attn.c_attn.weight: shape [48, 16] does not match the model's "
       "[16, 48] (HF Conv1D layout [in, out])");
   auto extra = tensors;
@@ -273,15 +259,12 @@ TEST(HfCheckpointErrors, MissingWrongShapeUnexpectedOrDuplicateTensorIsNamed) {
                         "ck: unexpected tensor transformer.h.0.attn.rotary.weight");
   auto twice = tensors;
   twice.emplace_back("wte.weight", find(tensors, "transformer.wte.weight"));
-  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*model, twice, "gpt2", "ck"),
-                        "both hold parameter transformer.wte.weight");
+  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*model, twice, "gpt2", "ck"), "both hold parameter transformer.wte.weight");
   EXPECT_ONE_LINE_ERROR(
-      load_hf_tensors(*model,
-                      replaced(tensors, "transformer.ln_f.bias", torch::zeros({16}, torch::kLong)),
-                      "gpt2", "ck"),
+      load_hf_tensors(*model, replaced(tensors, "transformer.ln_f.bias", torch::zeros({16}, torch::kLong)), "gpt2",
+                      "ck"),
       "ck: tensor transformer.ln_f.bias: dtype Long is not floating point");
-  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*model, tensors, "llama", "ck"),
-                        "unknown architecture \"llama\"");
+  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*model, tensors, "llama", "ck"), "unknown architecture \"llama\"");
 
   // Every failure above was detected before anything was copied.
   EXPECT_TRUE(torch::equal(gradaccum::testing::flat_params(*model), before));
@@ -302,26 +285,22 @@ TEST(HfCheckpoint, SequenceClassifierScoreHeadAndFineTuningFromAnLmCheckpoint) {
 
   const auto hf_config = gpt2_hf_config(config, 3);
   EXPECT_EQ(hf_config["architectures"], nlohmann::json::array({"GPT2ForSequenceClassification"}));
-  EXPECT_EQ(hf_config["id2label"],
-            nlohmann::json({{"0", "LABEL_0"}, {"1", "LABEL_1"}, {"2", "LABEL_2"}}));
+  EXPECT_EQ(hf_config["id2label"], nlohmann::json({{"0", "LABEL_0"}, {"1", "LABEL_1"}, {"2", "LABEL_2"}}));
   EXPECT_EQ(hf_config["label2id"]["LABEL_2"], 2);
   EXPECT_EQ(hf_num_labels(hf_config, "c"), 3);
 
   auto other = gpt2_classifier(tiny_config(4), 3);
   load_hf_tensors(*other, tensors, "gpt2", "cls");
-  EXPECT_TRUE(torch::equal(gradaccum::testing::flat_params(*other),
-                           gradaccum::testing::flat_params(*classifier)));
+  EXPECT_TRUE(torch::equal(gradaccum::testing::flat_params(*other), gradaccum::testing::flat_params(*classifier)));
 
   // From a causal-LM checkpoint the score head is missing: an error unless allowed,
   // in which case it keeps its initialization.
   const auto lm = read_hf_checkpoint(kGolden);
-  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*other, lm.tensors, "gpt2", "lm"),
-                        "lm: missing tensor score.weight");
+  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*other, lm.tensors, "gpt2", "lm"), "lm: missing tensor score.weight");
   const auto score_before = other->score->weight.clone();
   load_hf_tensors(*other, lm.tensors, "gpt2", "lm", {"score.weight"});
   EXPECT_TRUE(torch::equal(other->score->weight, score_before));
-  EXPECT_TRUE(torch::equal(other->transformer->token_embedding(),
-                           find(lm.tensors, "transformer.wte.weight")));
+  EXPECT_TRUE(torch::equal(other->transformer->token_embedding(), find(lm.tensors, "transformer.wte.weight")));
 }
 
 BloomConfig tiny_bloom(uint64_t seed) {
@@ -347,11 +326,9 @@ TEST(HfCheckpoint, BloomSaveThenLoadNoTransposeAndBareNames) {
   EXPECT_EQ(config.n_layer, 2);
   EXPECT_EQ(config.n_head, 2);
   EXPECT_FALSE(find(checkpoint.tensors, "lm_head.weight").defined());
-  const auto qkv =
-      find(checkpoint.tensors, "transformer.h.0.self_attention.query_key_value.weight");
+  const auto qkv = find(checkpoint.tensors, "transformer.h.0.self_attention.query_key_value.weight");
   ASSERT_TRUE(qkv.defined());
-  EXPECT_TRUE(torch::equal(
-      qkv, saved->bloom()->h[0]->as<BloomBlockImpl>()->self_attention->query_key_value->weight));
+  EXPECT_TRUE(torch::equal(qkv, saved->bloom()->h[0]->as<BloomBlockImpl>()->self_attention->query_key_value->weight));
 
   const auto ids = sample_ids().remainder(32);
   BloomForCausalLm loaded(tiny_bloom(2));
@@ -370,12 +347,10 @@ TEST(HfCheckpoint, BloomSaveThenLoadNoTransposeAndBareNames) {
   EXPECT_TRUE(torch::equal(from_bare->forward(ids), saved->forward(ids)));
   // GPT-2's ignored buffers are not BLOOM's.
   bare.emplace_back("h.0.attn.bias", torch::zeros({1}));
-  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*from_bare, bare, "bloom", "bare"),
-                        "bare: unexpected tensor h.0.attn.bias");
+  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*from_bare, bare, "bloom", "bare"), "bare: unexpected tensor h.0.attn.bias");
   EXPECT_ONE_LINE_ERROR(
-      load_hf_tensors(*from_bare,
-                      without(checkpoint.tensors, "transformer.word_embeddings_layernorm.bias"),
-                      "bloom", "b"),
+      load_hf_tensors(*from_bare, without(checkpoint.tensors, "transformer.word_embeddings_layernorm.bias"), "bloom",
+                      "b"),
       "b: missing tensor transformer.word_embeddings_layernorm.bias");
 }
 
@@ -433,15 +408,12 @@ TEST(HfCheckpointErrors, BloomConfigMissingWrongOrUnsupportedFields) {
   };
   auto missing = good;
   missing.erase("hidden_size");
-  EXPECT_ONE_LINE_ERROR(bloom_config_from_hf(missing, "b"),
-                        "b: config.json has no \"hidden_size\"");
-  EXPECT_ONE_LINE_ERROR(bloom_config_from_hf(with("n_layer", 2.5), "b"),
-                        "\"n_layer\" must be an integer, got 2.5");
+  EXPECT_ONE_LINE_ERROR(bloom_config_from_hf(missing, "b"), "b: config.json has no \"hidden_size\"");
+  EXPECT_ONE_LINE_ERROR(bloom_config_from_hf(with("n_layer", 2.5), "b"), "\"n_layer\" must be an integer, got 2.5");
   EXPECT_ONE_LINE_ERROR(bloom_config_from_hf(with("n_head", 3), "b"),
                         "\"hidden_size\" 8 is not divisible by \"n_head\" 3");
-  EXPECT_ONE_LINE_ERROR(
-      bloom_config_from_hf(with("apply_residual_connection_post_layernorm", true), "b"),
-      "\"apply_residual_connection_post_layernorm\" is true; this model supports only false");
+  EXPECT_ONE_LINE_ERROR(bloom_config_from_hf(with("apply_residual_connection_post_layernorm", true), "b"),
+                        "\"apply_residual_connection_post_layernorm\" is true; this model supports only false");
   EXPECT_ONE_LINE_ERROR(bloom_config_from_hf(with("model_type", "gpt2"), "b"), "not \"bloom\"");
 }
 
@@ -480,18 +452,14 @@ TEST(HfCheckpointErrors, Gpt2ConfigMissingWrongOrUnsupportedFields) {
     j.erase(key);
     return j;
   };
-  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(drop("n_embd"), "d"),
-                        "d: config.json has no \"n_embd\"");
+  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(drop("n_embd"), "d"), "d: config.json has no \"n_embd\"");
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("n_layer", "2"), "d"),
                         "d: config.json \"n_layer\" must be an integer, got \"2\"");
-  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("n_head", 0), "d"),
-                        "\"n_head\" must be positive, got 0");
-  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("n_head", 3), "d"),
-                        "\"n_embd\" 16 is not divisible by \"n_head\" 3");
+  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("n_head", 0), "d"), "\"n_head\" must be positive, got 0");
+  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("n_head", 3), "d"), "\"n_embd\" 16 is not divisible by \"n_head\" 3");
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("layer_norm_epsilon", "tiny"), "d"),
                         "\"layer_norm_epsilon\" must be a number");
-  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(drop("model_type"), "d"),
-                        "d: config.json has no \"model_type\"");
+  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(drop("model_type"), "d"), "d: config.json has no \"model_type\"");
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("model_type", "llama"), "d"),
                         "\"model_type\" is \"llama\"; supported: gpt2, bloom");
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("model_type", "bloom"), "d"), "not \"gpt2\"");
@@ -502,10 +470,8 @@ TEST(HfCheckpointErrors, Gpt2ConfigMissingWrongOrUnsupportedFields) {
                         "\"tie_word_embeddings\" must be true or false, got \"no\"");
   EXPECT_FALSE(gpt2_config_from_hf(with("tie_word_embeddings", false), "d").tie_word_embeddings);
   EXPECT_TRUE(gpt2_config_from_hf(drop("tie_word_embeddings"), "d").tie_word_embeddings);
-  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("add_cross_attention", true), "d"),
-                        "\"add_cross_attention\" is true");
-  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(nlohmann::json::array(), "d"),
-                        "d: config.json is not a JSON object");
+  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("add_cross_attention", true), "d"), "\"add_cross_attention\" is true");
+  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(nlohmann::json::array(), "d"), "d: config.json is not a JSON object");
   EXPECT_EQ(gpt2_config_from_hf(with("activation_function", "gelu_pytorch_tanh"), "d").n_embd, 16);
   EXPECT_EQ(gpt2_config_from_hf(with("n_inner", 64), "d").n_embd, 16);
   EXPECT_ONE_LINE_ERROR(hf_num_labels(with("architectures", "GPT2LMHeadModel"), "d"),
@@ -514,8 +480,7 @@ TEST(HfCheckpointErrors, Gpt2ConfigMissingWrongOrUnsupportedFields) {
 
 TEST(HfCheckpointErrors, DirectoryFilesMissingOrCorrupt) {
   const auto dir = make_temp_dir("hf-bad");
-  EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir + "/none"),
-                        dir + "/none: HF checkpoint directory does not exist");
+  EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir + "/none"), dir + "/none: HF checkpoint directory does not exist");
   EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir), dir + ": HF checkpoint has no config.json");
 
   std::ofstream(dir + "/config.json") << "{\"model_type\": \"gpt2\",\n";
@@ -524,13 +489,11 @@ TEST(HfCheckpointErrors, DirectoryFilesMissingOrCorrupt) {
   std::ofstream(dir + "/config.json") << "[]";
   EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir), dir + "/config.json: not a JSON object");
   std::ofstream(dir + "/config.json") << "{}";
-  EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir),
-                        dir + "/model.safetensors: not a safetensors file: 1 bytes");
+  EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir), dir + "/model.safetensors: not a safetensors file: 1 bytes");
 
   // A truncated copy of the golden weights.
   const auto golden = gradaccum::testing::read_text(kGolden + "/model.safetensors");
-  std::ofstream(dir + "/model.safetensors", std::ios::binary)
-      << golden.substr(0, golden.size() - 100);
+  std::ofstream(dir + "/model.safetensors", std::ios::binary) << golden.substr(0, golden.size() - 100);
   EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir), "extend past the data region");
 
   fs::remove(dir + "/model.safetensors");

@@ -23,10 +23,9 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <vector>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "gradaccum/formats/safetensors.h"
 #include "gradaccum/models/bloom.h"
@@ -45,8 +44,8 @@ using gradaccum::testing::max_relative_difference;
 // Runs tests/hf/<script> DIR [ARG] with the venv's Python, its output into DIR/log; the exit status.
 int run_hf_script(const std::string& script, const std::string& dir, const std::string& arg = "") {
   const std::string path = std::string(GRADACCUM_TEST_DATA) + "/../hf/" + script;
-  const std::string command = "'" + gradaccum::testing::venv_program("python") + "' -B '" + path + "' '" +
-                              dir + "'" + (arg.empty() ? "" : " '" + arg + "'") + " > '" + dir + "/log' 2>&1";
+  const std::string command = "'" + gradaccum::testing::venv_program("python") + "' -B '" + path + "' '" + dir + "'" +
+                              (arg.empty() ? "" : " '" + arg + "'") + " > '" + dir + "/log' 2>&1";
   return std::system(command.c_str());
 }
 
@@ -68,7 +67,8 @@ class HfInterop : public ::testing::Test {
 
   void SetUp() override {
     ASSERT_EQ(status_, 0) << "tests/hf/save_pretrained_models.py failed (transformers in the venv "
-                          << gradaccum::testing::venv_program("python") << "?):\n" << tail_of(dir_ + "/log");
+                          << gradaccum::testing::venv_program("python") << "?):\n"
+                          << tail_of(dir_ + "/log");
   }
 
   static nlohmann::json cases() {
@@ -83,8 +83,8 @@ std::string HfInterop::dir_;
 int HfInterop::status_ = -1;
 
 // gradaccum's model for a checkpoint of `architecture` with `labels` (0 = causal LM).
-std::shared_ptr<torch::nn::Module> build(const nlohmann::json& config, const std::string& architecture,
-                                         int64_t labels, const std::string& what) {
+std::shared_ptr<torch::nn::Module> build(const nlohmann::json& config, const std::string& architecture, int64_t labels,
+                                         const std::string& what) {
   if (architecture == "gpt2") {
     const auto c = models::gpt2_config_from_hf(config, what);
     if (labels == 0) return models::Gpt2LmHeadModel(c).ptr();
@@ -134,8 +134,8 @@ TEST_F(HfInterop, SavePretrainedModelsLoadAndGiveTransformersLogits) {
       ASSERT_EQ(logits.sizes(), expected.sizes()) << name;
       EXPECT_TRUE(torch::isfinite(logits.index({real})).all().item<bool>()) << name;
       EXPECT_TRUE(torch::isfinite(expected.index({real})).all().item<bool>()) << name;
-      const double difference = max_relative_difference(logits.to(torch::kDouble).index({real}),
-                                                        expected.to(torch::kDouble).index({real}));
+      const double difference =
+          max_relative_difference(logits.to(torch::kDouble).index({real}), expected.to(torch::kDouble).index({real}));
       EXPECT_LE(difference, dtype == torch::kDouble ? 1e-12 : 1e-5)
           << name << " in " << (dtype == torch::kDouble ? "float64" : "float32");
       EXPECT_GT(expected.index({real}).abs().max().item<double>(), 0.1) << name;  // of substance
@@ -168,8 +168,10 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
     std::string name, architecture;
     int64_t labels;
   };
-  const std::vector<Case> made = {{"gpt2-lm", "gpt2", 0}, {"gpt2-cls", "gpt2", 4},
-                                  {"bloom-lm", "bloom", 0}, {"bloom-cls", "bloom", 3},
+  const std::vector<Case> made = {{"gpt2-lm", "gpt2", 0},
+                                  {"gpt2-cls", "gpt2", 4},
+                                  {"bloom-lm", "bloom", 0},
+                                  {"bloom-cls", "bloom", 3},
                                   {"gpt2-lm-untied", "gpt2", 0}};
   nlohmann::json listed = nlohmann::json::array();
   std::map<std::string, double> losses;
@@ -229,10 +231,10 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
     }
     losses[c.name] = loss;
     formats::save_safetensors(case_dir + "/reference.safetensors", {{"input_ids", ids},
-                                                               {"attention_mask", mask},
-                                                               {"position_ids", positions},
-                                                               {"labels", labels},
-                                                               {"logits64", logits.contiguous()}});
+                                                                    {"attention_mask", mask},
+                                                                    {"position_ids", positions},
+                                                                    {"labels", labels},
+                                                                    {"logits64", logits.contiguous()}});
     listed.push_back({{"name", c.name}, {"labels", c.labels}});
   }
   std::ofstream(root + "/cases.json") << listed.dump();
@@ -276,7 +278,8 @@ class HfTrainerParity : public ::testing::Test {
 
   void SetUp() override {
     ASSERT_EQ(status_, 0) << "tests/hf/trainer_parity.py failed (transformers, accelerate and tiktoken in the "
-                          << "venv, gpt2.tiktoken in " << tokenizer_ << "?):\n" << tail_of(dir_ + "/log");
+                          << "venv, gpt2.tiktoken in " << tokenizer_ << "?):\n"
+                          << tail_of(dir_ + "/log");
   }
 
   static std::vector<nlohmann::json> peer(const std::string& name) {
@@ -293,8 +296,8 @@ class HfTrainerParity : public ::testing::Test {
         " --set data.max_length=48 --set data.eval_fraction=0 --set train_sampling_strategy=sequential"
         " --set per_device_train_batch_size=4 --set gradient_accumulation_steps=4 --set max_steps=10"
         " --set learning_rate=3e-3 --set weight_decay=0.1 --set lr_scheduler_type=cosine --set warmup_steps=2"
-        " --set max_grad_norm=1.0 --set threads=2 --set seed=5 --set dtype=" + dtype +
-        " --set loss_normalization=" + normalization;
+        " --set max_grad_norm=1.0 --set threads=2 --set seed=5 --set dtype=" +
+        dtype + " --set loss_normalization=" + normalization;
     return gradaccum::testing::train_steps(args, dir_ + "/run-" + dtype + "-" + normalization);
   }
 
@@ -304,8 +307,8 @@ class HfTrainerParity : public ::testing::Test {
     EXPECT_EQ(ours.size(), theirs.size());
     double largest = 0.0;
     for (size_t i = 0; i < std::min(ours.size(), theirs.size()); ++i) {
-      largest = std::max(largest, gradaccum::testing::relative_difference(ours[i][key].get<double>(),
-                                                                          theirs[i][key].get<double>()));
+      largest = std::max(
+          largest, gradaccum::testing::relative_difference(ours[i][key].get<double>(), theirs[i][key].get<double>()));
     }
     return largest;
   }
@@ -355,10 +358,10 @@ void expect_stock_trainer_over_counts(const nlohmann::json& first_step) {
 // The Trainer normalizes each window by its token count (num_items_in_batch, transformers
 // >= 4.46), as gradaccum's `window` mode does: the same loss, pre-clip grad norm and learning
 // rate at every one of the 10 steps (and the stock Trainer's first step differs as said
-// above; and the Accelerate loop is the `micro_batch` mode, below). In float32 the losses agree to ~2e-7, but the Trainer's
-// grad norm carries torch's float32 norm of the 1.6M-element embedding gradient (3.6e-5 off
-// on that tensor, 5.4e-6 on the total at step 1, 5e-4 by step 10 as measured): gradaccum's
-// float32 run stays within 1e-6 of the float64 Trainer, and within 1e-3 of the float32 one.
+// above; and the Accelerate loop is the `micro_batch` mode, below). In float32 the losses agree to ~2e-7, but the
+// Trainer's grad norm carries torch's float32 norm of the 1.6M-element embedding gradient (3.6e-5 off on that
+// tensor, 5.4e-6 on the total at step 1, 5e-4 by step 10 as measured): gradaccum's float32 run stays within 1e-6 of the
+// float64 Trainer, and within 1e-3 of the float32 one.
 TEST_F(HfTrainerParity, GradaccumFollowsTheHfTrainerStepForStep) {
   const auto trainer64 = peer("trainer-float64"), trainer32 = peer("trainer-float32");
   for (const std::string dtype : {"float64", "float32"}) {
@@ -384,7 +387,6 @@ TEST_F(HfTrainerParity, GradaccumFollowsTheHfTrainerStepForStep) {
   }
   expect_micro_batch_mode_is_accelerates_loop();
 }
-
 
 // `gradaccum eval` on a checkpoint a gradaccum run wrote (final/, after 3 steps on KJV verses)
 // gives transformers' loss, perplexity and token count on the same text: GPT-2 (documents cut
@@ -416,17 +418,17 @@ TEST(HfEval, GradaccumEvalGivesTransformersPerplexity) {
   std::ifstream in(dir + "/perplexity.json");
   const auto reference = nlohmann::json::parse(in);
   for (const auto& checkpoint : checkpoints) {
-    const auto result = gradaccum::testing::run_cli("eval --checkpoint " + checkpoint.get<std::string>() + " " +
-                                                    dir + "/eval.txt --batch-size 3");
+    const auto result = gradaccum::testing::run_cli("eval --checkpoint " + checkpoint.get<std::string>() + " " + dir +
+                                                    "/eval.txt --batch-size 3");
     ASSERT_EQ(result.exit_code, 0) << result.err;
     const auto ours = nlohmann::json::parse(result.out);
     const auto& theirs = reference.at(checkpoint.get<std::string>());
     EXPECT_EQ(ours["tokens"], theirs["tokens"]) << checkpoint;
     EXPECT_LE(gradaccum::testing::relative_difference(ours["loss"].get<double>(), theirs["loss"].get<double>()), 1e-5)
         << checkpoint;
-    EXPECT_LE(gradaccum::testing::relative_difference(ours["perplexity"].get<double>(),
-                                                      theirs["perplexity"].get<double>()),
-              1e-5)
+    EXPECT_LE(
+        gradaccum::testing::relative_difference(ours["perplexity"].get<double>(), theirs["perplexity"].get<double>()),
+        1e-5)
         << checkpoint;
     // Of substance: trained (3 steps), so below the uniform ln(50257) = 10.825 nats.
     EXPECT_LT(ours["loss"].get<double>(), 10.8) << checkpoint;

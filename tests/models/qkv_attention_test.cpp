@@ -1,13 +1,13 @@
 // models::qkv_attention's fused CPU path against the libtorch expression it
 // replaces (qkv_attention_reference): outputs and gradients with causal and
 // padding masks, rows with no allowed key, which inputs fuse, and its errors.
+#include "gradaccum/models/qkv_attention.h"
+
+#include <ATen/autocast_mode.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <ATen/autocast_mode.h>
-
 #include "gradaccum/models/decoder.h"
-#include "gradaccum/models/qkv_attention.h"
 #include "test_support.h"
 
 namespace {
@@ -24,8 +24,7 @@ using ::testing::HasSubstr;
 
 // The output and d(Σ y ⊙ w)/d qkv of `attention` (test_support.h's value_and_grad).
 template <typename Attention>
-ValueAndGrad run(Attention attention, const torch::Tensor& qkv, const torch::Tensor& allowed,
-                 int64_t n_head) {
+ValueAndGrad run(Attention attention, const torch::Tensor& qkv, const torch::Tensor& allowed, int64_t n_head) {
   return value_and_grad([&](const torch::Tensor& x) { return attention(x, n_head, allowed); }, qkv);
 }
 
@@ -58,13 +57,9 @@ void expect_fused_equals_reference(torch::ScalarType dtype, double tolerance) {
   }
 }
 
-TEST(QkvAttention, FusedEqualsTheLibtorchExpressionInFloat64) {
-  expect_fused_equals_reference(torch::kDouble, 1e-12);
-}
+TEST(QkvAttention, FusedEqualsTheLibtorchExpressionInFloat64) { expect_fused_equals_reference(torch::kDouble, 1e-12); }
 
-TEST(QkvAttention, FusedEqualsTheLibtorchExpressionInFloat32) {
-  expect_fused_equals_reference(torch::kFloat, 2e-6);
-}
+TEST(QkvAttention, FusedEqualsTheLibtorchExpressionInFloat32) { expect_fused_equals_reference(torch::kFloat, 2e-6); }
 
 TEST(QkvAttention, RowsWithoutAllowedKeysAttendUniformly) {
   const int64_t time = 5, channels = 4;
@@ -132,17 +127,22 @@ TEST(QkvAttention, Bf16AutocastComputesInFloat32OnTheBf16Values) {
   EXPECT_TRUE(torch::equal(fused.grad, float32.grad));
   const auto reference = autocast_run(qkv_attention_reference);
   EXPECT_LT(max_relative_difference(fused.value.to(torch::kFloat), reference.value.to(torch::kFloat)), 2e-2);
-  EXPECT_LT(max_relative_difference(fused.grad.to(torch::kFloat), reference.grad.to(torch::kFloat)),
-            3e-2);
+  EXPECT_LT(max_relative_difference(fused.grad.to(torch::kFloat), reference.grad.to(torch::kFloat)), 3e-2);
 }
 
 TEST(QkvAttention, RefusesBadShapesAndSecondOrderGradients) {
   const auto allowed = masks(2, 6)[0];
-  EXPECT_THAT(error_of([&] { qkv_attention(torch::randn({2, 6, 13}), 2, allowed); }),
+  EXPECT_THAT(error_of([&] {
+                qkv_attention(torch::randn({2, 6, 13}), 2, allowed);
+              }),
               HasSubstr("qkv_attention: qkv must be [B, T, 3C], got 3 dimension(s) with last size 13"));
-  EXPECT_THAT(error_of([&] { qkv_attention(torch::randn({2, 6, 12}), 3, allowed); }),
+  EXPECT_THAT(error_of([&] {
+                qkv_attention(torch::randn({2, 6, 12}), 3, allowed);
+              }),
               HasSubstr("qkv_attention: 4 channels are not divisible into 3 heads"));
-  EXPECT_THAT(error_of([&] { qkv_attention(torch::randn({2, 5, 12}), 2, allowed); }),
+  EXPECT_THAT(error_of([&] {
+                qkv_attention(torch::randn({2, 5, 12}), 2, allowed);
+              }),
               HasSubstr("allowed must be a bool [B or 1, 1, T, T] mask for B = 2, T = 5"));
   auto qkv = torch::randn({2, 6, 12}, torch::requires_grad());
   auto y = qkv_attention(qkv, 2, allowed);

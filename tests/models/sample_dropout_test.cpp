@@ -3,6 +3,8 @@
 // micro-batch and however long the micro-batch is padded, checkpointed blocks recompute the same
 // masks, the HF config names travel through config.json, and `verify` passes with dropout 0.1 on
 // GPT-2, BLOOM and the CNN (while libtorch's dropout does not).
+#include "gradaccum/models/sample_dropout.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +13,6 @@
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/models/hf_checkpoint.h"
-#include "gradaccum/models/sample_dropout.h"
 #include "test_support.h"
 #include "tiny_decoders.h"
 
@@ -81,7 +82,8 @@ TEST(SampleDropout, ASampleGetsItsMaskWhereverItSitsAndHoweverLongThePadding) {
   EXPECT_FALSE(torch::equal(a, models::per_sample_dropout_scale(torch::ones({2, 5, 8}), 0.1, keys({7, 3}), 3)));
   EXPECT_FALSE(torch::equal(a, models::per_sample_dropout_scale(torch::ones({2, 5, 8}), 0.1, keys({7, 3}, 3, 43), 2)));
   // The kept fraction is 1 - p: 0.9 ± 5 standard deviations over 400 000 elements.
-  const auto many = models::per_sample_dropout_scale(torch::ones({100, 4000}), 0.1, keys(std::vector<int64_t>(100, 1)), 0);
+  const auto many =
+      models::per_sample_dropout_scale(torch::ones({100, 4000}), 0.1, keys(std::vector<int64_t>(100, 1)), 0);
   const double fraction = many.ne(0).to(torch::kDouble).mean().item<double>();
   EXPECT_NEAR(fraction, 0.9, 5 * std::sqrt(0.09 / 400000.0));
   // Identical ids give identical rows: the mask is the sample's, not the row's.
@@ -175,7 +177,8 @@ const std::string kTinyGpt2 =
     "--set model.type=gpt2 --set model.n_layer=1 --set model.n_embd=16 --set model.n_head=2 "
     "--set model.n_positions=32 --set data.type=kjv --set data.max_length=16 --set data.train_limit=96 "
     "--set threads=2 --set learning_rate=1e-2 --set seed=7";
-const std::string kGpt2Dropout = kTinyGpt2 + " --set model.resid_pdrop=0.1 --set model.embd_pdrop=0.1 --set model.attn_pdrop=0.1";
+const std::string kGpt2Dropout =
+    kTinyGpt2 + " --set model.resid_pdrop=0.1 --set model.embd_pdrop=0.1 --set model.attn_pdrop=0.1";
 const std::string kBloomDropout =
     "--set model.type=bloom --set model.n_layer=1 --set model.n_embd=16 --set model.n_head=2 --set data.type=kjv "
     "--set data.max_length=16 --set data.train_limit=96 --set threads=2 --set learning_rate=1e-2 --set seed=7 "
@@ -206,7 +209,8 @@ TEST(SampleDropoutRuns, WithLibtorchsDropoutTheSplitsDiffer) {
 // their generators are seeded alike, and rank 1 repeats rank 0's masks.
 TEST(SampleDropoutRuns, TwoRanksTrainAsOneWithPerSampleDropoutOnly) {
   const auto dir = support::make_temp_dir("dropout-ranks");
-  const auto run = kCnnDropout + " --set dtype=float64 --set max_steps=3 --set data.eval_limit=-1 "
+  const auto run = kCnnDropout +
+                   " --set dtype=float64 --set max_steps=3 --set data.eval_limit=-1 "
                    "--set per_device_train_batch_size=16 --set threads=1";
   for (const std::string rng : {"per_sample", "libtorch"}) {
     const auto one = support::train_steps(run + " --set gradient_accumulation_steps=2 --set model.dropout_rng=" + rng,
@@ -217,9 +221,10 @@ TEST(SampleDropoutRuns, TwoRanksTrainAsOneWithPerSampleDropoutOnly) {
     ASSERT_EQ(two.size(), 3u);
     double largest = 0.0;
     for (size_t i = 0; i < one.size(); ++i) {
-      largest = std::max(largest, support::relative_difference(two[i]["loss"].get<double>(), one[i]["loss"].get<double>()));
-      largest = std::max(largest, support::relative_difference(two[i]["grad_norm"].get<double>(),
-                                                               one[i]["grad_norm"].get<double>()));
+      largest =
+          std::max(largest, support::relative_difference(two[i]["loss"].get<double>(), one[i]["loss"].get<double>()));
+      largest = std::max(
+          largest, support::relative_difference(two[i]["grad_norm"].get<double>(), one[i]["grad_norm"].get<double>()));
     }
     if (rng == "per_sample") {
       EXPECT_LE(largest, 1e-10);
@@ -237,7 +242,9 @@ TEST(SampleDropoutRuns, TheConfigNamesTheMisplacedKey) {
             "embd_pdrop and attn_pdrop\n");
   const auto p = run_cli("train " + kTinyGpt2 + " --set model.resid_pdrop=1.0 --set max_steps=1");
   EXPECT_EQ(p.exit_code, 1);
-  EXPECT_EQ(p.err, "gradaccum: error: key 'model.resid_pdrop': must be in [0, 1), or -1 for the checkpoint's (else 0), got 1\n");
+  EXPECT_EQ(
+      p.err,
+      "gradaccum: error: key 'model.resid_pdrop': must be in [0, 1), or -1 for the checkpoint's (else 0), got 1\n");
 }
 
 }  // namespace

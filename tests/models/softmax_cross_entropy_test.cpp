@@ -1,6 +1,8 @@
 // models::softmax_cross_entropy_ against libtorch's log_softmax, gather and
 // exp: the loss and the gradient softmax − onehot, weighted rows, bfloat16
 // rounding, thread-count independence and its errors.
+#include "gradaccum/models/softmax_cross_entropy.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -8,7 +10,6 @@
 #include <limits>
 #include <vector>
 
-#include "gradaccum/models/softmax_cross_entropy.h"
 #include "test_support.h"
 
 namespace {
@@ -25,8 +26,7 @@ struct Reference {
 };
 
 // Σ_r w_r · (−log softmax(x_r)[t_r]) and w_r · (softmax(x_r) − onehot(t_r)) in float64, by libtorch.
-Reference reference(const torch::Tensor& logits, const torch::Tensor& targets,
-                    const torch::Tensor& weights) {
+Reference reference(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& weights) {
   const auto x = logits.to(torch::kDouble);
   const auto w = weights.defined() ? weights.to(torch::kDouble) : torch::ones({x.size(0)}, x.options());
   const auto log_p = torch::log_softmax(x, 1);
@@ -64,8 +64,7 @@ TEST(SoftmaxCrossEntropy, Float32IsWithinFloatRoundingOfFloat64) {
     EXPECT_LT(std::abs(loss - expected.loss) / expected.loss, 1e-6) << "vocab " << vocab;
     // The gradient's entries are ≤ 1 in magnitude; float32 rounding of the exponentials and the
     // sum leaves ~1e-7 of the largest.
-    EXPECT_LT(max_relative_difference(inplace.to(torch::kDouble), expected.grad), 2e-6)
-        << "vocab " << vocab;
+    EXPECT_LT(max_relative_difference(inplace.to(torch::kDouble), expected.grad), 2e-6) << "vocab " << vocab;
     // Every row of a softmax gradient sums to 0 (to float32 rounding of 8192 terms).
     EXPECT_LT(inplace.to(torch::kDouble).sum(1).abs().max().item<double>(), 1e-5);
   }
@@ -103,8 +102,7 @@ TEST(SoftmaxCrossEntropy, BFloat16GradientIsTheFloat32OneRoundedOnce) {
   const auto got = inplace.to(torch::kDouble);
   const auto error = (got - expected.grad).abs();
   const auto allowed = expected.grad.abs() * (std::ldexp(1.0, -8) + 1e-6) + 1e-30;
-  EXPECT_TRUE(error.le(allowed).all().item<bool>())
-      << "worst excess " << (error - allowed).max().item<double>();
+  EXPECT_TRUE(error.le(allowed).all().item<bool>()) << "worst excess " << (error - allowed).max().item<double>();
   // And it is what rounding the float32 kernel's gradient gives, for all but a few entries that
   // sit on a rounding boundary.
   auto as_float = logits.to(torch::kFloat);

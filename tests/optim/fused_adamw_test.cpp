@@ -1,11 +1,12 @@
 // optim::FusedAdamW (libtorch's at::_fused_adamw_) against torch::optim::AdamW:
 // the same trajectory to rounding, amsgrad included, and bit for bit where it
 // takes torch::optim::AdamW's operators (non-contiguous tensors).
+#include "gradaccum/optim/fused_adamw.h"
+
 #include <gtest/gtest.h>
 
-#include "gradaccum/optim/fused_adamw.h"
-#include "gradaccum/optim/optimizer_factory.h"
 #include "dtype_cases.h"
+#include "gradaccum/optim/optimizer_factory.h"
 #include "test_support.h"
 
 namespace {
@@ -119,5 +120,6 @@ TEST(MakeOptimizer, WeightDecaySkipsBiasesAndNormGains) {
   EXPECT_FALSE(gradaccum::optim::takes_weight_decay(torch::zeros({4})));
   // Without weight decay, one group as before.
   gradaccum::optim::OptimizerSpec plain;
-  EXPECT_EQ(gradaccum::optim::make_optimizer(plain, {torch::zeros({2, 2}), torch::zeros({2})})->param_groups().size(), 1u);
+  EXPECT_EQ(gradaccum::optim::make_optimizer(plain, {torch::zeros({2, 2}), torch::zeros({2})})->param_groups().size(),
+            1u);
 }

@@ -1,6 +1,8 @@
 // Optimizer state under parameter names (optim/optimizer_state.h), through the safetensors bytes
 // a checkpoint holds: bit-identical round trips for AdamW (plain and amsgrad) and SGD with
 // momentum, the keys, and one-line errors for state that does not fit.
+#include "gradaccum/optim/optimizer_state.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -9,7 +11,6 @@
 #include "gradaccum/base/check.h"
 #include "gradaccum/formats/safetensors.h"
 #include "gradaccum/optim/optimizer_factory.h"
-#include "gradaccum/optim/optimizer_state.h"
 
 namespace {
 
@@ -32,8 +33,8 @@ std::vector<torch::Tensor> make_params(uint64_t seed) {
 }
 
 // Three steps on fixed pseudo-random gradients.
-void take_steps(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params,
-                int steps, uint64_t seed) {
+void take_steps(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params, int steps,
+                uint64_t seed) {
   torch::manual_seed(seed);
   for (int s = 0; s < steps; ++s) {
     for (const auto& p : params) p.mutable_grad() = torch::randn_like(p);
@@ -41,11 +42,10 @@ void take_steps(torch::optim::Optimizer& optimizer, const std::vector<torch::Ten
   }
 }
 
-std::unique_ptr<torch::optim::Optimizer> make(const std::string& kind,
-                                              const std::vector<torch::Tensor>& params) {
+std::unique_ptr<torch::optim::Optimizer> make(const std::string& kind, const std::vector<torch::Tensor>& params) {
   if (kind == "adamw-amsgrad") {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true));
+    return std::make_unique<torch::optim::AdamW>(params,
+                                                 torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true));
   }
   gradaccum::optim::OptimizerSpec spec;
   spec.type = kind;
@@ -84,8 +84,7 @@ TEST_P(OptimizerStateRoundTrip, SafetensorsBytesRestoreTheStateBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, OptimizerStateRoundTrip,
-                         ::testing::Values("adamw", "adamw-amsgrad", "sgd"),
+INSTANTIATE_TEST_SUITE_P(Optimizers, OptimizerStateRoundTrip, ::testing::Values("adamw", "adamw-amsgrad", "sgd"),
                          [](const auto& info) {
                            auto name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');
@@ -98,10 +97,9 @@ TEST(OptimizerState, KeysAreParameterNamesAndFields) {
   take_steps(*adamw, params, 3, 2);
   std::set<std::string> keys;
   for (const auto& [key, tensor] : optimizer_state(*adamw, named(params))) keys.insert(key);
-  const std::set<std::string> expected = {
-      "encoder.weight.step", "encoder.weight.exp_avg", "encoder.weight.exp_avg_sq",
-      "encoder.bias.step",   "encoder.bias.exp_avg",   "encoder.bias.exp_avg_sq",
-      "head.weight.step",    "head.weight.exp_avg",    "head.weight.exp_avg_sq"};
+  const std::set<std::string> expected = {"encoder.weight.step", "encoder.weight.exp_avg", "encoder.weight.exp_avg_sq",
+                                          "encoder.bias.step",   "encoder.bias.exp_avg",   "encoder.bias.exp_avg_sq",
+                                          "head.weight.step",    "head.weight.exp_avg",    "head.weight.exp_avg_sq"};
   EXPECT_EQ(keys, expected);
   for (const auto& [key, tensor] : optimizer_state(*adamw, named(params))) {
     if (key.ends_with(".step")) EXPECT_EQ(tensor.item<int64_t>(), 3) << key;

@@ -35,9 +35,8 @@ const std::string kSmallCnn =
 
 // The documented figures (report/run_figures.h) and their sizes.
 const std::map<std::string, std::pair<int, int>> kTrainFigures = {
-    {"loss.png", {1200, 800}},         {"lr.png", {1200, 800}},
-    {"grad_norm.png", {1200, 800}},    {"throughput.png", {1200, 800}},
-    {"window_items.png", {1200, 800}}, {"grad_flow.png", {1600, 1000}}};
+    {"loss.png", {1200, 800}},       {"lr.png", {1200, 800}},           {"grad_norm.png", {1200, 800}},
+    {"throughput.png", {1200, 800}}, {"window_items.png", {1200, 800}}, {"grad_flow.png", {1600, 1000}}};
 
 void expect_drawn_figure(const std::string& path, int width, int height) {
   SCOPED_TRACE(path);
@@ -159,7 +158,8 @@ TEST(ReportFigures, VerifyPlotsOverlaysEverySplitWithItsLargestDifference) {
   const auto dir = make_temp_dir("report-verify") + "/verify";
   const auto r = run_cli(
       "verify --set model.channels=[4,8] --set model.hidden=[16] --set data.train_limit=256 --set threads=1 "
-      "--steps 3 --splits 32x1,8x4,2x16 --output-dir " + dir + " --plots");
+      "--steps 3 --splits 32x1,8x4,2x16 --output-dir " +
+      dir + " --plots");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto verify = gradaccum::report::read_run_files(dir).verify;
   ASSERT_TRUE(verify.has_value());
@@ -206,7 +206,9 @@ TEST(ReportErrors, ABrokenRecordNamesItsFileAndLine) {
   const auto dir = make_temp_dir("report-broken");
   {
     std::ofstream metrics(dir + "/metrics.jsonl");
-    metrics << R"({"step": 1, "loss": 2.5, "lr": 0.1})" << "\n" << "{not json\n";
+    metrics << R"({"step": 1, "loss": 2.5, "lr": 0.1})"
+            << "\n"
+            << "{not json\n";
   }
   const auto r = run_cli("plot " + dir);
   EXPECT_EQ(r.exit_code, 1);
@@ -240,8 +242,8 @@ TEST(ReportInBrowser, ChromiumShowsEveryFigure) {
   const auto& run = plotted_run();
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
   const auto work = make_temp_dir("report-browser");
-  const std::string flags = " --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir=" + work +
-                            "/profile ";
+  const std::string flags =
+      " --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir=" + work + "/profile ";
   const std::string url = "file://" + fs::absolute(run.dir + "/report.html").string();
   const std::string dom_command = "timeout 120 '" + browser + "'" + flags + "--dump-dom '" + url + "' > " + work +
                                   "/dom.html 2> " + work + "/dom.log";
@@ -251,8 +253,9 @@ TEST(ReportInBrowser, ChromiumShowsEveryFigure) {
 
   // 1280 CSS pixels wide, tall enough for the whole page.
   const std::string shot = work + "/report.png";
-  const std::string shot_command = "timeout 120 '" + browser + "'" + flags + "--window-size=1280,9000 --screenshot=" +
-                                   shot + " '" + url + "' > " + work + "/shot.log 2>&1";
+  const std::string shot_command = "timeout 120 '" + browser + "'" + flags +
+                                   "--window-size=1280,9000 --screenshot=" + shot + " '" + url + "' > " + work +
+                                   "/shot.log 2>&1";
   ASSERT_EQ(std::system(shot_command.c_str()), 0) << read_text(work + "/shot.log");
   const auto png = read_png(shot);
   EXPECT_EQ(png.width, 1280);

@@ -1,13 +1,13 @@
 // run::retain_freed_heap: a block of activation size is served from the heap
 // and stays there after free, instead of being mmapped or trimmed (which the
 // next training step would fault back in).
+#include "gradaccum/run/heap_retention.h"
+
 #include <gtest/gtest.h>
 #include <malloc.h>
 
 #include <cstdlib>
 #include <cstring>
-
-#include "gradaccum/run/heap_retention.h"
 
 namespace {
 

@@ -3,7 +3,6 @@
 // against it as an outside project with find_package(gradaccum). It trains 20 steps, writes its
 // metrics, and with two ranks follows the one-process run step by step.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -26,7 +25,9 @@ int shell(const std::string& command, const std::string& log) {
 TEST(InstalledPackage, AnOutsideProjectBuildsOnItAndTrainsAlikeOnTwoRanks) {
   const auto dir = gradaccum::testing::make_temp_dir("install");
   const std::string cmake = GRADACCUM_CMAKE, prefix = dir + "/prefix", example = dir + "/example";
-  ASSERT_EQ(shell("'" + cmake + "' --install '" + GRADACCUM_BUILD_DIR + "' --prefix '" + prefix + "'", dir + "/install.log"), 0)
+  ASSERT_EQ(
+      shell("'" + cmake + "' --install '" + GRADACCUM_BUILD_DIR + "' --prefix '" + prefix + "'", dir + "/install.log"),
+      0)
       << read_text(dir + "/install.log");
   // The library's headers, not the program's; its private dependencies stay out of the package.
   EXPECT_TRUE(fs::exists(prefix + "/include/gradaccum/run/fit.h"));

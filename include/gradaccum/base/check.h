@@ -19,7 +19,7 @@ class Error : public std::runtime_error {
 }  // namespace gradaccum
 
 // GA_CHECK(cond, "format {}", args...) throws gradaccum::Error when cond is false.
-#define GA_CHECK(cond, ...)                                        \
-  do {                                                             \
+#define GA_CHECK(cond, ...)                                            \
+  do {                                                                 \
     if (!(cond)) throw ::gradaccum::Error(::fmt::format(__VA_ARGS__)); \
   } while (false)

@@ -18,7 +18,6 @@ std::vector<std::string> batch_dependent_layers(const torch::nn::Module& module)
 
 // The start-up warning for those layers, or "" when there are none or when the
 // run does not split the global batch (N == 1 and W == 1).
-std::string batch_dependence_warning(const torch::nn::Module& module, int64_t accumulation_steps,
-                                     int64_t world_size);
+std::string batch_dependence_warning(const torch::nn::Module& module, int64_t accumulation_steps, int64_t world_size);
 
 }  // namespace gradaccum::core

@@ -10,11 +10,9 @@ namespace gradaccum::core {
 class BatchGeometry {
  public:
   // b × N × W. Throws gradaccum::Error naming the value when any is < 1.
-  static BatchGeometry from_accumulation(int64_t micro_batch, int64_t accumulation_steps,
-                                         int64_t world_size = 1);
+  static BatchGeometry from_accumulation(int64_t micro_batch, int64_t accumulation_steps, int64_t world_size = 1);
   // Derives N = B / (b × W); throws, naming the numbers, when B is not a multiple.
-  static BatchGeometry from_global(int64_t micro_batch, int64_t global_batch,
-                                   int64_t world_size = 1);
+  static BatchGeometry from_global(int64_t micro_batch, int64_t global_batch, int64_t world_size = 1);
 
   int64_t micro_batch() const { return micro_batch_; }
   int64_t accumulation_steps() const { return accumulation_steps_; }
@@ -27,8 +25,7 @@ class BatchGeometry {
   std::string to_string() const;  // "16 x 4 x 1 = 64"
 
  private:
-  BatchGeometry(int64_t b, int64_t n, int64_t w)
-      : micro_batch_(b), accumulation_steps_(n), world_size_(w) {}
+  BatchGeometry(int64_t b, int64_t n, int64_t w) : micro_batch_(b), accumulation_steps_(n), world_size_(w) {}
   int64_t micro_batch_;
   int64_t accumulation_steps_;
   int64_t world_size_;

@@ -40,8 +40,7 @@ torch::Tensor canonical_sum(const torch::Tensor& slots);
 
 // A 1-D float64 tensor of `slots` zeros holding `values` (0-dim; undefined: absent, 0) at
 // [first, first + values.size()).
-torch::Tensor slot_vector(const std::vector<torch::Tensor>& values, int64_t first, int64_t slots,
-                          torch::Device device);
+torch::Tensor slot_vector(const std::vector<torch::Tensor>& values, int64_t first, int64_t slots, torch::Device device);
 
 class CanonicalGradientSum {
  public:
@@ -65,8 +64,8 @@ class CanonicalGradientSum {
   void close_slot();
 
   int64_t slots_, block_length_, seen_ = 0;
-  std::optional<Node> block_;                 // the block of o slots in progress
-  std::vector<std::pair<Node, int>> stack_;   // finished subtrees and their levels
+  std::optional<Node> block_;                // the block of o slots in progress
+  std::vector<std::pair<Node, int>> stack_;  // finished subtrees and their levels
 };
 
 }  // namespace gradaccum::core

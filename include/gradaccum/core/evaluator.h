@@ -12,8 +12,7 @@ namespace gradaccum::core {
 // Runs `model` in eval mode without autograd over `data` in order, `batch_size`
 // samples at a time, and restores the previous training mode. The forward runs
 // under `precision`'s autocast, as in training.
-EvalRecord evaluate(Trainable& model, const Dataset& data, int64_t batch_size,
-                    torch::ScalarType dtype, torch::Device device,
-                    MixedPrecision precision = MixedPrecision::none);
+EvalRecord evaluate(Trainable& model, const Dataset& data, int64_t batch_size, torch::ScalarType dtype,
+                    torch::Device device, MixedPrecision precision = MixedPrecision::none);
 
 }  // namespace gradaccum::core

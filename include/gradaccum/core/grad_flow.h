@@ -19,7 +19,6 @@ namespace gradaccum::core {
 torch::Tensor grad_flow_statistics(const std::vector<torch::Tensor>& params);
 
 // The record of `statistics` (grad_flow_statistics, on the CPU).
-GradFlowRecord grad_flow_record(int64_t step, const std::vector<std::string>& names,
-                                const torch::Tensor& statistics);
+GradFlowRecord grad_flow_record(int64_t step, const std::vector<std::string>& names, const torch::Tensor& statistics);
 
 }  // namespace gradaccum::core

@@ -54,8 +54,8 @@ class LossNormalizer {
   // returns the window loss. `loss_multiplier` is the factor each objective()
   // was multiplied by before backward (the fp16 loss scale): it is divided out
   // in the same pass. Device tensors only: no host synchronization.
-  WindowLoss finish(const torch::Tensor& global_totals, const std::vector<torch::Tensor>& params,
-                    int64_t world_size, double loss_multiplier = 1.0) const;
+  WindowLoss finish(const torch::Tensor& global_totals, const std::vector<torch::Tensor>& params, int64_t world_size,
+                    double loss_multiplier = 1.0) const;
 
  private:
   LossNormalization mode_;

@@ -8,13 +8,13 @@
 // the one a run at the smaller micro-batch would have followed (exact accumulation).
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <exception>
 #include <optional>
 #include <stdexcept>
 #include <string>
-
-#include <c10/core/Device.h>
 
 #include "gradaccum/core/batch_geometry.h"
 
@@ -44,8 +44,7 @@ void release_cached_memory(const c10::Device& device);
 // out of memory; the window's partial state is gone and the parameters are untouched.
 class WindowOutOfMemory : public std::runtime_error {
  public:
-  WindowOutOfMemory(const std::string& message, int64_t bytes)
-      : std::runtime_error(message), bytes_(bytes) {}
+  WindowOutOfMemory(const std::string& message, int64_t bytes) : std::runtime_error(message), bytes_(bytes) {}
   int64_t bytes() const { return bytes_; }  // the failed request on this rank (0: unknown, or another rank's)
 
  private:

@@ -33,9 +33,8 @@ class StepSequence {
  public:
   // Sets the optimizer's learning rate to schedule.at(0). `scaler` (fp16 only,
   // may be null) must outlive this object.
-  StepSequence(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params,
-               optim::LrSchedule schedule, double max_grad_norm,
-               optim::LossScaler* scaler = nullptr);
+  StepSequence(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params, optim::LrSchedule schedule,
+               double max_grad_norm, optim::LossScaler* scaler = nullptr);
 
   // Performs optimizer step number `step()` on gradients that are already
   // normalized and unscaled, and advances to the next. With a scaler it first

@@ -19,8 +19,8 @@
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/stop_agreement.h"
 #include "gradaccum/core/trainable.h"
-#include "gradaccum/core/training_state.h"
 #include "gradaccum/core/training_observer.h"
+#include "gradaccum/core/training_state.h"
 #include "gradaccum/core/window_plan.h"
 #include "gradaccum/optim/loss_scaler.h"
 #include "gradaccum/optim/lr_schedule.h"
@@ -45,17 +45,17 @@ struct TrainerOptions {
   optim::OptimizerSpec optimizer;
   optim::ScheduleType lr_scheduler_type = optim::ScheduleType::cosine;
   int64_t warmup_steps = 0;
-  double warmup_ratio = 0.0;  // used when warmup_steps == 0
+  double warmup_ratio = 0.0;   // used when warmup_steps == 0
   double max_grad_norm = 1.0;  // <= 0 disables clipping
   LossNormalization loss_normalization = LossNormalization::window;
   LastWindow last_window = LastWindow::partial;
   uint64_t seed = 42;
-  int64_t eval_steps = 0;  // 0: evaluate at the end only
+  int64_t eval_steps = 0;       // 0: evaluate at the end only
   int64_t grad_flow_steps = 0;  // > 0: gradient flow every K optimizer steps (grad_flow.h)
   int64_t per_device_eval_batch_size = 256;
-  bool group_by_length = false;  // sort each window's samples by length (see WindowPlan)
+  bool group_by_length = false;                    // sort each window's samples by length (see WindowPlan)
   SampleOrder sample_order = SampleOrder::random;  // train_sampling_strategy
-  int64_t save_steps = 0;  // > 0: a checkpoint every save_steps optimizer steps
+  int64_t save_steps = 0;                          // > 0: a checkpoint every save_steps optimizer steps
   NanPolicy nan_policy = NanPolicy::abort;
   // For a fixed micro-batch size, gradients and losses bit-identical for every N × W with W a
   // power of two (canonical_sum.h): chunks in contiguous order, each micro-batch's gradient kept
@@ -95,8 +95,8 @@ class Trainer {
   // options.optimizer, unless `optimizer` is given (e.g. a sharded one, built
   // over the model's trainable parameters after the move).
   // `eval_data` may be null; `sync` null means one process.
-  Trainer(TrainerOptions options, Trainable& model, const Dataset& train_data,
-          const Dataset* eval_data, TrainingObserver& observer, GradSync* sync = nullptr,
+  Trainer(TrainerOptions options, Trainable& model, const Dataset& train_data, const Dataset* eval_data,
+          TrainingObserver& observer, GradSync* sync = nullptr,
           std::unique_ptr<torch::optim::Optimizer> optimizer = nullptr);
 
   // Continue a saved run (call before run()). A state saved inside a window
@@ -111,8 +111,7 @@ class Trainer {
   // several ranks none, so they stop at the window's end). A stop that cannot
   // happen inside the window happens at its end: the flag travels with the
   // loss totals, so it costs no extra collective.
-  void set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop,
-                         StopAgreement* agreement = nullptr);
+  void set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop, StopAgreement* agreement = nullptr);
 
   TrainSummary run();
 
@@ -131,8 +130,7 @@ class Trainer {
   core::Batch fetch(const torch::Tensor& indices, int64_t step) const;
   // Runs micro-steps [first, N) of `window`; nullopt when a stop request ended
   // it early (then *partial holds the accumulated state).
-  std::optional<StepRecord> run_window(const Window& window, int64_t first_micro_step,
-                                       PartialWindow* partial);
+  std::optional<StepRecord> run_window(const Window& window, int64_t first_micro_step, PartialWindow* partial);
   TrainingState state_at(const TrainingPosition& position) const;
   bool stop_requested() const { return stop_ != nullptr && stop_->load(); }
 
@@ -163,8 +161,8 @@ class Trainer {
   const std::atomic<bool>* stop_ = nullptr;
   LocalStopAgreement local_stop_;
   StopAgreement* agreement_ = nullptr;  // null: no stop inside a window
-  bool stop_agreed_ = false;  // set by a window whose all-reduced stop flag was raised
-  int64_t stopped_after_ = 0;  // micro-steps done when run_window stopped early
+  bool stop_agreed_ = false;            // set by a window whose all-reduced stop flag was raised
+  int64_t stopped_after_ = 0;           // micro-steps done when run_window stopped early
   // deterministic_accumulation: this micro-step's gradients, taken out of .grad (which is then
   // empty for the next micro-step's backward).
   std::vector<torch::Tensor> take_gradients();

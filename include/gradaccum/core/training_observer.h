@@ -40,13 +40,13 @@ struct StepRecord {
   int64_t micro_steps = 0;
   int64_t micro_batch_size = 0;             // b in use (smaller than configured after an OOM)
   int64_t gradient_accumulation_steps = 0;  // N in use
-  int64_t padded_tokens = 0;  // the window's micro-batches as padded (0: samples without length)
-  int64_t sample_tokens = 0;  // the tokens its samples hold
-  bool skipped = false;      // parameters not updated (non-finite loss, or fp16 overflow)
-  double loss_scale = 0.0;   // fp16: the loss scale of this window; 0 otherwise
-  double time_s = 0.0;       // since the start of training
-  double step_time_s = 0.0;  // this window, data included
-  double data_time_s = 0.0;  // of which fetching and moving batches
+  int64_t padded_tokens = 0;                // the window's micro-batches as padded (0: samples without length)
+  int64_t sample_tokens = 0;                // the tokens its samples hold
+  bool skipped = false;                     // parameters not updated (non-finite loss, or fp16 overflow)
+  double loss_scale = 0.0;                  // fp16: the loss scale of this window; 0 otherwise
+  double time_s = 0.0;                      // since the start of training
+  double step_time_s = 0.0;                 // this window, data included
+  double data_time_s = 0.0;                 // of which fetching and moving batches
   double samples_per_s = 0.0;
   double items_per_s = 0.0;
   int64_t world_size = 1;
@@ -58,7 +58,7 @@ struct StepRecord {
 // registration order, the mean and largest |g| of the window's final gradient (normalized,
 // before clipping) and its fraction of exact zeros.
 struct GradFlowRecord {
-  int64_t step = 0;  // the optimizer step whose gradient this is (1-based)
+  int64_t step = 0;                // the optimizer step whose gradient this is (1-based)
   std::vector<std::string> names;  // the parameters' module names
   std::vector<double> mean_abs, max_abs, zero_fraction;
 };
@@ -115,14 +115,24 @@ namespace gradaccum::core {
 class ObserverList final : public TrainingObserver {
  public:
   void add(TrainingObserver& observer) { observers_.push_back(&observer); }
-  void on_start(const RunInfo& i) override { for (auto* o : observers_) o->on_start(i); }
-  void on_step(const StepRecord& r) override { for (auto* o : observers_) o->on_step(r); }
-  void on_eval(const EvalRecord& r) override { for (auto* o : observers_) o->on_eval(r); }
-  void on_grad_flow(const GradFlowRecord& r) override { for (auto* o : observers_) o->on_grad_flow(r); }
+  void on_start(const RunInfo& i) override {
+    for (auto* o : observers_) o->on_start(i);
+  }
+  void on_step(const StepRecord& r) override {
+    for (auto* o : observers_) o->on_step(r);
+  }
+  void on_eval(const EvalRecord& r) override {
+    for (auto* o : observers_) o->on_eval(r);
+  }
+  void on_grad_flow(const GradFlowRecord& r) override {
+    for (auto* o : observers_) o->on_grad_flow(r);
+  }
   void on_micro_batch_change(const MicroBatchChange& c) override {
     for (auto* o : observers_) o->on_micro_batch_change(c);
   }
-  void on_end(const TrainSummary& s) override { for (auto* o : observers_) o->on_end(s); }
+  void on_end(const TrainSummary& s) override {
+    for (auto* o : observers_) o->on_end(s);
+  }
 
  private:
   std::vector<TrainingObserver*> observers_;

@@ -17,9 +17,9 @@ namespace gradaccum::core {
 struct TrainingPosition {
   int64_t step = 0;           // optimizer steps completed (windows consumed)
   int64_t schedule_step = 0;  // the LR schedule's position: step minus fp16 overflow skips
-  int64_t epoch = 0;       // epoch of the next window
-  int64_t window = 0;      // index of the next window within its epoch (last_window: carry: from the run's start)
-  int64_t micro_step = 0;  // > 0: micro-steps of that window already accumulated
+  int64_t epoch = 0;          // epoch of the next window
+  int64_t window = 0;         // index of the next window within its epoch (last_window: carry: from the run's start)
+  int64_t micro_step = 0;     // > 0: micro-steps of that window already accumulated
   // Running figures for the summary of a run that spans several processes.
   double loss_total = 0.0;  // Σ window losses
   int64_t samples = 0;
@@ -31,11 +31,11 @@ struct TrainingPosition {
 // puts both back and runs the remaining micro-steps: the same additions in the
 // same order, so the window's result is bit-identical.
 struct PartialWindow {
-  torch::Tensor totals;               // float64 [3]
+  torch::Tensor totals;  // float64 [3]
   // float64 [micro-steps done]: each micro-step's item count, for the window's record
   // (undefined in a checkpoint written before it was saved: the record then leaves them out).
   torch::Tensor micro_items;
-  std::vector<torch::Tensor> grads;   // per trainable parameter; undefined = no gradient yet
+  std::vector<torch::Tensor> grads;  // per trainable parameter; undefined = no gradient yet
 };
 
 struct TrainingState {

@@ -62,11 +62,11 @@ class Window {
   Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry,
          ChunkOrder order = ChunkOrder::interleaved);
   // Cut by a token budget: `lengths` holds every dataset sample's length.
-  Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry,
-         int64_t token_budget, const torch::Tensor& lengths);
+  Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry, int64_t token_budget,
+         const torch::Tensor& lengths);
 
   int64_t epoch() const { return epoch_; }
-  int64_t index() const { return index_; }  // k within the epoch
+  int64_t index() const { return index_; }           // k within the epoch
   int64_t size() const { return samples_.size(0); }  // samples over all ranks
   bool is_partial() const { return size() < geometry_.global_batch(); }
   // Micro-steps every rank runs in this window (N, or fewer in a partial window).

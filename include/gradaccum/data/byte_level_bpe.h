@@ -27,8 +27,8 @@ class ByteLevelBpe {
   // vocab maps a token (UTF-8 of byte characters) to its id; merges are in rank
   // order (rank 0 first). source names the file(s) in error messages. Throws
   // gradaccum::Error when a merge names a token missing from the vocabulary.
-  ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab,
-               const std::vector<Merge>& merges, std::string source);
+  ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab, const std::vector<Merge>& merges,
+               std::string source);
 
   // The same from raw token bytes and merges by id, as a .tiktoken file gives
   // them (tokenizer.cpp, from_tiktoken): tokens are (bytes, id); merges[r] is
@@ -36,8 +36,8 @@ class ByteLevelBpe {
   struct IdMerge {
     TokenId left, right, merged;
   };
-  ByteLevelBpe(const std::vector<std::pair<std::string_view, TokenId>>& tokens,
-               const std::vector<IdMerge>& merges, std::string source);
+  ByteLevelBpe(const std::vector<std::pair<std::string_view, TokenId>>& tokens, const std::vector<IdMerge>& merges,
+               std::string source);
 
   ByteLevelBpe(const ByteLevelBpe& other);
   // Moves the tables (a copy of GPT-2's costs ~10 ms); the cache starts empty.

@@ -28,8 +28,7 @@ class SequenceClassificationDataset final : public core::Dataset {
  public:
   // Throws gradaccum::Error naming the example (its index in `examples`) whose
   // label is out of range or that has no tokens or a negative id, and on bad options.
-  SequenceClassificationDataset(const std::vector<LabelledTokens>& examples,
-                                ClassificationDatasetOptions options);
+  SequenceClassificationDataset(const std::vector<LabelledTokens>& examples, ClassificationDatasetOptions options);
 
   int64_t size() const override { return rows_.size(); }
   // input [B, T] int64 ids padded right with pad_token_id, T = the longest

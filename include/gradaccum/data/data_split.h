@@ -23,7 +23,7 @@ IndexSplit interleaved_split(int64_t n, double eval_fraction);
 // subset as large as the rarest class present among them; order is kept. The
 // draw uses std::mt19937_64 with its own Fisher–Yates loop, so it is the same
 // on every platform and standard library.
-std::vector<int64_t> balance_classes(const std::vector<int64_t>& indices,
-                                     const std::vector<int64_t>& labels, uint64_t seed);
+std::vector<int64_t> balance_classes(const std::vector<int64_t>& indices, const std::vector<int64_t>& labels,
+                                     uint64_t seed);
 
 }  // namespace gradaccum::data

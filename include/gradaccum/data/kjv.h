@@ -75,18 +75,16 @@ CausalLmData make_kjv_lm_data(const std::vector<Verse>& verses, const Tokenizer&
 // that part's New Testament (the split itself is unchanged), so the baseline is
 // 50%: 796 + 796 eval verses, 7161 + 7161 training verses.
 struct KjvTestamentOptions {
-  int64_t max_length = 128;      // tokens kept from the start of each verse
-  TokenId pad_token_id = -1;     // < 0: the tokenizer's "<|endoftext|>" id
+  int64_t max_length = 128;   // tokens kept from the start of each verse
+  TokenId pad_token_id = -1;  // < 0: the tokenizer's "<|endoftext|>" id
   double eval_fraction = 0.1;
   bool balanced = false;
-  uint64_t seed = 42;            // used only when balanced
+  uint64_t seed = 42;  // used only when balanced
   std::string program = "bible";
 };
 
-ClassificationData make_kjv_testament_data(const Tokenizer& tokenizer,
-                                           const KjvTestamentOptions& options);
-ClassificationData make_kjv_testament_data(const std::vector<Verse>& verses,
-                                           const Tokenizer& tokenizer,
+ClassificationData make_kjv_testament_data(const Tokenizer& tokenizer, const KjvTestamentOptions& options);
+ClassificationData make_kjv_testament_data(const std::vector<Verse>& verses, const Tokenizer& tokenizer,
                                            const KjvTestamentOptions& options);
 
 }  // namespace gradaccum::data

@@ -51,10 +51,10 @@ class CausalLmDataset final : public core::Dataset {
   torch::Tensor sample_items() const override { return rows_.length_tensor() - 1; }
   int64_t tokens() const { return rows_.tokens(); }
 
-  int64_t documents() const { return documents_; }                   // as given
-  int64_t dropped_documents() const { return dropped_; }             // < 2 tokens
-  int64_t truncated_documents() const { return truncated_; }         // without packing
-  int64_t dropped_tail_tokens() const { return dropped_tail_; }      // with packing
+  int64_t documents() const { return documents_; }               // as given
+  int64_t dropped_documents() const { return dropped_; }         // < 2 tokens
+  int64_t truncated_documents() const { return truncated_; }     // without packing
+  int64_t dropped_tail_tokens() const { return dropped_tail_; }  // with packing
   const LmDatasetOptions& options() const { return options_; }
   // One line for the log: documents, what was dropped or cut, samples, tokens.
   std::string summary() const;

@@ -60,7 +60,7 @@ struct RandomTokensData {
   std::shared_ptr<RandomTokensDataset> train;
   std::shared_ptr<RandomTokensDataset> eval;
 };
-RandomTokensData make_random_tokens_data(int64_t vocab_size, int64_t max_length, int64_t train_rows,
-                                         int64_t eval_rows, uint64_t seed);
+RandomTokensData make_random_tokens_data(int64_t vocab_size, int64_t max_length, int64_t train_rows, int64_t eval_rows,
+                                         uint64_t seed);
 
 }  // namespace gradaccum::data

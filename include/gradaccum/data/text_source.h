@@ -30,7 +30,6 @@ std::vector<TextRecord> read_jsonl_records(const std::string& path);
 std::vector<TextRecord> read_text_records(const std::string& path);
 
 // The token ids of each record's text (no special tokens added).
-std::vector<std::vector<TokenId>> encode_records(const Tokenizer& tokenizer,
-                                                 const std::vector<TextRecord>& records);
+std::vector<std::vector<TokenId>> encode_records(const Tokenizer& tokenizer, const std::vector<TextRecord>& records);
 
 }  // namespace gradaccum::data

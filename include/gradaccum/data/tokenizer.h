@@ -59,8 +59,7 @@ class Tokenizer {
   // naming the file, the line and what is wrong.
   static Tokenizer from_tiktoken(const std::string& tiktoken_path);
   // GPT-2's original files: encoder.json (token -> id) and vocab.bpe (merges).
-  static Tokenizer from_gpt2_files(const std::string& encoder_json_path,
-                                   const std::string& vocab_bpe_path);
+  static Tokenizer from_gpt2_files(const std::string& encoder_json_path, const std::string& vocab_bpe_path);
   // Supports model.type "BPE" (merges as "a b" strings or ["a", "b"] pairs), no
   // normalizer, and as pre-tokenizer either ByteLevel (alone or as the only
   // step of a Sequence: GPT-2's kind) or BLOOM's Sequence of its Split regex

@@ -26,10 +26,10 @@
 // and scaled back to a sum at the end, so the result stays exact.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/torch.h>
 
 #include <memory>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <utility>
 #include <vector>
 
@@ -45,8 +45,7 @@ struct GradSyncOptions {
 class BucketedGradSync final : public core::GradSync {
  public:
   // Broadcasts rank 0's parameters so every rank starts identical.
-  BucketedGradSync(c10::intrusive_ptr<c10d::Backend> group, std::vector<torch::Tensor> params,
-                   GradSyncOptions options);
+  BucketedGradSync(c10::intrusive_ptr<c10d::Backend> group, std::vector<torch::Tensor> params, GradSyncOptions options);
   ~BucketedGradSync() override;
 
   int64_t world_size() const override { return group_->getSize(); }
@@ -81,10 +80,10 @@ class BucketedGradSync final : public core::GradSync {
   std::vector<torch::Tensor> params_;
   GradSyncOptions options_;
   std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_;  // param index -> bucket index
+  std::vector<size_t> bucket_of_;          // param index -> bucket index
   std::vector<torch::Tensor> grad_views_;  // param index -> its slice of its bucket, shaped like it
   std::vector<decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()))>
-      accumulators_;  // keep hooks alive
+      accumulators_;             // keep hooks alive
   std::shared_ptr<bool> armed_;  // shared with the hooks
   size_t next_launch_ = 0;
   int64_t calls_ = 0, bytes_ = 0;

@@ -4,10 +4,10 @@
 #pragma once
 
 #include <c10/core/Device.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "gradaccum/dist/environment.h"
 

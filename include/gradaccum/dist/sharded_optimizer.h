@@ -9,11 +9,11 @@
 // state memory per rank drops to 1/W.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/torch.h>
 
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
 #include "gradaccum/optim/optimizer_factory.h"

@@ -10,10 +10,9 @@
 // the gradient all-reduce still happens only on the window's last micro-step.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "gradaccum/core/stop_agreement.h"
 

@@ -12,9 +12,9 @@
 // in a partial window) are absent, not zero, so they add nothing (canonical_sum.h).
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/torch.h>
 
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
 #include "gradaccum/core/grad_sync.h"

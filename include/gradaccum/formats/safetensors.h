@@ -40,8 +40,7 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& what,
 
 // Reads and parses the file at `path` (memory-mapped, so the peak is about the
 // tensors' size, not twice it).
-NamedTensors load_safetensors(const std::string& path,
-                              std::map<std::string, std::string>* metadata = nullptr);
+NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 // The bytes of a safetensors file holding `tensors` (any device, any strides;
 // written as contiguous CPU copies) and `metadata`. The header is padded with
@@ -49,8 +48,7 @@ NamedTensors load_safetensors(const std::string& path,
 // ordered by element size, largest first, then by name, so that every tensor
 // is aligned to its element size. Names must be unique, non-empty and not
 // "__metadata__".
-std::string serialize_safetensors(const NamedTensors& tensors,
-                                  const std::map<std::string, std::string>& metadata = {});
+std::string serialize_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
 
 // serialize_safetensors written to `path` atomically (write_file_atomically_fsync),
 // straight from the tensors' memory: no second copy of the file is built.

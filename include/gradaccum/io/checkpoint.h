@@ -29,10 +29,10 @@
 // file) is caught by the manifest's checksums, not by a crash in a parser.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -51,13 +51,13 @@ inline constexpr int kCheckpointFormatVersion = 4;
 // What one rank contributes to a checkpoint.
 struct CheckpointContents {
   core::TrainingState state;
-  formats::NamedTensors model;          // rank 0 only (every rank holds the same weights)
+  formats::NamedTensors model;  // rank 0 only (every rank holds the same weights)
   nlohmann::json model_config;  // null: no config.json
   // The optimizer state (optim::optimizer_state: the tensors themselves, not copies), written
   // by the ranks that save one: rank 0, or every rank under ZeRO-1.
   std::optional<formats::NamedTensors> optimizer;
   bool optimizer_per_rank = false;  // ZeRO-1: every rank saves its own shard
-  std::string resolved_config;  // the run's YAML
+  std::string resolved_config;      // the run's YAML
   uint64_t seed = 0;
 };
 
@@ -67,7 +67,7 @@ struct LoadedCheckpoint {
   core::TrainingState state;
   formats::NamedTensors model;
   formats::NamedTensors optimizer;  // this rank's optimizer state file (optim::load_optimizer_state)
-  torch::Tensor rng_state;  // the CPU generator's state (uint8)
+  torch::Tensor rng_state;          // the CPU generator's state (uint8)
   std::string resolved_config;
   uint64_t seed = 0;
 };

@@ -17,16 +17,16 @@ namespace gradaccum::io {
 
 struct DataConfig {
   std::string type = "fashion_mnist";  // fashion_mnist | kjv | kjv_testament | text | random_tokens
-  std::string directory;  // the dataset's files; default: the Debian package's path
-  std::string path;       // text: the training file (.txt or .jsonl)
-  std::string eval_path;  // text: an evaluation file ("" = split off eval_fraction)
-  std::string tokenizer;  // "" = $GRADACCUM_TOKENIZER_DIR, else the setup script's GPT-2 files
+  std::string directory;               // the dataset's files; default: the Debian package's path
+  std::string path;                    // text: the training file (.txt or .jsonl)
+  std::string eval_path;               // text: an evaluation file ("" = split off eval_fraction)
+  std::string tokenizer;               // "" = $GRADACCUM_TOKENIZER_DIR, else the setup script's GPT-2 files
   int64_t max_length = 128;
   bool packing = false;
   double eval_fraction = 0.1;
   bool balanced = false;
-  int64_t train_limit = 0;  // > 0: the first train_limit training samples
-  int64_t eval_limit = 0;   // > 0: the first eval_limit test samples; < 0: no evaluation
+  int64_t train_limit = 0;    // > 0: the first train_limit training samples
+  int64_t eval_limit = 0;     // > 0: the first eval_limit test samples; < 0: no evaluation
   int64_t vocab_size = 0;     // random_tokens: ids in [0, vocab_size), the model's vocabulary
   int64_t train_size = 4096;  // random_tokens: training rows (eval: ⌊train_size·eval_fraction⌋ more)
 };
@@ -54,12 +54,12 @@ struct TrainConfig {
   std::vector<std::string> report_to;  // "tensorboard" (HF's key); empty: none
   std::string logging_dir;             // TensorBoard's event files (resolved: output_dir/runs)
   // Also in trainer.grad_flow_steps (resolved: -1 becomes logging_steps).
-  int64_t dist_timeout_s = 60;        // collectives and rendezvous fail after this
-  int64_t ddp_bucket_cap_mb = 25;     // gradient bucket size
-  bool sync_each_micro_step = false;  // comparison only: all-reduce every micro-step
-  int64_t zero_stage = 0;             // 1: optimizer state sharded across ranks
-  int64_t save_steps = 0;        // also in trainer.save_steps
-  int64_t save_total_limit = 0;  // > 0: keep the newest K checkpoints
+  int64_t dist_timeout_s = 60;         // collectives and rendezvous fail after this
+  int64_t ddp_bucket_cap_mb = 25;      // gradient bucket size
+  bool sync_each_micro_step = false;   // comparison only: all-reduce every micro-step
+  int64_t zero_stage = 0;              // 1: optimizer state sharded across ranks
+  int64_t save_steps = 0;              // also in trainer.save_steps
+  int64_t save_total_limit = 0;        // > 0: keep the newest K checkpoints
   std::string resume_from_checkpoint;  // "" | a directory | "latest"
   bool allow_batch_change = false;
   models::ModelConfig model;
@@ -75,7 +75,6 @@ const std::string& default_config_yaml();
 // Resolves a configuration. `path` empty: the built-in default alone.
 // Overrides are "dotted.key=value", the value parsed as YAML. `world_size`
 // enters the batch arithmetic (global_batch_size = b × N × world).
-TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
-                        int64_t world_size = 1);
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides, int64_t world_size = 1);
 
 }  // namespace gradaccum::io

@@ -30,10 +30,10 @@ enum class KeyType {
 using KeyValue = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>, std::vector<std::string>>;
 
 struct ConfigKey {
-  std::string name;          // dotted path: "model.n_layer"
+  std::string name;  // dotted path: "model.n_layer"
   KeyType type = KeyType::text;
-  std::string default_yaml;  // its value in the default configuration, as YAML text
-  std::string help;          // one line: the default YAML's comment and the reference's text
+  std::string default_yaml;          // its value in the default configuration, as YAML text
+  std::string help;                  // one line: the default YAML's comment and the reference's text
   std::vector<std::string> choices;  // choice and names
   // What a valid value is, for errors ("key 'k': must be <rule>, got v") and the reference;
   // `valid` null: every value of the type.

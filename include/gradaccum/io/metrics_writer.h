@@ -2,9 +2,8 @@
 // summary.json in the output directory (DESIGN.md §3).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "gradaccum/core/training_observer.h"
@@ -16,8 +15,7 @@ class MetricsWriter final : public core::TrainingObserver {
   // `items_are_tokens`: report items_per_s as tokens_per_s as well.
   // `resumed_at_step` >= 0: a resumed run; keeps the existing lines up to that
   // step and appends, so the file reads as one uninterrupted run.
-  MetricsWriter(const std::string& output_dir, bool items_are_tokens = false,
-                int64_t resumed_at_step = -1);
+  MetricsWriter(const std::string& output_dir, bool items_are_tokens = false, int64_t resumed_at_step = -1);
 
   void on_start(const core::RunInfo& info) override;
   void on_step(const core::StepRecord& record) override;

@@ -4,8 +4,8 @@
 // adding one is one entry there, as adding a model is one in models/model_types.h.
 #pragma once
 
-#include <memory>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>

@@ -19,11 +19,9 @@ bool blas_gemm_available();
 // [k, n], C [m, n]; lda, ldb, ldc are the row strides of A, B, C as stored
 // (A is stored [k, m] when trans_a). Dimensions and strides must fit in int
 // (the BLAS's LP64 interface). Requires blas_gemm_available().
-void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-               int64_t ldc);
-void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-               const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
-               int64_t ldc);
+void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+               const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 
 }  // namespace gradaccum::kernels

@@ -75,8 +75,8 @@ torch::Tensor bloom_alibi_slopes(int64_t n_head);
 // ALiBi biases [B, n_head, 1, T] in `dtype`: slope_h × key position, the key
 // position being (cumsum(mask) - 1)·mask (0 at padding), or 0 .. T-1 when
 // attention_mask is undefined (then B = 1).
-torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int64_t n_head,
-                          torch::ScalarType dtype, torch::Device device = torch::kCPU);
+torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int64_t n_head, torch::ScalarType dtype,
+                          torch::Device device = torch::kCPU);
 
 // Self-attention with the fused, per-head-interleaved query_key_value.
 class BloomAttentionImpl : public torch::nn::Module {
@@ -84,8 +84,7 @@ class BloomAttentionImpl : public torch::nn::Module {
   // `layer`: the block's index (numbers its dropout sites).
   BloomAttentionImpl(const BloomConfig& config, int64_t layer);
   // x [B, T, C]; alibi [B or 1, H, 1, T]; allowed [B or 1, 1, T, T] bool.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& alibi,
-                        const torch::Tensor& allowed);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& alibi, const torch::Tensor& allowed);
 
   torch::nn::Linear query_key_value{nullptr};
   torch::nn::Linear dense{nullptr};
@@ -119,8 +118,7 @@ TORCH_MODULE(BloomMlp);
 class BloomBlockImpl : public torch::nn::Module {
  public:
   BloomBlockImpl(const BloomConfig& config, int64_t layer);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& alibi,
-                        const torch::Tensor& allowed);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& alibi, const torch::Tensor& allowed);
 
   torch::nn::LayerNorm input_layernorm{nullptr};
   BloomAttention self_attention{nullptr};
@@ -160,8 +158,7 @@ TORCH_MODULE(BloomModel);
 // BloomForCausalLM: the generic causal-LM head (causal_lm.h) on a BloomModel.
 class BloomForCausalLmImpl : public CausalLmHeadImpl {
  public:
-  explicit BloomForCausalLmImpl(const BloomConfig& config)
-      : BloomForCausalLmImpl(BloomModel(config)) {}
+  explicit BloomForCausalLmImpl(const BloomConfig& config) : BloomForCausalLmImpl(BloomModel(config)) {}
   const BloomConfig& config() const { return bloom_->config(); }
   BloomModel& bloom() { return bloom_; }
 

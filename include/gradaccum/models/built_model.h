@@ -4,10 +4,10 @@
 // checkpoints load in HF's own code.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,9 +22,9 @@ using WeightList = std::vector<std::pair<std::string, torch::Tensor>>;
 
 struct BuiltModel {
   std::unique_ptr<core::Trainable> task;
-  std::string architecture;  // "" (image networks) | "gpt2" | "bloom"
-  nlohmann::json hf_config;  // null for image networks
-  int64_t num_labels = 0;    // 0: a causal language model
+  std::string architecture;   // "" (image networks) | "gpt2" | "bloom"
+  nlohmann::json hf_config;   // null for image networks
+  int64_t num_labels = 0;     // 0: a causal language model
   int64_t max_positions = 0;  // the longest sequence (0: unbounded)
   int64_t vocab_size = 0;
 

@@ -71,8 +71,7 @@ class CausalLm final : public core::Trainable {
   template <typename Impl, typename = std::enable_if_t<std::is_base_of_v<CausalLmHeadImpl, Impl> &&
                                                        !std::is_same_v<CausalLmHeadImpl, Impl>>>
   explicit CausalLm(const torch::nn::ModuleHolder<Impl>& model, int64_t loss_chunk_tokens = 0)
-      : CausalLm(CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(model.ptr())),
-                 loss_chunk_tokens) {}
+      : CausalLm(CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(model.ptr())), loss_chunk_tokens) {}
   core::LossSum loss(const core::Batch& batch) override;
   // Loss sum and token count; `correct` is undefined.
   core::EvalSums evaluate(const core::Batch& batch) override;

@@ -35,8 +35,7 @@ class DecoderImpl : public torch::nn::Module {
   // or undefined for no padding. Returns the final hidden states [B, T,
   // hidden_size()], after the final LayerNorm. Every real token's state is the
   // same whether its row is padded on the left, on the right or not at all.
-  virtual torch::Tensor hidden_states(const torch::Tensor& input_ids,
-                                      const torch::Tensor& attention_mask,
+  virtual torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                       TokenEmbeddingGrad embedding_grad = TokenEmbeddingGrad::dense) = 0;
   // The token embedding [vocab_size, hidden_size], which a tied LM head reuses
   // as its output projection (the parameter itself, not a copy).
@@ -82,14 +81,12 @@ Decoder as_decoder(const torch::nn::ModuleHolder<Impl>& backbone) {
 // is wrong: input_ids [B, T] int64 or int32 with T ≥ 1 (and ≤ max_positions unless
 // 0), ids in [0, vocab_size) (checked on CPU tensors only, where it costs no
 // device synchronization), attention_mask undefined or of input_ids' shape.
-void check_decoder_inputs(const std::string& model, const torch::Tensor& input_ids,
-                          const torch::Tensor& attention_mask, int64_t vocab_size,
-                          int64_t max_positions);
+void check_decoder_inputs(const std::string& model, const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                          int64_t vocab_size, int64_t max_positions);
 
 // Which keys each query may attend to: causal (key s ≤ query t) and, with a
 // mask, the key is a real token. [B or 1, 1, T, T] bool.
-torch::Tensor causal_attention_allowed(const torch::Tensor& input_ids,
-                                       const torch::Tensor& attention_mask);
+torch::Tensor causal_attention_allowed(const torch::Tensor& input_ids, const torch::Tensor& attention_mask);
 
 // Softmax over the last dimension of `scores` where `allowed`, as HF does it:
 // disallowed scores become the dtype's lowest finite value, not -inf, so a

@@ -19,8 +19,8 @@ struct GenerationOptions {
   double temperature = 1.0;  // 0: greedy (argmax)
   int64_t top_k = 0;         // > 0: sample among the k most likely tokens only
   uint64_t seed = 0;
-  int64_t stop_token = -1;   // >= 0: stop after emitting this id (e.g. <|endoftext|>)
-  int64_t max_positions = 0; // > 0: keep only the last max_positions tokens as context
+  int64_t stop_token = -1;    // >= 0: stop after emitting this id (e.g. <|endoftext|>)
+  int64_t max_positions = 0;  // > 0: keep only the last max_positions tokens as context
 };
 
 // The new token ids (not the prompt). The prompt must not be empty. Runs in

@@ -63,8 +63,7 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
 // `may_be_missing`: parameter names that keep their current values when the
 // checkpoint lacks them, e.g. {"score.weight"} to fine-tune a classifier from a
 // causal-LM checkpoint (HF initializes that head afresh, too).
-void load_hf_tensors(torch::nn::Module& module,
-                     const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+void load_hf_tensors(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                      const std::string& architecture, const std::string& what,
                      const std::vector<std::string>& may_be_missing = {});
 

@@ -29,8 +29,8 @@ struct ModelConfig {
   int64_t loss_chunk_tokens = 0;        // fused LM-head loss chunk; 0 = automatic
   // Dropout under HF's config names; -1: the hf_checkpoint's config.json value, else 0.
   double resid_pdrop = -1, embd_pdrop = -1, attn_pdrop = -1;  // GPT-2
-  double hidden_dropout = -1, attention_dropout = -1;          // BLOOM
-  double dropout = 0.0;  // the cnn: after its dense layer
+  double hidden_dropout = -1, attention_dropout = -1;         // BLOOM
+  double dropout = 0.0;                                       // the cnn: after its dense layer
   DropoutRng dropout_rng = DropoutRng::per_sample;
 };
 

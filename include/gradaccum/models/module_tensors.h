@@ -17,8 +17,7 @@ std::vector<std::pair<std::string, torch::Tensor>> module_tensors(torch::nn::Mod
 // Copies `tensors` into the module (converting dtype and device). Everything is
 // checked first — a missing name, an unknown name, a shape mismatch are errors
 // naming the tensor and `what` — so on error the module is unchanged.
-void load_module_tensors(torch::nn::Module& module,
-                         const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+void load_module_tensors(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                          const std::string& what);
 
 }  // namespace gradaccum::models

@@ -21,19 +21,18 @@ GeluMlp seed000_mlp();
 torch::nn::Sequential seed000_sequential_mlp(bool batch_norm = false);
 
 // Image MLP: flatten → [Linear → norm → ReLU] per hidden width → Linear(classes).
-torch::nn::Sequential image_mlp(int64_t in_features, const std::vector<int64_t>& hidden,
-                                int64_t classes, NormKind norm, int64_t groups);
+torch::nn::Sequential image_mlp(int64_t in_features, const std::vector<int64_t>& hidden, int64_t classes, NormKind norm,
+                                int64_t groups);
 
 // Small CNN for 28×28 grey images: per entry of `channels`, a 3×3 conv → norm →
 // ReLU → 2×2 max-pool; then flatten → Linear(hidden) → ReLU → Linear(classes). With `dropout`
 // > 0, dropout (sample_dropout.h, site 0) after the dense layer's ReLU, as module drop_fc.
-torch::nn::Sequential small_cnn(const std::vector<int64_t>& channels, int64_t hidden,
-                                int64_t classes, NormKind norm, int64_t groups, double dropout = 0.0,
-                                DropoutRng dropout_rng = DropoutRng::per_sample);
+torch::nn::Sequential small_cnn(const std::vector<int64_t>& channels, int64_t hidden, int64_t classes, NormKind norm,
+                                int64_t groups, double dropout = 0.0, DropoutRng dropout_rng = DropoutRng::per_sample);
 
 // Small ResNet: 3×3 stem conv, one basic residual block per entry of
 // `channels` (stride 2 from the second on), global average pool, Linear(classes).
-torch::nn::Sequential small_resnet(const std::vector<int64_t>& channels, int64_t classes,
-                                   NormKind norm, int64_t groups);
+torch::nn::Sequential small_resnet(const std::vector<int64_t>& channels, int64_t classes, NormKind norm,
+                                   int64_t groups);
 
 }  // namespace gradaccum::models

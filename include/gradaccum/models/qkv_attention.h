@@ -64,11 +64,10 @@ torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const
 
 // The same function as libtorch operators (split, matmul, masked_softmax,
 // matmul); any device, dtype and autocast.
-torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head,
-                                      const torch::Tensor& allowed);
+torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed);
 // qkv_attention_reference with `on_probabilities` applied to p [B, H, T, T] before it weighs v
 // (dropout on the attention probabilities).
 torch::Tensor qkv_attention_transformed(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
-                                      const std::function<torch::Tensor(const torch::Tensor&)>& on_probabilities);
+                                        const std::function<torch::Tensor(const torch::Tensor&)>& on_probabilities);
 
 }  // namespace gradaccum::models

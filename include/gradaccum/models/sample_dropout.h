@@ -36,8 +36,7 @@ DropoutRng parse_dropout_rng(const std::string& name);
 
 // The per-sample mask of `x` [B, d1, …, dk] (1 ≤ k ≤ 3, each d ≤ 65536): 1 / (1 - p) where kept,
 // 0 where dropped, in x's dtype and on x's device. keys.ids must hold B sample indices.
-torch::Tensor per_sample_dropout_scale(const torch::Tensor& x, double p, const core::SampleKeys& keys,
-                                       int64_t site);
+torch::Tensor per_sample_dropout_scale(const torch::Tensor& x, double p, const core::SampleKeys& keys, int64_t site);
 
 // One dropout site of a model (HF's nn.Dropout modules: GPT-2's drop, attn_dropout,
 // resid_dropout; BLOOM's dropout_add). A module without parameters, so checkpoints do not see it.

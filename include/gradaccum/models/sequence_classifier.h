@@ -29,8 +29,8 @@ class SequenceClassificationModelImpl : public torch::nn::Module {
  public:
   // `score` is initialized as HF does, N(0, initializer_range), from its own
   // generator seeded with init_seed; the backbone keeps its weights.
-  SequenceClassificationModelImpl(Decoder transformer, int64_t num_labels,
-                                  double initializer_range = 0.02, uint64_t init_seed = 0);
+  SequenceClassificationModelImpl(Decoder transformer, int64_t num_labels, double initializer_range = 0.02,
+                                  uint64_t init_seed = 0);
   // Logits [B, num_labels]. input_ids [B, T]; attention_mask [B, T] or undefined.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
   int64_t num_labels() const { return num_labels_; }
@@ -49,8 +49,7 @@ TORCH_MODULE(SequenceClassificationModel);
 // all of the window's rows however they were split.
 class SequenceClassifier final : public core::Trainable {
  public:
-  explicit SequenceClassifier(SequenceClassificationModel model)
-      : model_(std::move(model)), dropout_sites_(*model_) {}
+  explicit SequenceClassifier(SequenceClassificationModel model) : model_(std::move(model)), dropout_sites_(*model_) {}
   core::LossSum loss(const core::Batch& batch) override;
   // Loss sum, rows, and `correct` = rows whose argmax logit is the label.
   core::EvalSums evaluate(const core::Batch& batch) override;

@@ -39,7 +39,6 @@ bool softmax_cross_entropy_supports(const torch::Tensor& logits);
 //
 // Throws gradaccum::Error for logits it does not support, mismatched shapes,
 // or a target outside [0, V).
-double softmax_cross_entropy_(torch::Tensor& logits, const torch::Tensor& targets,
-                              const torch::Tensor& row_weights);
+double softmax_cross_entropy_(torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& row_weights);
 
 }  // namespace gradaccum::models

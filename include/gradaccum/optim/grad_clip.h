@@ -23,7 +23,6 @@ torch::Tensor global_weight_norm(const std::vector<torch::Tensor>& params);
 // clip_grad_norm_. max_norm <= 0 disables clipping (the norm is still measured).
 ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
 // The same with the norm already measured (global_grad_norm(params)).
-ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm,
-                          const torch::Tensor& norm_before);
+ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm, const torch::Tensor& norm_before);
 
 }  // namespace gradaccum::optim

@@ -30,8 +30,7 @@ bool takes_weight_decay(const torch::Tensor& param);
 // With weight decay, two param groups: the parameters that take it (decayed[i], by default
 // takes_weight_decay(params[i])) and the others with weight_decay 0; a sharded optimizer passes
 // the answers for the parameters its flat shards come from.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec,
-                                                        std::vector<torch::Tensor> params,
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec, std::vector<torch::Tensor> params,
                                                         std::vector<bool> decayed = {});
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);

@@ -17,10 +17,10 @@
 // Exactness is the Trainer's: fit() adds no arithmetic of its own.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,21 +38,21 @@ namespace gradaccum::run {
 struct RunOptions {
   core::TrainerOptions trainer;  // the accumulation, optimizer, schedule, precision, device
   std::string output_dir = "runs/default";
-  int64_t threads = 0;                  // 0: this host's cores shared among its ranks
-  std::string custom_kernels = "all";   // kernels/custom_kernels.h
+  int64_t threads = 0;                    // 0: this host's cores shared among its ranks
+  std::string custom_kernels = "all";     // kernels/custom_kernels.h
   std::string bf16_cpu_matmuls = "auto";  // auto | float32 | libtorch (core/float32_cpu_matmuls.h)
-  int64_t logging_steps = 1;            // console and TensorBoard interval
-  bool console = true;                  // rank 0's progress lines on stdout
-  bool tensorboard = false;             // event files in logging_dir
-  std::string logging_dir;              // "" = output_dir/runs
-  std::string resume_from_checkpoint;   // "" | "latest" (under output_dir) | a checkpoint directory
-  bool allow_batch_change = false;      // resume with another global batch (not exact)
-  int64_t save_total_limit = 0;         // > 0: keep the newest K checkpoints
-  int64_t dist_timeout_s = 60;          // a stalled rank is an error after this long
-  int64_t ddp_bucket_cap_mb = 25;       // gradient all-reduce buckets
-  bool sync_each_micro_step = false;    // all-reduce every micro-step (comparison only)
-  int64_t zero_stage = 0;               // 1: optimizer state sharded across ranks
-  bool items_are_tokens = false;        // the metrics call items tokens (language models) or samples
+  int64_t logging_steps = 1;              // console and TensorBoard interval
+  bool console = true;                    // rank 0's progress lines on stdout
+  bool tensorboard = false;               // event files in logging_dir
+  std::string logging_dir;                // "" = output_dir/runs
+  std::string resume_from_checkpoint;     // "" | "latest" (under output_dir) | a checkpoint directory
+  bool allow_batch_change = false;        // resume with another global batch (not exact)
+  int64_t save_total_limit = 0;           // > 0: keep the newest K checkpoints
+  int64_t dist_timeout_s = 60;            // a stalled rank is an error after this long
+  int64_t ddp_bucket_cap_mb = 25;         // gradient all-reduce buckets
+  bool sync_each_micro_step = false;      // all-reduce every micro-step (comparison only)
+  int64_t zero_stage = 0;                 // 1: optimizer state sharded across ranks
+  bool items_are_tokens = false;          // the metrics call items tokens (language models) or samples
   // The run's configuration as text: output_dir/config.yaml, stored in every checkpoint, and
   // compared across ranks (they must agree). "" writes no config.yaml.
   std::string description;

@@ -1,17 +1,16 @@
 #include "gradaccum/cli/lm_commands.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
-#include "gradaccum/run/runtime.h"
-#include "gradaccum/io/workload.h"
 #include "gradaccum/base/check.h"
 #include "gradaccum/data/lm_dataset.h"
 #include "gradaccum/data/text_source.h"
+#include "gradaccum/io/workload.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/generation.h"
+#include "gradaccum/run/runtime.h"
 
 namespace gradaccum::cli {
 
@@ -20,9 +19,9 @@ namespace {
 // The checkpoint's own tokenizer files when it has them.
 data::Tokenizer load_tokenizer(const std::string& configured, const std::string& checkpoint) {
   namespace fs = std::filesystem;
-  if (configured.empty() && (fs::exists(fs::path(checkpoint) / "tokenizer.json") ||
-                             fs::exists(fs::path(checkpoint) / "gpt2.tiktoken") ||
-                             fs::exists(fs::path(checkpoint) / "encoder.json"))) {
+  if (configured.empty() &&
+      (fs::exists(fs::path(checkpoint) / "tokenizer.json") || fs::exists(fs::path(checkpoint) / "gpt2.tiktoken") ||
+       fs::exists(fs::path(checkpoint) / "encoder.json"))) {
     return data::Tokenizer::load(checkpoint);
   }
   return data::Tokenizer::load(io::tokenizer_directory(configured));
@@ -31,8 +30,8 @@ data::Tokenizer load_tokenizer(const std::string& configured, const std::string&
 models::BuiltModel load_causal_lm(const std::string& dir) {
   GA_CHECK(!dir.empty(), "--checkpoint DIR is required");
   auto model = models::load_language_model(dir, /*num_labels=*/-1, 0);
-  GA_CHECK(model.causal_lm() != nullptr,
-           "{}: a sequence classifier ({} labels), not a causal language model", dir, model.num_labels);
+  GA_CHECK(model.causal_lm() != nullptr, "{}: a sequence classifier ({} labels), not a causal language model", dir,
+           model.num_labels);
   return model;
 }
 

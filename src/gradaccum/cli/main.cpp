@@ -1,18 +1,19 @@
 // The `gradaccum` program: parses the command line and turns exceptions into a
 // one-line message and a non-zero exit status. Nothing else exits the process.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
+
+#include "gradaccum/base/check.h"
 #include "gradaccum/cli/config_command.h"
 #include "gradaccum/cli/lm_commands.h"
 #include "gradaccum/cli/plan_command.h"
 #include "gradaccum/cli/plot_command.h"
-#include "gradaccum/run/runtime.h"
 #include "gradaccum/cli/tokenize_command.h"
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/cli/verify_command.h"
-#include "gradaccum/base/check.h"
+#include "gradaccum/run/runtime.h"
 
 namespace {
 // c10::Error messages carry a C++ backtrace after the first line.
@@ -22,9 +23,9 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 int main(int argc, char** argv) {
   CLI::App app{"gradaccum: exact, fast gradient accumulation on libtorch"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", fmt::format("gradaccum {}\nlibtorch: {}\nkernels: {}", GRADACCUM_VERSION,
-                                                gradaccum::run::libtorch_description(),
-                                                gradaccum::run::kernels_description()));
+  app.set_version_flag("--version",
+                       fmt::format("gradaccum {}\nlibtorch: {}\nkernels: {}", GRADACCUM_VERSION,
+                                   gradaccum::run::libtorch_description(), gradaccum::run::kernels_description()));
 
   gradaccum::cli::TrainArgs train;
   auto* train_cmd = app.add_subcommand("train", "Train a model (no CONFIG: the built-in default run)");
@@ -38,8 +39,8 @@ int main(int argc, char** argv) {
                       "At the end, write the figures to OUTPUT_DIR/plots and the run report to OUTPUT_DIR/report.html");
 
   gradaccum::cli::VerifyArgs verify;
-  auto* verify_cmd = app.add_subcommand(
-      "verify", "Check in float64 that splits of one global batch follow the same trajectory");
+  auto* verify_cmd =
+      app.add_subcommand("verify", "Check in float64 that splits of one global batch follow the same trajectory");
   verify_cmd->add_option("config", verify.config_path, "YAML configuration file");
   verify_cmd->add_option("--splits", verify.splits, "Comma-separated BxN splits of one global batch")
       ->capture_default_str();
@@ -57,7 +58,8 @@ int main(int argc, char** argv) {
       "plan", "Probe the micro-batches of one global batch for memory and speed; choose the fastest that fits");
   plan_cmd->add_option("config", plan.config_path, "YAML configuration file");
   plan_cmd->add_option("--global-batch", plan.global_batch, "The global batch (default: the configuration's b x N)");
-  plan_cmd->add_option("--memory", plan.memory, "Memory limit: 6000 (MB), 6000M, 8G (default: 90% of what is available)");
+  plan_cmd->add_option("--memory", plan.memory,
+                       "Memory limit: 6000 (MB), 6000M, 8G (default: 90% of what is available)");
   plan_cmd->add_option("--steps", plan.steps, "Optimizer steps per probe")->capture_default_str();
   plan_cmd->add_option("--set", plan.overrides, "Override a key: --set key=value (repeatable)")
       ->allow_extra_args(false)
@@ -75,14 +77,16 @@ int main(int argc, char** argv) {
   auto* tokenize_cmd =
       app.add_subcommand("tokenize", "Print each input line's token ids as a JSON array (--decode: the reverse)");
   tokenize_cmd->add_option("file", tokenize.input_path, "Input file (default: standard input)");
-  tokenize_cmd->add_option("--tokenizer", tokenize.tokenizer_dir,
-                           "A directory with tokenizer.json, gpt2.tiktoken or encoder.json + vocab.bpe; "
-                           "a .tiktoken file; or a tokenizer.json (default: $GRADACCUM_TOKENIZER_DIR, else /var/lib/gradaccum/gpt2)");
+  tokenize_cmd->add_option(
+      "--tokenizer", tokenize.tokenizer_dir,
+      "A directory with tokenizer.json, gpt2.tiktoken or encoder.json + vocab.bpe; "
+      "a .tiktoken file; or a tokenizer.json (default: $GRADACCUM_TOKENIZER_DIR, else /var/lib/gradaccum/gpt2)");
   tokenize_cmd->add_flag("--decode", tokenize.decode, "Read JSON arrays of ids and print the text");
 
   gradaccum::cli::GenerateArgs generate;
   auto* generate_cmd = app.add_subcommand("generate", "Continue a prompt with a trained causal language model");
-  generate_cmd->add_option("--checkpoint", generate.checkpoint, "HF checkpoint directory (e.g. a run's output_dir/final)")
+  generate_cmd
+      ->add_option("--checkpoint", generate.checkpoint, "HF checkpoint directory (e.g. a run's output_dir/final)")
       ->required();
   generate_cmd->add_option("--prompt", generate.prompt, "The text to continue")->required();
   generate_cmd->add_option("--max-new-tokens", generate.max_new_tokens, "Tokens to generate")->capture_default_str();
@@ -105,7 +109,8 @@ int main(int argc, char** argv) {
 
   gradaccum::cli::ConfigArgs config;
   auto* config_cmd = app.add_subcommand(
-      "config", "Print the default configuration (every key, its default and help) or, with --reference, the Markdown reference");
+      "config",
+      "Print the default configuration (every key, its default and help) or, with --reference, the Markdown reference");
   config_cmd->add_flag("--reference", config.reference, "The configuration reference in Markdown (docs/config.md)");
 
   try {

@@ -1,13 +1,13 @@
 #include "gradaccum/cli/plan_command.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
@@ -56,13 +56,13 @@ PlanCandidate probe(const PlanArgs& args, int64_t b, int64_t n, const fs::path& 
   std::string command = shell_quoted(fs::read_symlink("/proc/self/exe").string()) + " train";
   if (!args.config_path.empty()) command += " " + shell_quoted(args.config_path);
   for (const auto& o : args.overrides) command += " --set " + shell_quoted(o);
-  for (const std::string o : {fmt::format("per_device_train_batch_size={}", b),
-                              fmt::format("gradient_accumulation_steps={}", n), std::string("global_batch_size=0"),
-                              fmt::format("max_steps={}", args.steps), std::string("save_steps=0"),
-                              std::string("eval_steps=0"), std::string("data.eval_limit=-1"),
-                              std::string("train_sampling_strategy=longest_first"), std::string("oom_recovery=false"),
-                              std::string("report_to=none"), std::string("grad_flow_steps=0"),
-                              std::string("sample.prompt="), "output_dir=" + out.string()}) {
+  for (const std::string o :
+       {fmt::format("per_device_train_batch_size={}", b), fmt::format("gradient_accumulation_steps={}", n),
+        std::string("global_batch_size=0"), fmt::format("max_steps={}", args.steps), std::string("save_steps=0"),
+        std::string("eval_steps=0"), std::string("data.eval_limit=-1"),
+        std::string("train_sampling_strategy=longest_first"), std::string("oom_recovery=false"),
+        std::string("report_to=none"), std::string("grad_flow_steps=0"), std::string("sample.prompt="),
+        "output_dir=" + out.string()}) {
     command += " --set " + shell_quoted(o);
   }
   command += " > " + shell_quoted((dir / fmt::format("b{}.out", b)).string()) + " 2> " +
@@ -116,8 +116,9 @@ Plan make_plan(const PlanArgs& args, bool quiet) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("gradaccum-plan-{}", getpid());
   fs::create_directories(dir);
   if (!quiet) {
-    fmt::print("plan: global batch {} (unchanged), memory limit {:.0f} MB of {}, {} steps per probe, longest samples first\n",
-               plan.global_batch, plan.limit_mb, plan.memory_kind, args.steps);
+    fmt::print(
+        "plan: global batch {} (unchanged), memory limit {:.0f} MB of {}, {} steps per probe, longest samples first\n",
+        plan.global_batch, plan.limit_mb, plan.memory_kind, args.steps);
     fmt::print("{:>6} {:>6} {:>12} {:>12}  {}\n", "b", "N", "peak MB", "samples/s", "");
   }
   for (int64_t b = 1; b <= plan.global_batch; ++b) {
@@ -154,8 +155,10 @@ int run_plan(const PlanArgs& args) {
   if (args.json) {
     nlohmann::json candidates = nlohmann::json::array();
     for (const auto& c : plan.candidates) {
-      nlohmann::json j = {{"micro_batch", c.micro_batch}, {"gradient_accumulation_steps", c.accumulation},
-                          {"peak_mb", c.peak_mb},         {"samples_per_s", c.samples_per_s},
+      nlohmann::json j = {{"micro_batch", c.micro_batch},
+                          {"gradient_accumulation_steps", c.accumulation},
+                          {"peak_mb", c.peak_mb},
+                          {"samples_per_s", c.samples_per_s},
                           {"fits", c.fits}};
       if (!c.error.empty()) j["error"] = c.error;
       candidates.push_back(j);
@@ -172,16 +175,19 @@ int run_plan(const PlanArgs& args) {
                                       {"choice", choice}}
                            .dump());
   } else if (plan.choice) {
-    fmt::print("choice: per_device_train_batch_size={} gradient_accumulation_steps={} (global batch {}, peak {:.0f} MB of {:.0f})\n",
-               plan.choice->micro_batch, plan.choice->accumulation, plan.global_batch, plan.choice->peak_mb,
-               plan.limit_mb);
+    fmt::print(
+        "choice: per_device_train_batch_size={} gradient_accumulation_steps={} (global batch {}, peak {:.0f} MB of "
+        "{:.0f})\n",
+        plan.choice->micro_batch, plan.choice->accumulation, plan.global_batch, plan.choice->peak_mb, plan.limit_mb);
   }
   if (!plan.choice) {
     const auto& first = plan.candidates.front();
     const std::string need = first.error.empty() ? fmt::format("micro-batch 1 needs {:.0f} MB", first.peak_mb)
                                                  : fmt::format("micro-batch 1 failed: {}", first.error);
-    fmt::print(stderr, "gradaccum: error: no micro-batch of global batch {} fits in {:.0f} MB: {} (the global batch is not changed)\n",
-               plan.global_batch, plan.limit_mb, need);
+    fmt::print(
+        stderr,
+        "gradaccum: error: no micro-batch of global batch {} fits in {:.0f} MB: {} (the global batch is not changed)\n",
+        plan.global_batch, plan.limit_mb, need);
     return 1;
   }
   return 0;

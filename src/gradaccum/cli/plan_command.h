@@ -34,10 +34,10 @@ struct PlanArgs {
 
 struct PlanCandidate {
   int64_t micro_batch = 0, accumulation = 0;
-  double peak_mb = 0.0;        // 0 when the probe failed
+  double peak_mb = 0.0;  // 0 when the probe failed
   double samples_per_s = 0.0;
   bool fits = false;
-  std::string error;           // the probe's last line of stderr when it failed
+  std::string error;  // the probe's last line of stderr when it failed
 };
 
 struct Plan {

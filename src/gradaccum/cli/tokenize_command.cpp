@@ -12,12 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/io/workload.h"
 #include "gradaccum/data/tokenizer.h"
+#include "gradaccum/io/workload.h"
 
 namespace gradaccum::cli {
 namespace {
-
 
 std::vector<data::TokenId> parse_ids(const std::string& line, std::size_t line_no) {
   nlohmann::json array;
@@ -69,8 +68,7 @@ int run_tokenize(const TokenizeArgs& args) {
     out.push_back('\n');
     std::fwrite(out.data(), 1, out.size(), stdout);
   }
-  GA_CHECK(!in->bad(), "cannot read {}",
-           args.input_path.empty() ? "standard input" : args.input_path);
+  GA_CHECK(!in->bad(), "cannot read {}", args.input_path.empty() ? "standard input" : args.input_path);
   GA_CHECK(std::fflush(stdout) == 0, "cannot write the output: {}", std::strerror(errno));
   return 0;
 }

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "gradaccum/base/check.h"
 #include "gradaccum/cli/plan_command.h"
 #include "gradaccum/cli/plot_command.h"
-#include "gradaccum/io/workload.h"
-#include "gradaccum/base/check.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/io/config.h"
+#include "gradaccum/io/workload.h"
 #include "gradaccum/models/generation.h"
 #include "gradaccum/run/fit.h"
 #include "gradaccum/run/launcher.h"
@@ -40,8 +40,8 @@ void print_sample(io::Workload& workload, const io::SampleConfig& sample) {
   options.max_positions = workload.model.max_positions;
   const auto eot = tokenizer.token_id("<|endoftext|>");
   if (eot) options.stop_token = *eot;
-  const auto ids = models::generate(*workload.model.causal_lm(),
-                                    std::vector<int64_t>(prompt.begin(), prompt.end()), options);
+  const auto ids =
+      models::generate(*workload.model.causal_lm(), std::vector<int64_t>(prompt.begin(), prompt.end()), options);
   std::vector<data::TokenId> tokens(ids.begin(), ids.end());
   if (!tokens.empty() && eot && tokens.back() == *eot) tokens.pop_back();
   fmt::print("sample: {}{}\n", sample.prompt, tokenizer.decode(tokens));
@@ -56,7 +56,8 @@ run::RunOptions run_options(const io::TrainConfig& config, const io::Workload& w
   options.custom_kernels = config.custom_kernels;
   options.bf16_cpu_matmuls = config.bf16_cpu_matmuls;
   options.logging_steps = config.logging_steps;
-  options.tensorboard = std::find(config.report_to.begin(), config.report_to.end(), "tensorboard") != config.report_to.end();
+  options.tensorboard =
+      std::find(config.report_to.begin(), config.report_to.end(), "tensorboard") != config.report_to.end();
   options.logging_dir = config.logging_dir;
   options.resume_from_checkpoint = config.resume_from_checkpoint;
   options.allow_batch_change = config.allow_batch_change;
@@ -112,8 +113,8 @@ int run_train(const TrainArgs& args) {
                plan.choice->micro_batch, plan.choice->accumulation, global);
   }
   if (args.nproc > 1) {
-    GA_CHECK(!env.distributed(), "--nproc {} inside a launched job (WORLD_SIZE={}): use one launcher",
-             args.nproc, env.world_size);
+    GA_CHECK(!env.distributed(), "--nproc {} inside a launched job (WORLD_SIZE={}): use one launcher", args.nproc,
+             env.world_size);
     return run::launch_local(args.nproc, child_args);
   }
   // Threads first: loading and tokenizing the data uses them.
@@ -122,8 +123,8 @@ int run_train(const TrainArgs& args) {
   auto workload = io::make_workload(config, /*with_eval=*/env.rank == 0);  // rank 0 evaluates and reports
 
   const auto options = run_options(config, workload);
-  const auto result = run::fit(options, *workload.model.task, *workload.train, workload.eval.get(),
-                               run::model_files(workload.model));
+  const auto result =
+      run::fit(options, *workload.model.task, *workload.train, workload.eval.get(), run::model_files(workload.model));
   if (!result.final_dir.empty()) {
     copy_tokenizer_files(workload, result.final_dir);
     if (workload.tokenizer && workload.model.causal_lm() != nullptr && !config.sample.prompt.empty()) {

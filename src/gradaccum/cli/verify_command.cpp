@@ -4,14 +4,14 @@
 #include <filesystem>
 #include <sstream>
 
-#include "gradaccum/cli/plot_command.h"
-#include "gradaccum/run/runtime.h"
 #include "gradaccum/base/check.h"
-#include "gradaccum/io/workload.h"
+#include "gradaccum/cli/plot_command.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/metrics_writer.h"
+#include "gradaccum/io/workload.h"
 #include "gradaccum/report/run_files.h"
+#include "gradaccum/run/runtime.h"
 
 namespace gradaccum::cli {
 
@@ -29,16 +29,16 @@ std::vector<Split> parse_splits(const std::string& text) {
     Split s{0, 0, item};
     char x = 0;
     std::istringstream parse(item);
-    GA_CHECK((parse >> s.micro_batch >> x >> s.steps) && x == 'x' && parse.peek() == EOF &&
-                 s.micro_batch >= 1 && s.steps >= 1,
+    GA_CHECK((parse >> s.micro_batch >> x >> s.steps) && x == 'x' && parse.peek() == EOF && s.micro_batch >= 1 &&
+                 s.steps >= 1,
              "--splits: '{}' is not BxN with B, N >= 1 (e.g. 16x4)", item);
     splits.push_back(s);
   }
   GA_CHECK(splits.size() >= 2, "--splits: give at least two splits, got '{}'", text);
   for (const auto& s : splits) {
     GA_CHECK(s.micro_batch * s.steps == splits[0].micro_batch * splits[0].steps,
-             "--splits: {} is a global batch of {}, {} one of {}: compare splits of the same batch",
-             s.text, s.micro_batch * s.steps, splits[0].text, splits[0].micro_batch * splits[0].steps);
+             "--splits: {} is a global batch of {}, {} one of {}: compare splits of the same batch", s.text,
+             s.micro_batch * s.steps, splits[0].text, splits[0].micro_batch * splits[0].steps);
   }
   return splits;
 }
@@ -98,7 +98,7 @@ int run_verify(const VerifyArgs& args) {
     auto options = base.trainer;
     options.per_device_train_batch_size = splits[k].micro_batch;
     options.gradient_accumulation_steps = splits[k].steps;
-    torch::manual_seed(options.seed);  // the same initial weights for every split
+    torch::manual_seed(options.seed);                              // the same initial weights for every split
     auto workload = io::make_workload(base, /*with_eval=*/false);  // any data.type and model.type
     auto& model = *workload.model.task;
     Trajectory trajectory;

@@ -17,8 +17,7 @@ std::vector<std::string> batch_dependent_layers(const torch::nn::Module& module)
   return names;
 }
 
-std::string batch_dependence_warning(const torch::nn::Module& module, int64_t accumulation_steps,
-                                     int64_t world_size) {
+std::string batch_dependence_warning(const torch::nn::Module& module, int64_t accumulation_steps, int64_t world_size) {
   if (accumulation_steps <= 1 && world_size <= 1) return "";
   const auto names = batch_dependent_layers(module);
   if (names.empty()) return "";

@@ -4,17 +4,14 @@
 
 namespace gradaccum::core {
 
-BatchGeometry BatchGeometry::from_accumulation(int64_t micro_batch, int64_t accumulation_steps,
-                                               int64_t world_size) {
+BatchGeometry BatchGeometry::from_accumulation(int64_t micro_batch, int64_t accumulation_steps, int64_t world_size) {
   GA_CHECK(micro_batch >= 1, "per_device_train_batch_size must be >= 1, got {}", micro_batch);
-  GA_CHECK(accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got {}",
-           accumulation_steps);
+  GA_CHECK(accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got {}", accumulation_steps);
   GA_CHECK(world_size >= 1, "world size must be >= 1, got {}", world_size);
   return BatchGeometry(micro_batch, accumulation_steps, world_size);
 }
 
-BatchGeometry BatchGeometry::from_global(int64_t micro_batch, int64_t global_batch,
-                                         int64_t world_size) {
+BatchGeometry BatchGeometry::from_global(int64_t micro_batch, int64_t global_batch, int64_t world_size) {
   GA_CHECK(micro_batch >= 1, "per_device_train_batch_size must be >= 1, got {}", micro_batch);
   GA_CHECK(world_size >= 1, "world size must be >= 1, got {}", world_size);
   const int64_t per_micro_step = micro_batch * world_size;
@@ -26,8 +23,7 @@ BatchGeometry BatchGeometry::from_global(int64_t micro_batch, int64_t global_bat
 }
 
 std::string BatchGeometry::to_string() const {
-  return fmt::format("{} x {} x {} = {}", micro_batch_, accumulation_steps_, world_size_,
-                     global_batch());
+  return fmt::format("{} x {} x {} = {}", micro_batch_, accumulation_steps_, world_size_, global_batch());
 }
 
 }  // namespace gradaccum::core

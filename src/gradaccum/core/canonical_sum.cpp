@@ -34,8 +34,8 @@ std::optional<double> tree(const std::vector<double>& values, const std::vector<
 }  // namespace
 
 std::optional<double> canonical_sum(const std::vector<double>& values, const std::vector<bool>& present) {
-  GA_CHECK(values.size() == present.size() && !values.empty(), "canonical_sum: {} values, {} flags",
-           values.size(), present.size());
+  GA_CHECK(values.size() == present.size() && !values.empty(), "canonical_sum: {} values, {} flags", values.size(),
+           present.size());
   return tree(values, present, 0, values.size());
 }
 

@@ -6,8 +6,8 @@
 
 namespace gradaccum::core {
 
-EvalRecord evaluate(Trainable& model, const Dataset& data, int64_t batch_size,
-                    torch::ScalarType dtype, torch::Device device, MixedPrecision precision) {
+EvalRecord evaluate(Trainable& model, const Dataset& data, int64_t batch_size, torch::ScalarType dtype,
+                    torch::Device device, MixedPrecision precision) {
   GA_CHECK(batch_size >= 1, "per_device_eval_batch_size must be >= 1, got {}", batch_size);
   const auto start = std::chrono::steady_clock::now();
   const bool was_training = model.module().is_training();
@@ -39,16 +39,14 @@ EvalRecord evaluate(Trainable& model, const Dataset& data, int64_t batch_size,
   if (was_training) model.module().train();
 
   // One host synchronization for the whole evaluation.
-  auto host = torch::stack({loss_sum, count.to(torch::kDouble), correct.to(torch::kDouble)})
-                  .to(torch::kCPU);
+  auto host = torch::stack({loss_sum, count.to(torch::kDouble), correct.to(torch::kDouble)}).to(torch::kCPU);
   auto values = host.accessor<double, 1>();
   EvalRecord record;
   record.items = static_cast<int64_t>(values[1]);
   record.samples = data.size();
   record.loss = values[0] / std::max<double>(1.0, values[1]);
   if (has_correct) record.accuracy = values[2] / std::max<double>(1.0, static_cast<double>(data.size()));
-  record.time_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  record.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return record;
 }
 

@@ -61,12 +61,11 @@ struct Routed<at::Tensor(Args...), Op> {
 };
 
 using TwoOperands = at::Tensor(const at::Tensor&, const at::Tensor&);
-using AddProduct = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                              const at::Scalar&, const at::Scalar&);
+using AddProduct = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&,
+                              const at::Scalar&);
 using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&);
-using Convolution = at::Tensor(const at::Tensor&, const at::Tensor&,
-                               const c10::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef,
-                               at::IntArrayRef, int64_t);
+using Convolution = at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, at::IntArrayRef,
+                               at::IntArrayRef, at::IntArrayRef, int64_t);
 
 // Replacing a registered kernel makes the dispatcher warn once per op; the
 // replacement is deliberate, so those warnings are dropped.
@@ -129,8 +128,10 @@ bool routes_cpu_matmuls_through_float32(const std::string& bf16_setting, MixedPr
   switch (precision) {
     case MixedPrecision::bf16:
       return bf16_setting == "float32" || (bf16_setting == "auto" && !cpu_has_native_bf16);
-    case MixedPrecision::fp16: return !cpu_has_native_fp16;
-    case MixedPrecision::none: break;
+    case MixedPrecision::fp16:
+      return !cpu_has_native_fp16;
+    case MixedPrecision::none:
+      break;
   }
   return false;
 }
@@ -142,8 +143,8 @@ void route_cpu_autocast_matmuls_through_float32() {
     c10::WarningUtils::WarningHandlerGuard quiet(&silent);
     // Kept for the life of the process: destroying it would restore the old kernels
     // while other threads may be dispatching.
-    static auto* library = new torch::Library(torch::Library::IMPL, "aten",
-                                              c10::DispatchKey::AutocastCPU, __FILE__, __LINE__);
+    static auto* library =
+        new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutocastCPU, __FILE__, __LINE__);
     library->impl("linear", TORCH_FN((Routed<Linear, &at::linear>::call)));
     library->impl("matmul", TORCH_FN((Routed<TwoOperands, &at::matmul>::call)));
     library->impl("mm", TORCH_FN((Routed<TwoOperands, &at::mm>::call)));

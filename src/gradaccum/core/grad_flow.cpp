@@ -24,8 +24,7 @@ torch::Tensor grad_flow_statistics(const std::vector<torch::Tensor>& params) {
   return torch::stack(rows);
 }
 
-GradFlowRecord grad_flow_record(int64_t step, const std::vector<std::string>& names,
-                                const torch::Tensor& statistics) {
+GradFlowRecord grad_flow_record(int64_t step, const std::vector<std::string>& names, const torch::Tensor& statistics) {
   GA_CHECK(statistics.dim() == 2 && statistics.size(0) == static_cast<int64_t>(names.size()) &&
                statistics.size(1) == 3 && statistics.is_cpu() && statistics.scalar_type() == torch::kDouble,
            "gradient flow: expected [{}, 3] float64 statistics on the CPU", names.size());

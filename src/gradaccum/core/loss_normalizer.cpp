@@ -50,8 +50,8 @@ torch::Tensor LossNormalizer::objective(const LossSum& micro) {
   }
   // Naive: this micro-batch's mean, divided by the configured N (seed 000's loop).
   // clamp_min keeps a micro-batch with no items at loss 0 instead of 0/0.
-  auto term = micro.sum / (micro.count.clamp_min(1).to(micro.sum.scalar_type()) *
-                           static_cast<double>(accumulation_steps_));
+  auto term =
+      micro.sum / (micro.count.clamp_min(1).to(micro.sum.scalar_type()) * static_cast<double>(accumulation_steps_));
   accumulate(naive_terms_, term);
   return term;
 }
@@ -73,8 +73,7 @@ void LossNormalizer::restore(const torch::Tensor& totals) {
   naive_terms_ = t[2].clone();
 }
 
-WindowLoss LossNormalizer::finish(const torch::Tensor& global_totals,
-                                  const std::vector<torch::Tensor>& params,
+WindowLoss LossNormalizer::finish(const torch::Tensor& global_totals, const std::vector<torch::Tensor>& params,
                                   int64_t world_size, double loss_multiplier) const {
   auto total_sum = global_totals[0];
   auto total_count = global_totals[1];

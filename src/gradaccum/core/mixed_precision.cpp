@@ -15,18 +15,24 @@ MixedPrecision parse_mixed_precision(const std::string& name) {
 
 std::string to_string(MixedPrecision precision) {
   switch (precision) {
-    case MixedPrecision::none: return "no";
-    case MixedPrecision::bf16: return "bf16";
-    case MixedPrecision::fp16: return "fp16";
+    case MixedPrecision::none:
+      return "no";
+    case MixedPrecision::bf16:
+      return "bf16";
+    case MixedPrecision::fp16:
+      return "fp16";
   }
   return "?";
 }
 
 torch::ScalarType autocast_dtype(MixedPrecision precision) {
   switch (precision) {
-    case MixedPrecision::bf16: return torch::kBFloat16;
-    case MixedPrecision::fp16: return torch::kHalf;
-    case MixedPrecision::none: break;
+    case MixedPrecision::bf16:
+      return torch::kBFloat16;
+    case MixedPrecision::fp16:
+      return torch::kHalf;
+    case MixedPrecision::none:
+      break;
   }
   return torch::ScalarType::Undefined;
 }

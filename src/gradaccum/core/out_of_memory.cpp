@@ -20,8 +20,7 @@ bool is_out_of_memory(const std::exception& error) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
     const std::string message = c10_error->what_without_backtrace();
     return message.find("can't allocate memory") != std::string::npos ||
-           message.find("not enough memory") != std::string::npos ||
-           message.find("out of memory") != std::string::npos;
+           message.find("not enough memory") != std::string::npos || message.find("out of memory") != std::string::npos;
   }
   return false;
 }
@@ -33,8 +32,11 @@ int64_t requested_bytes(const std::string& message) {
   static const std::regex sized(R"([Tt]ried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB))");
   if (std::regex_search(message, match, sized)) {
     const std::string unit = match[2].str();
-    const double scale = unit == "B" ? 1.0 : unit == "KiB" ? 1024.0 : unit == "MiB" ? 1048576.0
-                         : unit == "GiB" ? 1073741824.0 : 1099511627776.0;
+    const double scale = unit == "B"     ? 1.0
+                         : unit == "KiB" ? 1024.0
+                         : unit == "MiB" ? 1048576.0
+                         : unit == "GiB" ? 1073741824.0
+                                         : 1099511627776.0;
     return static_cast<int64_t>(std::llround(std::stod(match[1].str()) * scale));
   }
   return 0;

@@ -8,8 +8,7 @@
 namespace gradaccum::core {
 
 StepSequence::StepSequence(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params,
-                           optim::LrSchedule schedule, double max_grad_norm,
-                           optim::LossScaler* scaler)
+                           optim::LrSchedule schedule, double max_grad_norm, optim::LossScaler* scaler)
     : optimizer_(optimizer),
       params_(std::move(params)),
       schedule_(schedule),

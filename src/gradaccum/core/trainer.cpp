@@ -3,8 +3,8 @@
 #include <chrono>
 #include <cmath>
 
-#include "gradaccum/core/canonical_sum.h"
 #include "gradaccum/base/check.h"
+#include "gradaccum/core/canonical_sum.h"
 #include "gradaccum/core/evaluator.h"
 #include "gradaccum/core/grad_flow.h"
 #include "gradaccum/optim/grad_clip.h"
@@ -26,9 +26,7 @@ double fp16_items_for(const Dataset& data, int64_t micro_batch) {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 }  // namespace
 
@@ -49,34 +47,31 @@ BatchGeometry TrainerOptions::geometry(int64_t world_size) const {
   if (global_batch_size > 0) {
     return BatchGeometry::from_global(per_device_train_batch_size, global_batch_size, world_size);
   }
-  return BatchGeometry::from_accumulation(per_device_train_batch_size, gradient_accumulation_steps,
-                                          world_size);
+  return BatchGeometry::from_accumulation(per_device_train_batch_size, gradient_accumulation_steps, world_size);
 }
 
 int64_t total_optimizer_steps(const TrainerOptions& options, const WindowPlan& plan) {
   if (options.max_steps > 0) return options.max_steps;
-  GA_CHECK(options.num_train_epochs >= 1, "num_train_epochs must be >= 1, got {}",
-           options.num_train_epochs);
+  GA_CHECK(options.num_train_epochs >= 1, "num_train_epochs must be >= 1, got {}", options.num_train_epochs);
   return plan.windows_in_epochs(options.num_train_epochs);
 }
 
-Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_data,
-                 const Dataset* eval_data, TrainingObserver& observer, GradSync* sync,
-                 std::unique_ptr<torch::optim::Optimizer> optimizer)
+Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_data, const Dataset* eval_data,
+                 TrainingObserver& observer, GradSync* sync, std::unique_ptr<torch::optim::Optimizer> optimizer)
     : options_(std::move(options)),
       model_(model),
       train_data_(train_data),
       eval_data_(eval_data),
       observer_(observer),
       sync_(sync != nullptr ? *sync : local_sync_),
-      plan_(train_data.size(), options_.geometry(sync_.world_size()), options_.last_window,
-            options_.seed, options_.sample_order),
+      plan_(train_data.size(), options_.geometry(sync_.world_size()), options_.last_window, options_.seed,
+            options_.sample_order),
       total_steps_(total_optimizer_steps(options_, plan_)),
       normalizer_(options_.loss_normalization, plan_.geometry().accumulation_steps()) {
   if (options_.deterministic_accumulation) {
     const int64_t world = plan_.geometry().world_size();
-    GA_CHECK((world & (world - 1)) == 0,
-             "deterministic_accumulation: the world size must be a power of two, not {}", world);
+    GA_CHECK((world & (world - 1)) == 0, "deterministic_accumulation: the world size must be a power of two, not {}",
+             world);
     GA_CHECK(options_.loss_normalization != LossNormalization::micro_batch,
              "deterministic_accumulation: needs loss_normalization window or sum, not micro_batch");
     plan_.set_chunk_order(ChunkOrder::contiguous);
@@ -118,8 +113,7 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
   }
   steps_ = std::make_unique<StepSequence>(
       *optimizer_, params_,
-      optim::LrSchedule(options_.lr_scheduler_type, options_.optimizer.learning_rate, warmup,
-                        total_steps_),
+      optim::LrSchedule(options_.lr_scheduler_type, options_.optimizer.learning_rate, warmup, total_steps_),
       options_.max_grad_norm, scaler_ ? &*scaler_ : nullptr);
 }
 
@@ -140,8 +134,8 @@ void Trainer::shrink_micro_batch(const WindowOutOfMemory& oom, int64_t step) {
                ? fmt::format(" (it asked for {:.1f} MiB more)", static_cast<double>(oom.bytes()) / (1024.0 * 1024.0))
                : std::string(),
            oom.what());
-  observer_.on_micro_batch_change({step, from.micro_batch(), from.accumulation_steps(), to->micro_batch(),
-                                   to->accumulation_steps(), oom.bytes()});
+  observer_.on_micro_batch_change(
+      {step, from.micro_batch(), from.accumulation_steps(), to->micro_batch(), to->accumulation_steps(), oom.bytes()});
   release_cached_memory(options_.device);
   use_geometry(*to);
   micro_batch_from_oom_recovery_ = true;
@@ -180,11 +174,9 @@ void Trainer::restore(const TrainingState& state) {
            "checkpoint: it was saved with window_tokens {} and this run has {}", state.window_tokens,
            options_.window_tokens);
   GA_CHECK(options_.window_tokens > 0 || state.global_batch == g.global_batch(),
-           "checkpoint: it was saved with global batch {} and this run has {}", state.global_batch,
-           g.global_batch());
-  GA_CHECK(state.position.step <= total_steps_,
-           "checkpoint: it is at step {}, beyond this run's {} steps", state.position.step,
-           total_steps_);
+           "checkpoint: it was saved with global batch {} and this run has {}", state.global_batch, g.global_batch());
+  GA_CHECK(state.position.step <= total_steps_, "checkpoint: it is at step {}, beyond this run's {} steps",
+           state.position.step, total_steps_);
   // With carry, windows are numbered across epochs (the step count bounds them above).
   GA_CHECK(plan_.carries() || state.position.window < plan_.windows_in_epoch(state.position.epoch),
            "checkpoint: window {} does not exist in an epoch of {} windows", state.position.window,
@@ -199,15 +191,14 @@ void Trainer::restore(const TrainingState& state) {
                  state.world_size == g.world_size(),
              "checkpoint: it was saved inside a window with {}x{}x{} (b x N x W); resume it with the "
              "same decomposition, not {}x{}x{}",
-             state.micro_batch, state.accumulation_steps, state.world_size, g.micro_batch(),
-             g.accumulation_steps(), g.world_size());
+             state.micro_batch, state.accumulation_steps, state.world_size, g.micro_batch(), g.accumulation_steps(),
+             g.world_size());
     GA_CHECK(state.partial.grads.size() == params_.size() && state.partial.totals.defined(),
-             "checkpoint: the partial window holds {} gradients for {} parameters",
-             state.partial.grads.size(), params_.size());
+             "checkpoint: the partial window holds {} gradients for {} parameters", state.partial.grads.size(),
+             params_.size());
   }
-  GA_CHECK(state.position.schedule_step <= state.position.step,
-           "checkpoint: schedule step {} is beyond step {}", state.position.schedule_step,
-           state.position.step);
+  GA_CHECK(state.position.schedule_step <= state.position.step, "checkpoint: schedule step {} is beyond step {}",
+           state.position.schedule_step, state.position.step);
   if (scaler_ && state.loss_scaler) {
     scaler_->restore(*state.loss_scaler);
   } else if (state.position.micro_step > 0) {
@@ -222,8 +213,7 @@ void Trainer::restore(const TrainingState& state) {
   steps_->resume_at(position_.step, position_.schedule_step);
 }
 
-void Trainer::set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop,
-                                StopAgreement* agreement) {
+void Trainer::set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* stop, StopAgreement* agreement) {
   hook_ = hook;
   stop_ = stop;
   agreement_ = agreement != nullptr ? agreement : (sync_.world_size() == 1 ? &local_stop_ : nullptr);
@@ -255,12 +245,9 @@ TrainingState Trainer::state_at(const TrainingPosition& position) const {
   return state;
 }
 
-StepRecord Trainer::train_window(const Window& window) {
-  return *run_window(window, 0, nullptr);
-}
+StepRecord Trainer::train_window(const Window& window) { return *run_window(window, 0, nullptr); }
 
-std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t first_micro_step,
-                                              PartialWindow* partial) {
+std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t first_micro_step, PartialWindow* partial) {
   const auto start = Clock::now();
   double data_time = 0.0;
   const int64_t rank = sync_.rank();
@@ -308,15 +295,13 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
     const bool last = s + 1 == window.micro_steps();
     // Before each micro-step but the first one run here, and always before
     // the last (with several ranks, entering it commits to the all-reduce).
-    if (may_stop_inside && (s > first_micro_step || last) &&
-        agreement_->stop_here(window_id, stop_requested(), last)) {
+    if (may_stop_inside && (s > first_micro_step || last) && agreement_->stop_here(window_id, stop_requested(), last)) {
       if (s > 0) {  // micro-step 0 has accumulated nothing: a plain checkpoint
         partial->totals = normalizer_.local_totals().to(torch::kCPU);
         if (micro_items_known) partial->micro_items = torch::stack(micro_items).to(torch::kCPU);
         for (const auto& p : params_) {
-          partial->grads.push_back(p.grad().defined()
-                                       ? p.grad().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
-                                       : torch::Tensor());
+          partial->grads.push_back(p.grad().defined() ? p.grad().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
+                                                      : torch::Tensor());
         }
       }
       stopped_after_ = s;
@@ -376,8 +361,8 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
     // Each slot's loss sum and count, this rank's at its slots: summed over ranks they are
     // exact (one rank holds each slot), and every rank then adds them in the canonical tree.
     const int64_t first = window.slot(0, rank), all = slots * sync_.world_size();
-    slot_totals = torch::cat({slot_vector(micro_sums, first, all, options_.device),
-                              slot_vector(micro_items, first, all, options_.device)});
+    slot_totals = torch::cat(
+        {slot_vector(micro_sums, first, all, options_.device), slot_vector(micro_items, first, all, options_.device)});
   }
   // Every gradient now holds this rank's Σ over micro-steps; after the sync,
   // the Σ over ranks. One division by the global count makes it exact. The
@@ -393,8 +378,7 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   auto per_rank = torch::zeros({world}, local.options());
   per_rank.narrow(0, rank, 1).copy_(local.narrow(0, 1, 1));
   auto totals = torch::cat({local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options()),
-                            torch::full({1}, out_of_memory ? 1.0 : 0.0, local.options()), per_micro_step,
-                            per_rank});
+                            torch::full({1}, out_of_memory ? 1.0 : 0.0, local.options()), per_micro_step, per_rank});
   const int64_t accounted = totals.numel();
   if (slot_totals.defined()) totals = torch::cat({totals, slot_totals.to(local.options())});
   sync_.finish_window(totals);
@@ -426,8 +410,8 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
     return fmt::format(
         "non-finite loss at optimizer step {} (micro-step {} of {}; epoch {}, window {}); "
         "nan_policy: abort stops here, nan_policy: skip would skip such steps",
-        step, bad >= 0 ? fmt::format("{}", bad) : std::string("?"), window.micro_steps(),
-        window.epoch(), window.index());
+        step, bad >= 0 ? fmt::format("{}", bad) : std::string("?"), window.micro_steps(), window.epoch(),
+        window.index());
   };
 
   // Gradient flow of the gradient the optimizer is about to use (normalized, before clipping);
@@ -445,11 +429,11 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.loss_scale = step.loss_scale;
 
   // The one host synchronization of the step.
-  auto figures = torch::cat({torch::stack({window_loss.loss, window_loss.count,
-                                           step.grad_norm.to(window_loss.loss.device()),
-                                           step.grad_norm_clipped.to(window_loss.loss.device()),
-                                           optim::global_weight_norm(params_).to(window_loss.loss.device())}),
-                              totals.slice(0, 3, accounted)});
+  auto figures =
+      torch::cat({torch::stack({window_loss.loss, window_loss.count, step.grad_norm.to(window_loss.loss.device()),
+                                step.grad_norm_clipped.to(window_loss.loss.device()),
+                                optim::global_weight_norm(params_).to(window_loss.loss.device())}),
+                  totals.slice(0, 3, accounted)});
   if (flow) figures = torch::cat({figures, flow_statistics.flatten().to(figures.device())});
   auto host = figures.to(torch::kCPU);
   auto v = host.accessor<double, 1>();
@@ -475,7 +459,8 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   if (flow) {
     const auto p = static_cast<int64_t>(params_.size());
     const int64_t first = accounting + steps_in_window + world;
-    observer_.on_grad_flow(grad_flow_record(record.step, param_names_, host.slice(0, first, first + 3 * p).view({p, 3})));
+    observer_.on_grad_flow(
+        grad_flow_record(record.step, param_names_, host.slice(0, first, first + 3 * p).view({p, 3})));
   }
   // A non-finite loss is a divergence, not an fp16 overflow (losses are float32
   // under every precision), so it aborts even when the scaler skipped the step.
@@ -560,10 +545,9 @@ TrainSummary Trainer::run() {
       advance();
       observer_.on_step(record);
       const bool last_step = record.step == total_steps_;
-      if (eval_data_ != nullptr && !last_step && options_.eval_steps > 0 &&
-          record.step % options_.eval_steps == 0) {
-        auto eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size,
-                             options_.dtype, options_.device, options_.mixed_precision);
+      if (eval_data_ != nullptr && !last_step && options_.eval_steps > 0 && record.step % options_.eval_steps == 0) {
+        auto eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size, options_.dtype, options_.device,
+                             options_.mixed_precision);
         eval.step = record.step;
         observer_.on_eval(eval);
       }
@@ -589,8 +573,8 @@ TrainSummary Trainer::run() {
   summary.samples_per_s = static_cast<double>(summary.samples) / summary.wall_s;
   summary.items_per_s = static_cast<double>(summary.items) / summary.wall_s;
   if (eval_data_ != nullptr && !summary.preempted) {
-    summary.eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size,
-                            options_.dtype, options_.device, options_.mixed_precision);
+    summary.eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size, options_.dtype, options_.device,
+                            options_.mixed_precision);
     summary.eval.step = summary.steps;
     summary.has_eval = true;
     observer_.on_eval(summary.eval);

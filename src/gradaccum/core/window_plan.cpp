@@ -13,8 +13,7 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
-Window::Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry,
-               ChunkOrder order)
+Window::Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry, ChunkOrder order)
     : epoch_(epoch), index_(index), samples_(std::move(samples)), geometry_(geometry), order_(order) {
   const int64_t chunks = ceil_div(size(), geometry_.micro_batch());
   // Contiguous: rank 0 holds the first min(N, chunks) chunks, the most of any rank.
@@ -39,8 +38,8 @@ std::vector<int64_t> lengths_of(const torch::Tensor& samples, const torch::Tenso
 }
 }  // namespace
 
-Window::Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry,
-               int64_t token_budget, const torch::Tensor& lengths)
+Window::Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchGeometry& geometry, int64_t token_budget,
+               const torch::Tensor& lengths)
     : epoch_(epoch), index_(index), samples_(std::move(samples)), geometry_(geometry), order_(ChunkOrder::interleaved) {
   GA_CHECK(token_budget > 0, "token budget {} is not positive", token_budget);
   const auto l = lengths_of(samples_, lengths);
@@ -64,13 +63,10 @@ Window::Window(int64_t epoch, int64_t index, torch::Tensor samples, const BatchG
 }
 
 torch::Tensor Window::micro_batch(int64_t step, int64_t rank) const {
-  GA_CHECK(step >= 0 && step < micro_steps_, "micro-step {} out of range [0, {})", step,
-           micro_steps_);
-  GA_CHECK(rank >= 0 && rank < geometry_.world_size(), "rank {} out of range [0, {})", rank,
-           geometry_.world_size());
+  GA_CHECK(step >= 0 && step < micro_steps_, "micro-step {} out of range [0, {})", step, micro_steps_);
+  GA_CHECK(rank >= 0 && rank < geometry_.world_size(), "rank {} out of range [0, {})", rank, geometry_.world_size());
   const int64_t b = geometry_.micro_batch();
-  const int64_t chunk =
-      order_ == ChunkOrder::interleaved ? step * geometry_.world_size() + rank : slot(step, rank);
+  const int64_t chunk = order_ == ChunkOrder::interleaved ? step * geometry_.world_size() + rank : slot(step, rank);
   if (!chunk_starts_.empty()) {
     const int64_t chunks = static_cast<int64_t>(chunk_starts_.size()) - 1;
     if (chunk >= chunks) return samples_.slice(0, size(), size());  // this rank idles
@@ -87,13 +83,9 @@ int64_t Window::samples_of_rank(int64_t rank) const {
   return total;
 }
 
-WindowPlan::WindowPlan(int64_t dataset_size, BatchGeometry geometry, LastWindow last_window,
-                       uint64_t seed, SampleOrder order)
-    : dataset_size_(dataset_size),
-      geometry_(geometry),
-      last_window_(last_window),
-      seed_(seed),
-      order_(order) {
+WindowPlan::WindowPlan(int64_t dataset_size, BatchGeometry geometry, LastWindow last_window, uint64_t seed,
+                       SampleOrder order)
+    : dataset_size_(dataset_size), geometry_(geometry), last_window_(last_window), seed_(seed), order_(order) {
   GA_CHECK(dataset_size > 0, "the training dataset is empty");
   GA_CHECK(windows_per_epoch() > 0,
            "the training dataset has {} samples, fewer than one global batch of {} with "
@@ -166,10 +158,10 @@ Window WindowPlan::window(const torch::Tensor& permutation, int64_t epoch, int64
     const auto& starts = window_starts(epoch, permutation);
     GA_CHECK(k >= 0 && k + 1 < static_cast<int64_t>(starts.size()), "window {} out of range [0, {})", k,
              starts.size() - 1);
-    return make_window(epoch, k, permutation.slice(0, starts[static_cast<size_t>(k)], starts[static_cast<size_t>(k) + 1]));
+    return make_window(epoch, k,
+                       permutation.slice(0, starts[static_cast<size_t>(k)], starts[static_cast<size_t>(k) + 1]));
   }
-  GA_CHECK(k >= 0 && k < windows_per_epoch(), "window {} out of range [0, {})", k,
-           windows_per_epoch());
+  GA_CHECK(k >= 0 && k < windows_per_epoch(), "window {} out of range [0, {})", k, windows_per_epoch());
   const int64_t begin = k * geometry_.global_batch();
   const int64_t end = std::min(begin + geometry_.global_batch(), dataset_size_);
   return make_window(epoch, k, permutation.slice(0, begin, end));
@@ -186,7 +178,8 @@ Window WindowPlan::make_window(int64_t epoch, int64_t index, torch::Tensor sampl
   Window window(epoch, index, samples, geometry_, chunk_order_);
   if (lengths_.defined()) {
     const auto l = lengths_of(samples, lengths_);
-    window.set_padding(padded_in_chunks_of(l, geometry_.micro_batch()), std::accumulate(l.begin(), l.end(), int64_t{0}));
+    window.set_padding(padded_in_chunks_of(l, geometry_.micro_batch()),
+                       std::accumulate(l.begin(), l.end(), int64_t{0}));
   }
   return window;
 }
@@ -236,9 +229,7 @@ const torch::Tensor& WindowPlan::cached_permutation(int64_t epoch) const {
   return permutations_.back().second;
 }
 
-int64_t WindowPlan::epoch_of_carried_window(int64_t g) const {
-  return g * geometry_.global_batch() / dataset_size_;
-}
+int64_t WindowPlan::epoch_of_carried_window(int64_t g) const { return g * geometry_.global_batch() / dataset_size_; }
 
 Window WindowPlan::carried_window(int64_t g, int64_t epochs) const {
   GA_CHECK(carries(), "carried_window: the plan's last_window is not carry");

@@ -16,8 +16,7 @@ template <typename Pairs>
 TokenId largest_id(const Pairs& pairs, const std::string& source) {
   TokenId max_id = -1;
   for (const auto& [token, id] : pairs) {
-    GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(),
-             "{}: token id {} out of range", source, id);
+    GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(), "{}: token id {} out of range", source, id);
     max_id = std::max(max_id, id);
   }
   return max_id;
@@ -30,8 +29,7 @@ const std::array<char32_t, 256>& byte_to_unicode() {
     std::array<char32_t, 256> t{};
     char32_t next = 256;
     for (int b = 0; b < 256; ++b) {
-      const bool printable =
-          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       t[b] = printable ? static_cast<char32_t>(b) : next++;
     }
     return t;
@@ -39,8 +37,8 @@ const std::array<char32_t, 256>& byte_to_unicode() {
   return table;
 }
 
-ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab,
-                           const std::vector<Merge>& merges, std::string source)
+ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab, const std::vector<Merge>& merges,
+                           std::string source)
     : source_(std::move(source)), ids_(vocab) {
   std::unordered_map<char32_t, int> unicode_to_byte;
   for (int b = 0; b < 256; ++b) unicode_to_byte[byte_to_unicode()[b]] = b;
@@ -71,9 +69,8 @@ ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [a, b] = merges[rank];
     const auto ia = token_id(a), ib = token_id(b), im = token_id(a + b);
-    GA_CHECK(ia && ib && im,
-             "{}: merge {} ('{} {}') uses a token missing from the vocabulary ('{}')", source_,
-             rank, a, b,
+    GA_CHECK(ia && ib && im, "{}: merge {} ('{} {}') uses a token missing from the vocabulary ('{}')", source_, rank, a,
+             b,
              !ia   ? a
              : !ib ? b
                    : a + b);
@@ -104,10 +101,8 @@ ByteLevelBpe::ByteLevelBpe(const std::vector<std::pair<std::string_view, TokenId
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
     const IdMerge& m = merges[rank];
     GA_CHECK(known(m.left) && known(m.right) && known(m.merged),
-             "{}: merge {} ({} + {} = {}) names an id without a token", source_, rank, m.left,
-             m.right, m.merged);
-    merges_.insert_or_assign(pair_key(m.left, m.right),
-                             MergeResult{static_cast<std::int32_t>(rank), m.merged});
+             "{}: merge {} ({} + {} = {}) names an id without a token", source_, rank, m.left, m.right, m.merged);
+    merges_.insert_or_assign(pair_key(m.left, m.right), MergeResult{static_cast<std::int32_t>(rank), m.merged});
   }
 }
 
@@ -139,8 +134,7 @@ std::optional<TokenId> ByteLevelBpe::token_id(std::string_view token) const {
 }
 
 void ByteLevelBpe::add_literal_token(TokenId id, const std::string& content) {
-  GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(), "{}: token id {} out of range",
-           source_, id);
+  GA_CHECK(id >= 0 && id < std::numeric_limits<std::int32_t>::max(), "{}: token id {} out of range", source_, id);
   if (static_cast<std::size_t>(id) >= id_bytes_.size()) {
     id_bytes_.resize(static_cast<std::size_t>(id) + 1);
     id_known_.resize(id_bytes_.size(), false);
@@ -197,9 +191,7 @@ void ByteLevelBpe::merge_symbols_heap(std::vector<TokenId>& symbols) const {
     std::int32_t rank;
     std::size_t left;  // position of the pair's left symbol
     TokenId merged;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   const std::size_t n = symbols.size();
   constexpr std::size_t kNone = static_cast<std::size_t>(-1);

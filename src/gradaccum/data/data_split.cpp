@@ -10,8 +10,7 @@
 namespace gradaccum::data {
 
 IndexSplit interleaved_split(int64_t n, double eval_fraction) {
-  GA_CHECK(eval_fraction >= 0.0 && eval_fraction < 1.0,
-           "eval_fraction must be in [0, 1), got {}", eval_fraction);
+  GA_CHECK(eval_fraction >= 0.0 && eval_fraction < 1.0, "eval_fraction must be in [0, 1), got {}", eval_fraction);
   GA_CHECK(n >= 0, "cannot split {} items", n);
   IndexSplit split;
   // floor(k·f) is computed the same way for every k, so the counts telescope
@@ -21,8 +20,8 @@ IndexSplit interleaved_split(int64_t n, double eval_fraction) {
   return split;
 }
 
-std::vector<int64_t> balance_classes(const std::vector<int64_t>& indices,
-                                     const std::vector<int64_t>& labels, uint64_t seed) {
+std::vector<int64_t> balance_classes(const std::vector<int64_t>& indices, const std::vector<int64_t>& labels,
+                                     uint64_t seed) {
   std::map<int64_t, std::vector<int64_t>> by_class;  // positions in `indices`
   for (std::size_t p = 0; p < indices.size(); ++p) {
     const int64_t index = indices[p];

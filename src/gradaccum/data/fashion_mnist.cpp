@@ -1,8 +1,8 @@
 #include "gradaccum/data/fashion_mnist.h"
 
-#include <filesystem>
-
 #include <fmt/ranges.h>
+
+#include <filesystem>
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/data/gather_rows.h"
@@ -29,11 +29,10 @@ FashionMnist::FashionMnist(const std::string& directory, const std::string& spli
   }
   auto images = read_idx_file(images_path.string());
   auto labels = read_idx_file(labels_path.string());
-  GA_CHECK(images.dim() == 3 && images.size(1) == 28 && images.size(2) == 28,
-           "{}: expected [n, 28, 28] images, got {}", images_path.string(),
-           fmt::format("{}", fmt::join(images.sizes(), "x")));
-  GA_CHECK(labels.dim() == 1 && labels.size(0) == images.size(0),
-           "{}: {} labels for {} images", labels_path.string(), labels.size(0), images.size(0));
+  GA_CHECK(images.dim() == 3 && images.size(1) == 28 && images.size(2) == 28, "{}: expected [n, 28, 28] images, got {}",
+           images_path.string(), fmt::format("{}", fmt::join(images.sizes(), "x")));
+  GA_CHECK(labels.dim() == 1 && labels.size(0) == images.size(0), "{}: {} labels for {} images", labels_path.string(),
+           labels.size(0), images.size(0));
   GA_CHECK(labels.max().item<int64_t>() < 10, "{}: label out of range 0..9", labels_path.string());
   const int64_t n = limit > 0 ? std::min(limit, images.size(0)) : images.size(0);
   // clone(): a slice would keep the whole file's storage alive under train_limit.

@@ -61,9 +61,8 @@ std::vector<TextSpan> pretokenize(std::u32string_view s) {
 }  // namespace
 
 std::vector<TextSpan> gpt2_pretokenize(std::u32string_view text, SpaceDefinition spaces) {
-  return spaces == SpaceDefinition::kJavaScript
-             ? pretokenize<SpaceDefinition::kJavaScript>(text)
-             : pretokenize<SpaceDefinition::kUnicodeWhiteSpace>(text);
+  return spaces == SpaceDefinition::kJavaScript ? pretokenize<SpaceDefinition::kJavaScript>(text)
+                                                : pretokenize<SpaceDefinition::kUnicodeWhiteSpace>(text);
 }
 
 }  // namespace gradaccum::data

@@ -21,7 +21,6 @@ struct TextSpan {
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // The spans cover the text without gaps. Classes come from unicode_tables.h;
 // spaces says which \s (JavaScript's by default, Hugging Face's otherwise).
-std::vector<TextSpan> gpt2_pretokenize(std::u32string_view text,
-                                       SpaceDefinition spaces = SpaceDefinition::kJavaScript);
+std::vector<TextSpan> gpt2_pretokenize(std::u32string_view text, SpaceDefinition spaces = SpaceDefinition::kJavaScript);
 
 }  // namespace gradaccum::data

@@ -21,12 +21,11 @@ constexpr const char* kRange = "Gen1:1-Rev22:21";
 // The 66 books as `bible` abbreviates them, in canonical order; the first 39
 // are the Old Testament.
 constexpr std::array<const char*, 66> kBooks = {
-    "Ge",   "Exo",  "Lev",  "Num",   "Deu",   "Josh", "Jdgs", "Ruth", "1Sm",  "2Sm",  "1Ki",
-    "2Ki",  "1Chr", "2Chr", "Ezra",  "Neh",   "Est",  "Job",  "Psa",  "Prv",  "Eccl", "SSol",
-    "Isa",  "Jer",  "Lam",  "Eze",   "Dan",   "Hos",  "Joel", "Amos", "Obad", "Jonah", "Mic",
-    "Nahum", "Hab", "Zep",  "Hag",   "Zec",   "Mal",  "Mat",  "Mark", "Luke", "John", "Acts",
-    "Rom",  "1Cor", "2Cor", "Gal",   "Eph",   "Phi",  "Col",  "1Th",  "2Th",  "1Tim", "2Tim",
-    "Titus", "Phmn", "Heb", "Jas",   "1Pet",  "2Pet", "1Jn",  "2Jn",  "3Jn",  "Jude", "Rev"};
+    "Ge",   "Exo",  "Lev",  "Num",   "Deu",  "Josh",  "Jdgs", "Ruth", "1Sm",  "2Sm", "1Ki", "2Ki",  "1Chr", "2Chr",
+    "Ezra", "Neh",  "Est",  "Job",   "Psa",  "Prv",   "Eccl", "SSol", "Isa",  "Jer", "Lam", "Eze",  "Dan",  "Hos",
+    "Joel", "Amos", "Obad", "Jonah", "Mic",  "Nahum", "Hab",  "Zep",  "Hag",  "Zec", "Mal", "Mat",  "Mark", "Luke",
+    "John", "Acts", "Rom",  "1Cor",  "2Cor", "Gal",   "Eph",  "Phi",  "Col",  "1Th", "2Th", "1Tim", "2Tim", "Titus",
+    "Phmn", "Heb",  "Jas",  "1Pet",  "2Pet", "1Jn",   "2Jn",  "3Jn",  "Jude", "Rev"};
 constexpr std::size_t kOldTestamentBooks = 39;
 
 int book_index(std::string_view name) {
@@ -36,8 +35,7 @@ int book_index(std::string_view name) {
 }
 
 bool all_digits(std::string_view s) {
-  return !s.empty() && s.size() < 5 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  return !s.empty() && s.size() < 5 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 std::string excerpt(std::string_view line) {
@@ -56,13 +54,11 @@ std::string shell_quote(const std::string& s) {
 TokenId endoftext_or(TokenId id, const Tokenizer& tokenizer, const char* key) {
   if (id >= 0) return id;
   const auto eot = tokenizer.token_id("<|endoftext|>");
-  GA_CHECK(eot.has_value(), "tokenizer {} has no <|endoftext|> token; set {} explicitly",
-           tokenizer.source(), key);
+  GA_CHECK(eot.has_value(), "tokenizer {} has no <|endoftext|> token; set {} explicitly", tokenizer.source(), key);
   return *eot;
 }
 
-std::vector<std::vector<TokenId>> encode_verses(const std::vector<Verse>& verses,
-                                                const std::vector<int64_t>& which,
+std::vector<std::vector<TokenId>> encode_verses(const std::vector<Verse>& verses, const std::vector<int64_t>& which,
                                                 const Tokenizer& tokenizer) {
   std::vector<std::vector<TokenId>> docs;
   docs.reserve(which.size());
@@ -72,9 +68,7 @@ std::vector<std::vector<TokenId>> encode_verses(const std::vector<Verse>& verses
 
 }  // namespace
 
-std::string verse_reference(const Verse& v) {
-  return fmt::format("{}{}:{}", v.book, v.chapter, v.verse);
-}
+std::string verse_reference(const Verse& v) { return fmt::format("{}{}:{}", v.book, v.chapter, v.verse); }
 
 std::vector<Verse> parse_kjv_listing(std::string_view listing, const std::string& source) {
   std::vector<Verse> verses;
@@ -87,11 +81,10 @@ std::vector<Verse> parse_kjv_listing(std::string_view listing, const std::string
     auto digits = colon == std::string_view::npos ? 0 : colon;
     while (digits > 0 && reference[digits - 1] >= '0' && reference[digits - 1] <= '9') --digits;
     const int book = colon == std::string_view::npos ? -1 : book_index(reference.substr(0, digits));
-    const bool ok = space != std::string_view::npos && space + 1 < line.size() && book >= 0 &&
-                    book >= previous_book && all_digits(reference.substr(digits, colon - digits)) &&
-                    all_digits(reference.substr(colon + 1));
-    GA_CHECK(ok, "{}: line {} is not a verse in canonical order (\"{}\"); is the KJV text broken? {}",
-             source, number, excerpt(line), kInstallHint);
+    const bool ok = space != std::string_view::npos && space + 1 < line.size() && book >= 0 && book >= previous_book &&
+                    all_digits(reference.substr(digits, colon - digits)) && all_digits(reference.substr(colon + 1));
+    GA_CHECK(ok, "{}: line {} is not a verse in canonical order (\"{}\"); is the KJV text broken? {}", source, number,
+             excerpt(line), kInstallHint);
     previous_book = book;
     Verse v;
     v.book = kBooks[book];
@@ -111,15 +104,14 @@ std::vector<Verse> load_kjv(const std::string& program) {
   GA_CHECK(pipe != nullptr, "cannot run `{}`: {}; {}", command, std::strerror(errno), kInstallHint);
   std::string listing;
   std::array<char, 1 << 16> buffer;
-  for (std::size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0;)
-    listing.append(buffer.data(), n);
+  for (std::size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) listing.append(buffer.data(), n);
   const int status = ::pclose(pipe);
-  GA_CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 127), "`{}`: {} not found; {}", command,
-           program, kInstallHint);
-  GA_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "`{}` failed ({}); {}", command,
-           WIFEXITED(status) ? fmt::format("exit status {}", WEXITSTATUS(status))
-                             : fmt::format("wait status {}", status),
+  GA_CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 127), "`{}`: {} not found; {}", command, program,
            kInstallHint);
+  GA_CHECK(
+      WIFEXITED(status) && WEXITSTATUS(status) == 0, "`{}` failed ({}); {}", command,
+      WIFEXITED(status) ? fmt::format("exit status {}", WEXITSTATUS(status)) : fmt::format("wait status {}", status),
+      kInstallHint);
   GA_CHECK(!listing.empty(), "`{}` printed nothing; {}", command, kInstallHint);
 
   auto verses = parse_kjv_listing(listing, "`" + command + "`");
@@ -127,9 +119,9 @@ std::vector<Verse> load_kjv(const std::string& program) {
   for (const auto& v : verses) old_testament += v.testament == 0;
   const auto total = static_cast<int64_t>(verses.size());
   GA_CHECK(total == kKjvVerses && old_testament == kKjvOldTestamentVerses,
-           "`{}` printed {} verses ({} Old, {} New Testament), expected {} ({} + {}); {}", command,
-           total, old_testament, total - old_testament, kKjvVerses, kKjvOldTestamentVerses,
-           kKjvNewTestamentVerses, kInstallHint);
+           "`{}` printed {} verses ({} Old, {} New Testament), expected {} ({} + {}); {}", command, total,
+           old_testament, total - old_testament, kKjvVerses, kKjvOldTestamentVerses, kKjvNewTestamentVerses,
+           kInstallHint);
   return verses;
 }
 
@@ -144,21 +136,17 @@ CausalLmData make_kjv_lm_data(const std::vector<Verse>& verses, const Tokenizer&
   dataset.eos_token_id = endoftext_or(dataset.eos_token_id, tokenizer, "eos_token_id");
   const auto split = interleaved_split(static_cast<int64_t>(verses.size()), options.eval_fraction);
   CausalLmData data;
-  data.train = std::make_shared<CausalLmDataset>(encode_verses(verses, split.train, tokenizer),
-                                                 dataset);
+  data.train = std::make_shared<CausalLmDataset>(encode_verses(verses, split.train, tokenizer), dataset);
   if (!split.eval.empty())
-    data.eval = std::make_shared<CausalLmDataset>(encode_verses(verses, split.eval, tokenizer),
-                                                  dataset);
+    data.eval = std::make_shared<CausalLmDataset>(encode_verses(verses, split.eval, tokenizer), dataset);
   return data;
 }
 
-ClassificationData make_kjv_testament_data(const Tokenizer& tokenizer,
-                                           const KjvTestamentOptions& options) {
+ClassificationData make_kjv_testament_data(const Tokenizer& tokenizer, const KjvTestamentOptions& options) {
   return make_kjv_testament_data(load_kjv(options.program), tokenizer, options);
 }
 
-ClassificationData make_kjv_testament_data(const std::vector<Verse>& verses,
-                                           const Tokenizer& tokenizer,
+ClassificationData make_kjv_testament_data(const std::vector<Verse>& verses, const Tokenizer& tokenizer,
                                            const KjvTestamentOptions& options) {
   ClassificationDatasetOptions dataset;
   dataset.max_length = options.max_length;
@@ -172,8 +160,7 @@ ClassificationData make_kjv_testament_data(const std::vector<Verse>& verses,
     if (options.balanced) which = balance_classes(which, labels, options.seed);
     auto ids = encode_verses(verses, which, tokenizer);
     std::vector<LabelledTokens> examples(which.size());
-    for (std::size_t k = 0; k < which.size(); ++k)
-      examples[k] = {std::move(ids[k]), labels[which[k]]};
+    for (std::size_t k = 0; k < which.size(); ++k) examples[k] = {std::move(ids[k]), labels[which[k]]};
     return std::make_shared<SequenceClassificationDataset>(examples, dataset);
   };
   auto split = interleaved_split(static_cast<int64_t>(verses.size()), options.eval_fraction);

@@ -7,15 +7,12 @@
 
 namespace gradaccum::data {
 
-CausalLmDataset::CausalLmDataset(const std::vector<std::vector<TokenId>>& documents,
-                                 LmDatasetOptions options)
+CausalLmDataset::CausalLmDataset(const std::vector<std::vector<TokenId>>& documents, LmDatasetOptions options)
     : options_(options), documents_(static_cast<int64_t>(documents.size())) {
   GA_CHECK(options_.max_length >= 2,
-           "lm dataset: max_length must be at least 2 (one input and one target token), got {}",
-           options_.max_length);
+           "lm dataset: max_length must be at least 2 (one input and one target token), got {}", options_.max_length);
   if (options_.packing) {
-    GA_CHECK(options_.eos_token_id >= 0,
-             "lm dataset: packing needs eos_token_id (the separator between documents)");
+    GA_CHECK(options_.eos_token_id >= 0, "lm dataset: packing needs eos_token_id (the separator between documents)");
   } else {
     GA_CHECK(options_.pad_token_id >= 0, "lm dataset: padding needs pad_token_id (>= 0)");
   }
@@ -53,10 +50,8 @@ CausalLmDataset::CausalLmDataset(const std::vector<std::vector<TokenId>>& docume
       rows_.add(stream.data() + begin, length, "lm dataset");
     dropped_tail_ = total % length;
   }
-  GA_CHECK(size() > 0, "lm dataset: no samples from {} documents ({} with fewer than 2 tokens{})",
-           documents_, dropped_,
-           options_.packing ? fmt::format(", {} tokens in all, less than one block of {}",
-                                          dropped_tail_, length)
+  GA_CHECK(size() > 0, "lm dataset: no samples from {} documents ({} with fewer than 2 tokens{})", documents_, dropped_,
+           options_.packing ? fmt::format(", {} tokens in all, less than one block of {}", dropped_tail_, length)
                             : std::string());
 }
 
@@ -72,13 +67,11 @@ core::Batch CausalLmDataset::get(const torch::Tensor& indices, torch::ScalarType
 }
 
 std::string CausalLmDataset::summary() const {
-  std::string cut =
-      options_.packing
-          ? fmt::format("packed into blocks of {} ({} tail tokens dropped)", options_.max_length,
-                        dropped_tail_)
-          : fmt::format("{} truncated to {} tokens", truncated_, options_.max_length);
-  return fmt::format("{} documents, {} dropped (< 2 tokens), {}: {} samples, {} tokens", documents_,
-                     dropped_, cut, size(), tokens());
+  std::string cut = options_.packing ? fmt::format("packed into blocks of {} ({} tail tokens dropped)",
+                                                   options_.max_length, dropped_tail_)
+                                     : fmt::format("{} truncated to {} tokens", truncated_, options_.max_length);
+  return fmt::format("{} documents, {} dropped (< 2 tokens), {}: {} samples, {} tokens", documents_, dropped_, cut,
+                     size(), tokens());
 }
 
 }  // namespace gradaccum::data

@@ -55,8 +55,8 @@ std::string RandomTokensDataset::summary() const {
                      options_.vocab_size, options_.seed);
 }
 
-RandomTokensData make_random_tokens_data(int64_t vocab_size, int64_t max_length, int64_t train_rows,
-                                         int64_t eval_rows, uint64_t seed) {
+RandomTokensData make_random_tokens_data(int64_t vocab_size, int64_t max_length, int64_t train_rows, int64_t eval_rows,
+                                         uint64_t seed) {
   RandomTokensOptions options;
   options.vocab_size = vocab_size;
   options.max_length = max_length;

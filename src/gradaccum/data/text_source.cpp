@@ -71,28 +71,25 @@ std::vector<TextRecord> read_jsonl_records(const std::string& path) {
     } catch (const json::exception& e) {
       throw Error(one_line(fmt::format("{}:{}: invalid JSON: {}", path, number, e.what())));
     }
-    GA_CHECK(value.is_object(), "{}:{}: expected a JSON object like {{\"text\": ...}}, got {}", path,
-             number, value.type_name());
+    GA_CHECK(value.is_object(), "{}:{}: expected a JSON object like {{\"text\": ...}}, got {}", path, number,
+             value.type_name());
     const auto text = value.find("text");
     GA_CHECK(text != value.end(), "{}:{}: missing key \"text\"", path, number);
-    GA_CHECK(text->is_string(), "{}:{}: \"text\" is {}, not a string", path, number,
-             text->type_name());
+    GA_CHECK(text->is_string(), "{}:{}: \"text\" is {}, not a string", path, number, text->type_name());
     TextRecord record{text->get<std::string>(), -1};
     const auto label = value.find("label");
     if (label != value.end()) {
       GA_CHECK(label->is_number_integer(), "{}:{}: \"label\" is {}, not an integer", path, number,
                one_line(label->dump()));
       record.label = label->get<int64_t>();
-      GA_CHECK(record.label >= 0, "{}:{}: \"label\" is {}; labels are integers >= 0", path, number,
-               record.label);
+      GA_CHECK(record.label >= 0, "{}:{}: \"label\" is {}; labels are integers >= 0", path, number, record.label);
       if (first_labelled == 0) first_labelled = number;
     } else if (first_unlabelled == 0) {
       first_unlabelled = number;
     }
     GA_CHECK(first_labelled == 0 || first_unlabelled == 0,
              "{}:{}: {} \"label\" but line {} {}; label every line or none", path, number,
-             record.label >= 0 ? "has a" : "has no",
-             record.label >= 0 ? first_unlabelled : first_labelled,
+             record.label >= 0 ? "has a" : "has no", record.label >= 0 ? first_unlabelled : first_labelled,
              record.label >= 0 ? "has none" : "has one");
     records.push_back(std::move(record));
   });
@@ -101,12 +98,10 @@ std::vector<TextRecord> read_jsonl_records(const std::string& path) {
 }
 
 std::vector<TextRecord> read_text_records(const std::string& path) {
-  return ends_with(path, ".jsonl") || ends_with(path, ".json") ? read_jsonl_records(path)
-                                                               : read_text_lines(path);
+  return ends_with(path, ".jsonl") || ends_with(path, ".json") ? read_jsonl_records(path) : read_text_lines(path);
 }
 
-std::vector<std::vector<TokenId>> encode_records(const Tokenizer& tokenizer,
-                                                 const std::vector<TextRecord>& records) {
+std::vector<std::vector<TokenId>> encode_records(const Tokenizer& tokenizer, const std::vector<TextRecord>& records) {
   std::vector<std::vector<TokenId>> ids;
   ids.reserve(records.size());
   for (const auto& r : records) ids.push_back(tokenizer.encode(r.text));

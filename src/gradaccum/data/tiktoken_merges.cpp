@@ -48,15 +48,13 @@ std::vector<ByteLevelBpe::IdMerge> tiktoken_merges(const std::vector<TiktokenTok
       parts.push_back(byte_token[b]);
     }
     next_merged.assign(parts.size(), kNone);
-    for (std::size_t k = 0; k + 1 < parts.size(); ++k)
-      next_merged[k] = merged(parts[k], parts[k + 1]);
+    for (std::size_t k = 0; k + 1 < parts.size(); ++k) next_merged[k] = merged(parts[k], parts[k + 1]);
     // Merge the leftmost pair of lowest rank (the merged token's id) until two
     // parts are left, or no pair merges.
     while (parts.size() > 2) {
       std::size_t best = parts.size();
       for (std::size_t k = 0; k + 1 < parts.size(); ++k) {
-        if (next_merged[k] != kNone &&
-            (best == parts.size() || next_merged[k] < next_merged[best])) {
+        if (next_merged[k] != kNone && (best == parts.size() || next_merged[k] < next_merged[best])) {
           best = k;
         }
       }
@@ -67,12 +65,11 @@ std::vector<ByteLevelBpe::IdMerge> tiktoken_merges(const std::vector<TiktokenTok
       next_merged[best] = best + 1 < parts.size() ? merged(parts[best], parts[best + 1]) : kNone;
       if (best > 0) next_merged[best - 1] = merged(parts[best - 1], parts[best]);
     }
-    GA_CHECK(
-        parts.size() == 2,
-        "tokenizer file {} line {}: the token of rank {} ({} bytes) is not two tokens of lower "
-        "rank merged: BPE by the lower ranks leaves {} parts of it (the ranks are not BPE "
-        "merge priorities)",
-        source, t.line, t.rank, t.bytes.size(), parts.size());
+    GA_CHECK(parts.size() == 2,
+             "tokenizer file {} line {}: the token of rank {} ({} bytes) is not two tokens of lower "
+             "rank merged: BPE by the lower ranks leaves {} parts of it (the ranks are not BPE "
+             "merge priorities)",
+             source, t.line, t.rank, t.bytes.size(), parts.size());
     merged_of.emplace(pair_key(parts[0], parts[1]), t.rank);
     merges.push_back({parts[0], parts[1], t.rank});
   }

@@ -25,7 +25,6 @@ namespace gradaccum::data {
 // the token's line when a byte of a token has no single-byte token, or when
 // BPE leaves more than two parts of a token (then the ranks are not BPE merge
 // priorities).
-std::vector<ByteLevelBpe::IdMerge> tiktoken_merges(const std::vector<TiktokenToken>& tokens,
-                                                   const std::string& source);
+std::vector<ByteLevelBpe::IdMerge> tiktoken_merges(const std::vector<TiktokenToken>& tokens, const std::string& source);
 
 }  // namespace gradaccum::data

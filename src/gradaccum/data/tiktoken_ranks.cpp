@@ -38,10 +38,8 @@ const std::array<int, 256>& base64_values() {
   static const std::array<int, 256> values = [] {
     std::array<int, 256> v{};
     v.fill(-1);
-    const std::string_view alphabet =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (std::size_t i = 0; i < alphabet.size(); ++i)
-      v[static_cast<unsigned char>(alphabet[i])] = static_cast<int>(i);
+    const std::string_view alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (std::size_t i = 0; i < alphabet.size(); ++i) v[static_cast<unsigned char>(alphabet[i])] = static_cast<int>(i);
     return v;
   }();
   return values;
@@ -90,28 +88,25 @@ std::vector<TiktokenToken> parse_tiktoken_ranks(std::string_view text, const std
     if (line.empty()) return;
     const std::size_t space = line.find(' ');
     GA_CHECK(space != std::string_view::npos && space + 1 < line.size(),
-             "tokenizer file {} line {}: no rank: expected \"<base64 token> <rank>\", got {}",
-             source, line_no, quoted(line));
+             "tokenizer file {} line {}: no rank: expected \"<base64 token> <rank>\", got {}", source, line_no,
+             quoted(line));
     const std::string_view token = line.substr(0, space), rank_text = line.substr(space + 1);
-    GA_CHECK(!token.empty(), "tokenizer file {} line {}: the token before the rank is empty",
-             source, line_no);
-    GA_CHECK(decode_base64(token, bytes), "tokenizer file {} line {}: token {} is not valid base64",
-             source, line_no, quoted(token));
-    const bool digits = std::all_of(rank_text.begin(), rank_text.end(),
-                                    [](char c) { return c >= '0' && c <= '9'; });
-    GA_CHECK(digits, "tokenizer file {} line {}: rank {} is not a non-negative integer", source,
-             line_no, quoted(rank_text));
+    GA_CHECK(!token.empty(), "tokenizer file {} line {}: the token before the rank is empty", source, line_no);
+    GA_CHECK(decode_base64(token, bytes), "tokenizer file {} line {}: token {} is not valid base64", source, line_no,
+             quoted(token));
+    const bool digits = std::all_of(rank_text.begin(), rank_text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    GA_CHECK(digits, "tokenizer file {} line {}: rank {} is not a non-negative integer", source, line_no,
+             quoted(rank_text));
     TokenId rank = 0;
     for (char c : rank_text) {
       rank = rank * 10 + (c - '0');
-      GA_CHECK(rank <= kMaxRank, "tokenizer file {} line {}: rank {} is too large (above {})",
-               source, line_no, quoted(rank_text), kMaxRank);
+      GA_CHECK(rank <= kMaxRank, "tokenizer file {} line {}: rank {} is too large (above {})", source, line_no,
+               quoted(rank_text), kMaxRank);
     }
-    GA_CHECK(
-        rank != kGpt2EndOfTextId,
-        "tokenizer file {} line {}: rank {} is GPT-2's {} id, which a .tiktoken file must leave "
-        "free (only GPT-2's vocabulary is supported)",
-        source, line_no, rank, kGpt2EndOfText);
+    GA_CHECK(rank != kGpt2EndOfTextId,
+             "tokenizer file {} line {}: rank {} is GPT-2's {} id, which a .tiktoken file must leave "
+             "free (only GPT-2's vocabulary is supported)",
+             source, line_no, rank, kGpt2EndOfText);
     tokens.push_back({bytes, rank, line_no});
     base64_of.push_back(token);
   });
@@ -127,8 +122,7 @@ std::vector<TiktokenToken> parse_tiktoken_ranks(std::string_view text, const std
       const auto [it, inserted] = index_of_token.emplace(tokens[i].bytes, i);
       if (!inserted) {
         first_repeat = tokens[i].line;
-        repeat_message = fmt::format("token {} is already on line {}", quoted(base64_of[i]),
-                                     tokens[it->second].line);
+        repeat_message = fmt::format("token {} is already on line {}", quoted(base64_of[i]), tokens[it->second].line);
         break;
       }
     }
@@ -137,16 +131,13 @@ std::vector<TiktokenToken> parse_tiktoken_ranks(std::string_view text, const std
     return a.rank != b.rank ? a.rank < b.rank : a.line < b.line;
   });
   for (std::size_t i = 1; i < tokens.size(); ++i) {
-    if (tokens[i].rank == tokens[i - 1].rank &&
-        (first_repeat == 0 || tokens[i].line < first_repeat)) {
+    if (tokens[i].rank == tokens[i - 1].rank && (first_repeat == 0 || tokens[i].line < first_repeat)) {
       // Sorted by (rank, line): tokens[i - 1] is the earlier line with this rank.
       first_repeat = tokens[i].line;
-      repeat_message =
-          fmt::format("rank {} is already the rank of line {}", tokens[i].rank, tokens[i - 1].line);
+      repeat_message = fmt::format("rank {} is already the rank of line {}", tokens[i].rank, tokens[i - 1].line);
     }
   }
-  GA_CHECK(first_repeat == 0, "tokenizer file {} line {}: {}", source, first_repeat,
-           repeat_message);
+  GA_CHECK(first_repeat == 0, "tokenizer file {} line {}: {}", source, first_repeat, repeat_message);
   return tokens;
 }
 

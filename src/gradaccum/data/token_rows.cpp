@@ -15,12 +15,9 @@ void TokenRows::add(const TokenId* ids, int64_t n, const std::string& where) {
   }
 }
 
-torch::Tensor TokenRows::length_tensor() const {
-  return torch::tensor(lengths_, torch::kLong);
-}
+torch::Tensor TokenRows::length_tensor() const { return torch::tensor(lengths_, torch::kLong); }
 
-PaddedRows TokenRows::gather(const torch::Tensor& indices, TokenId pad_id,
-                             const std::string& what) const {
+PaddedRows TokenRows::gather(const torch::Tensor& indices, TokenId pad_id, const std::string& what) const {
   GA_CHECK(indices.dim() == 1 && !indices.is_floating_point() && !indices.is_complex(),
            "{}: sample indices must be a 1-D integer tensor, got {}-D {}", what, indices.dim(),
            c10::toString(indices.scalar_type()));
@@ -29,8 +26,7 @@ PaddedRows TokenRows::gather(const torch::Tensor& indices, TokenId pad_id,
   const int64_t rows = idx.size(0);
   int64_t width = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    GA_CHECK(p[r] >= 0 && p[r] < size(), "{}: sample index {} out of range [0, {})", what, p[r],
-             size());
+    GA_CHECK(p[r] >= 0 && p[r] < size(), "{}: sample index {} out of range [0, {})", what, p[r], size());
     width = std::max(width, lengths_[p[r]]);
   }
   PaddedRows out;

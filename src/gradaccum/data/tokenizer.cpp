@@ -48,15 +48,13 @@ json parse_json(const std::string& path) {
 }
 
 // id values of a {"token": id, ...} object.
-std::unordered_map<std::string, TokenId> read_vocab(const json& object, const std::string& path,
-                                                    const char* where) {
-  GA_CHECK(object.is_object(), "tokenizer file {}: {} is not a JSON object of token ids", path,
-           where);
+std::unordered_map<std::string, TokenId> read_vocab(const json& object, const std::string& path, const char* where) {
+  GA_CHECK(object.is_object(), "tokenizer file {}: {} is not a JSON object of token ids", path, where);
   std::unordered_map<std::string, TokenId> vocab;
   vocab.reserve(object.size());
   for (const auto& [token, id] : object.items()) {
-    GA_CHECK(id.is_number_integer(), "tokenizer file {}: {}: the id of token {} is not an integer",
-             path, where, flatten_newlines(json(token).dump()));
+    GA_CHECK(id.is_number_integer(), "tokenizer file {}: {}: the id of token {} is not an integer", path, where,
+             flatten_newlines(json(token).dump()));
     vocab.emplace(token, id.get<TokenId>());
   }
   return vocab;
@@ -75,12 +73,10 @@ std::vector<ByteLevelBpe::Merge> read_vocab_bpe(const std::string& path) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty() || (line_no == 1 && line.rfind("#version", 0) == 0)) continue;
     const std::size_t space = line.find(' ');
-    const bool two_parts = space != std::string_view::npos && space > 0 &&
-                           space + 1 < line.size() &&
+    const bool two_parts = space != std::string_view::npos && space > 0 && space + 1 < line.size() &&
                            line.find(' ', space + 1) == std::string_view::npos;
-    GA_CHECK(two_parts,
-             "tokenizer file {} line {}: expected two tokens separated by one space, got {}", path,
-             line_no, flatten_newlines(json(std::string(line)).dump()));
+    GA_CHECK(two_parts, "tokenizer file {} line {}: expected two tokens separated by one space, got {}", path, line_no,
+             flatten_newlines(json(std::string(line)).dump()));
     merges.emplace_back(std::string(line.substr(0, space)), std::string(line.substr(space + 1)));
   }
   GA_CHECK(!merges.empty(), "tokenizer file {} has no merges", path);
@@ -97,13 +93,12 @@ std::vector<ByteLevelBpe::Merge> read_hf_merges(const json& array, const std::st
       const std::string s = m.get<std::string>();
       const std::size_t space = s.find(' ');
       GA_CHECK(space != std::string::npos && s.find(' ', space + 1) == std::string::npos,
-               "tokenizer file {}: model.merges[{}] is not two tokens separated by one space: {}",
-               path, i, flatten_newlines(m.dump()));
+               "tokenizer file {}: model.merges[{}] is not two tokens separated by one space: {}", path, i,
+               flatten_newlines(m.dump()));
       merges.emplace_back(s.substr(0, space), s.substr(space + 1));
     } else {
       GA_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(),
-               "tokenizer file {}: model.merges[{}] is neither \"a b\" nor [\"a\", \"b\"]", path,
-               i);
+               "tokenizer file {}: model.merges[{}] is neither \"a b\" nor [\"a\", \"b\"]", path, i);
       merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
     }
   }
@@ -116,9 +111,8 @@ bool is_null_or_empty(const json& object, const char* key) {
 }
 
 std::string type_of(const json& step) {
-  return step.is_object() && step.contains("type") && step["type"].is_string()
-             ? step["type"].get<std::string>()
-             : std::string("?");
+  return step.is_object() && step.contains("type") && step["type"].is_string() ? step["type"].get<std::string>()
+                                                                               : std::string("?");
 }
 
 struct PreTokenizerConfig {
@@ -128,8 +122,7 @@ struct PreTokenizerConfig {
 
 std::string describe_step(const json& step) {
   std::string text = type_of(step);
-  if (step.is_object() && step.contains("pattern"))
-    text += " with pattern " + flatten_newlines(step["pattern"].dump());
+  if (step.is_object() && step.contains("pattern")) text += " with pattern " + flatten_newlines(step["pattern"].dump());
   return text;
 }
 
@@ -157,26 +150,22 @@ PreTokenizerConfig read_pre_tokenizer(const json& root, const std::string& path)
   if (steps.size() == 1 && type_of(steps[0]) == "ByteLevel") {
     byte_level = &steps[0];
     config.split = byte_level->value("use_regex", true) ? TextSplit::kGpt2Regex : TextSplit::kNone;
-  } else if (steps.size() == 2 && type_of(steps[0]) == "Split" &&
-             type_of(steps[1]) == "ByteLevel") {
+  } else if (steps.size() == 2 && type_of(steps[0]) == "Split" && type_of(steps[1]) == "ByteLevel") {
     const json& split = steps[0];
     const bool bloom = split.contains("pattern") && split["pattern"].is_object() &&
                        split["pattern"].value("Regex", std::string()) == kBloomSplitPattern &&
-                       split.value("behavior", std::string()) == "Isolated" &&
-                       !split.value("invert", false);
+                       split.value("behavior", std::string()) == "Isolated" && !split.value("invert", false);
     if (!bloom) throw unsupported(split);
     byte_level = &steps[1];
     GA_CHECK(!byte_level->value("use_regex", true),
-             "tokenizer file {}: a ByteLevel step with use_regex after a Split is not supported",
-             path);
+             "tokenizer file {}: a ByteLevel step with use_regex after a Split is not supported", path);
     config.split = TextSplit::kBloomRegex;
   } else {
     for (const json& step : steps) {
       if (type_of(step) != "ByteLevel") throw unsupported(step);
     }
     throw Error(
-        fmt::format("tokenizer file {}: pre_tokenizer Sequence of {} steps is not supported", path,
-                    steps.size()));
+        fmt::format("tokenizer file {}: pre_tokenizer Sequence of {} steps is not supported", path, steps.size()));
   }
   config.add_prefix_space = byte_level->value("add_prefix_space", false);
   return config;
@@ -184,8 +173,7 @@ PreTokenizerConfig read_pre_tokenizer(const json& root, const std::string& path)
 
 }  // namespace
 
-Tokenizer::Tokenizer(std::string source, ByteLevelBpe bpe)
-    : source_(std::move(source)), bpe_(std::move(bpe)) {}
+Tokenizer::Tokenizer(std::string source, ByteLevelBpe bpe) : source_(std::move(source)), bpe_(std::move(bpe)) {}
 
 Tokenizer Tokenizer::load(const std::string& path) {
   std::error_code ec;
@@ -204,8 +192,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   return from_hf_json(path);
 }
 
-Tokenizer Tokenizer::from_gpt2_files(const std::string& encoder_json_path,
-                                     const std::string& vocab_bpe_path) {
+Tokenizer Tokenizer::from_gpt2_files(const std::string& encoder_json_path, const std::string& vocab_bpe_path) {
   const auto vocab = read_vocab(parse_json(encoder_json_path), encoder_json_path, "the top level");
   const auto merges = read_vocab_bpe(vocab_bpe_path);
   const std::string source = encoder_json_path + " + " + vocab_bpe_path;
@@ -247,20 +234,14 @@ Tokenizer Tokenizer::from_hf_json_checked(const std::string& path) {
   const json& model = root["model"];
   const std::string type = model.value("type", std::string());
   GA_CHECK(type == "BPE" || (type.empty() && model.contains("merges")),
-           "tokenizer file {}: model type {} is not supported (only BPE)", path,
-           type.empty() ? "(none)" : type);
-  GA_CHECK(model.contains("vocab") && model.contains("merges"),
-           "tokenizer file {}: model lacks vocab or merges", path);
-  GA_CHECK(is_null_or_empty(model, "dropout"), "tokenizer file {}: BPE dropout is not supported",
-           path);
-  GA_CHECK(is_null_or_empty(model, "continuing_subword_prefix") &&
-               is_null_or_empty(model, "end_of_word_suffix"),
-           "tokenizer file {}: continuing_subword_prefix and end_of_word_suffix are not supported",
-           path);
-  GA_CHECK(!model.value("byte_fallback", false),
-           "tokenizer file {}: byte_fallback is not supported", path);
-  GA_CHECK(is_null_or_empty(root, "normalizer"),
-           "tokenizer file {}: normalizer {} is not supported", path, type_of(root["normalizer"]));
+           "tokenizer file {}: model type {} is not supported (only BPE)", path, type.empty() ? "(none)" : type);
+  GA_CHECK(model.contains("vocab") && model.contains("merges"), "tokenizer file {}: model lacks vocab or merges", path);
+  GA_CHECK(is_null_or_empty(model, "dropout"), "tokenizer file {}: BPE dropout is not supported", path);
+  GA_CHECK(is_null_or_empty(model, "continuing_subword_prefix") && is_null_or_empty(model, "end_of_word_suffix"),
+           "tokenizer file {}: continuing_subword_prefix and end_of_word_suffix are not supported", path);
+  GA_CHECK(!model.value("byte_fallback", false), "tokenizer file {}: byte_fallback is not supported", path);
+  GA_CHECK(is_null_or_empty(root, "normalizer"), "tokenizer file {}: normalizer {} is not supported", path,
+           type_of(root["normalizer"]));
 
   const PreTokenizerConfig pre = read_pre_tokenizer(root, path);
 
@@ -276,22 +257,18 @@ Tokenizer Tokenizer::from_hf_json_checked(const std::string& path) {
     GA_CHECK(added.is_array(), "tokenizer file {}: added_tokens is not an array", path);
     for (std::size_t i = 0; i < added.size(); ++i) {
       const json& t = added[i];
-      GA_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() &&
-                   t.contains("content") && t["content"].is_string() &&
-                   !t["content"].get<std::string>().empty(),
-               "tokenizer file {}: added_tokens[{}] needs an integer id and a non-empty content",
-               path, i);
-      AddedToken token{t["id"].get<TokenId>(), t["content"].get<std::string>(),
-                       t.value("special", false)};
+      GA_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() && t.contains("content") &&
+                   t["content"].is_string() && !t["content"].get<std::string>().empty(),
+               "tokenizer file {}: added_tokens[{}] needs an integer id and a non-empty content", path, i);
+      AddedToken token{t["id"].get<TokenId>(), t["content"].get<std::string>(), t.value("special", false)};
       tokenizer.bpe_.add_literal_token(token.id, token.content);
       tokenizer.added_.push_back(std::move(token));
     }
   }
   for (std::size_t i = 0; i < tokenizer.added_.size(); ++i) tokenizer.matched_added_.push_back(i);
-  std::stable_sort(tokenizer.matched_added_.begin(), tokenizer.matched_added_.end(),
-                   [&](std::size_t a, std::size_t b) {
-                     return tokenizer.added_[a].content.size() > tokenizer.added_[b].content.size();
-                   });
+  std::stable_sort(tokenizer.matched_added_.begin(), tokenizer.matched_added_.end(), [&](std::size_t a, std::size_t b) {
+    return tokenizer.added_[a].content.size() > tokenizer.added_[b].content.size();
+  });
   return tokenizer;
 }
 
@@ -301,8 +278,7 @@ void Tokenizer::encode_plain(std::string_view text, std::vector<TokenId>& ids) c
   // Hugging Face's ByteLevel step adds the space to each piece it receives,
   // before its own regex: the whole text here, or each piece of BLOOM's Split.
   const bool prefix_pieces = add_prefix_space_ && split_ == TextSplit::kBloomRegex;
-  if (add_prefix_space_ && !prefix_pieces && code_points.front() != U' ')
-    code_points.insert(0, 1, U' ');
+  if (add_prefix_space_ && !prefix_pieces && code_points.front() != U' ') code_points.insert(0, 1, U' ');
   std::string piece;
   const auto encode_span = [&](const TextSpan& span) {
     piece.clear();

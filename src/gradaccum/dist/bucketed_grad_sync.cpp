@@ -7,12 +7,9 @@
 
 namespace gradaccum::dist {
 
-BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::Backend> group,
-                                   std::vector<torch::Tensor> params, GradSyncOptions options)
-    : group_(std::move(group)),
-      params_(std::move(params)),
-      options_(options),
-      armed_(std::make_shared<bool>(false)) {
+BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::Backend> group, std::vector<torch::Tensor> params,
+                                   GradSyncOptions options)
+    : group_(std::move(group)), params_(std::move(params)), options_(options), armed_(std::make_shared<bool>(false)) {
   GA_CHECK(options_.bucket_bytes > 0, "ddp_bucket_cap_mb must be > 0");
   // Buckets in reverse order of registration: backward produces the last
   // layers' gradients first, so the first buckets fill (and launch) first.
@@ -20,8 +17,7 @@ BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::Backend> group,
   for (size_t k = params_.size(); k-- > 0;) {
     const auto& p = params_[k];
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-    const bool fits = !buckets_.empty() &&
-                      params_[buckets_.back().params.front()].scalar_type() == p.scalar_type() &&
+    const bool fits = !buckets_.empty() && params_[buckets_.back().params.front()].scalar_type() == p.scalar_type() &&
                       params_[buckets_.back().params.front()].device() == p.device() &&
                       buckets_.back().buffer.numel() * p.element_size() + bytes <= options_.bucket_bytes;
     if (!fits) {
@@ -69,8 +65,7 @@ BucketedGradSync::BucketedGradSync(c10::intrusive_ptr<c10d::Backend> group,
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[k]);
     std::weak_ptr<bool> armed = armed_;
     accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, k, armed](const torch::autograd::variable_list& outputs,
-                         const torch::autograd::variable_list&) {
+        [this, k, armed](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
           auto flag = armed.lock();
           if (flag && *flag) on_gradient_ready(k);
           return outputs;

@@ -31,14 +31,12 @@ DistEnvironment read_environment(const EnvLookup& lookup) {
   env.world_size = parse_int(size_name, get(size_name), 1, 1 << 20);
   env.rank = parse_int(rank_name, get(rank_name), 0, env.world_size - 1);
   env.local_rank = get(local_rank_name) ? parse_int(local_rank_name, get(local_rank_name), 0, env.world_size - 1) : 0;
-  env.local_world_size =
-      get(local_size_name) ? parse_int(local_size_name, get(local_size_name), 1, env.world_size) : 1;
+  env.local_world_size = get(local_size_name) ? parse_int(local_size_name, get(local_size_name), 1, env.world_size) : 1;
   if (const char* addr = get("MASTER_ADDR")) env.master_addr = addr;
   if (const char* port = get("MASTER_PORT")) {
     env.master_port = static_cast<int>(parse_int("MASTER_PORT", port, 1, 65535));
   } else {
-    GA_CHECK(!env.distributed(), "environment variable MASTER_PORT is not set ({} = {})", size_name,
-             env.world_size);
+    GA_CHECK(!env.distributed(), "environment variable MASTER_PORT is not set ({} = {})", size_name, env.world_size);
   }
   // torchrun's agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT and says so; every
   // rank then joins it as a client (rank 0 would otherwise fail to bind the port).

@@ -9,6 +9,7 @@
 #error "GRADACCUM_WITH_NCCL needs a libtorch built with NCCL (its targets do not define USE_C10D_NCCL)"
 #endif
 #include <c10/cuda/CUDAFunctions.h>
+
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -26,9 +27,8 @@ torch::TensorOptions collective_options(const c10d::Backend& group) {
   return torch::TensorOptions().device(group.getBackendName() == "nccl" ? torch::kCUDA : torch::kCPU);
 }
 
-c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
-                                                 const DistEnvironment& env,
-                                                 std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const DistEnvironment& env,
+                                            std::chrono::milliseconds timeout) {
   auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
   // GLOO_SOCKET_IFNAME picks the interface on multi-homed hosts, as in PyTorch.
   if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME")) {
@@ -44,22 +44,20 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
                                                        static_cast<int>(env.world_size), gloo);
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    throw Error(fmt::format("rank {}: cannot connect the Gloo process group: {}", env.rank,
-                            what.substr(0, what.find('\n'))));
+    throw Error(
+        fmt::format("rank {}: cannot connect the Gloo process group: {}", env.rank, what.substr(0, what.find('\n'))));
   }
 }
 
 #ifdef GRADACCUM_WITH_CUDA
-c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
-                                                 const DistEnvironment& env,
-                                                 std::chrono::milliseconds timeout,
-                                                 c10::Device device) {
+c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const DistEnvironment& env,
+                                            std::chrono::milliseconds timeout, c10::Device device) {
   // One GPU per rank: "cuda" without an index means the LOCAL_RANK-th GPU of
   // this host, as with torchrun. Setting it first also makes the model's later
   // .to("cuda") land there.
   const auto index = device.has_index() ? device.index() : static_cast<c10::DeviceIndex>(env.local_rank);
-  GA_CHECK(index < c10::cuda::device_count(), "rank {}: device cuda:{} does not exist ({} CUDA devices)",
-           env.rank, static_cast<int>(index), static_cast<int>(c10::cuda::device_count()));
+  GA_CHECK(index < c10::cuda::device_count(), "rank {}: device cuda:{} does not exist ({} CUDA devices)", env.rank,
+           static_cast<int>(index), static_cast<int>(c10::cuda::device_count()));
   c10::cuda::set_device(index);
   auto nccl = c10d::ProcessGroupNCCL::Options::create();
   // As with Gloo, collectives fail after `timeout` (NCCL enforces it with
@@ -70,8 +68,8 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
                                                        static_cast<int>(env.world_size), nccl);
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    throw Error(fmt::format("rank {}: cannot connect the NCCL process group: {}", env.rank,
-                            what.substr(0, what.find('\n'))));
+    throw Error(
+        fmt::format("rank {}: cannot connect the NCCL process group: {}", env.rank, what.substr(0, what.find('\n'))));
   }
 }
 #endif
@@ -90,9 +88,8 @@ Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    throw Error(fmt::format("rank {}: cannot rendezvous at MASTER_ADDR={} MASTER_PORT={} within {} s: {}",
-                            env.rank, env.master_addr, env.master_port, timeout.count() / 1000,
-                            what.substr(0, what.find('\n'))));
+    throw Error(fmt::format("rank {}: cannot rendezvous at MASTER_ADDR={} MASTER_PORT={} within {} s: {}", env.rank,
+                            env.master_addr, env.master_port, timeout.count() / 1000, what.substr(0, what.find('\n'))));
   }
 #ifdef GRADACCUM_WITH_CUDA
   if (device.is_cuda()) return {make_nccl(store, env, timeout, device), store};
@@ -108,8 +105,8 @@ void check_same_on_all_ranks(c10d::Backend& group, int64_t value, const std::str
   for (int r = 0; r < world; ++r) output[0].push_back(torch::empty({1}, options));
   group.allgather(output, input)->wait();
   for (int r = 1; r < world; ++r) {
-    GA_CHECK(output[0][r].item<int64_t>() == output[0][0].item<int64_t>(),
-             "rank {}'s {} differs from rank 0's", r, what);
+    GA_CHECK(output[0][r].item<int64_t>() == output[0][0].item<int64_t>(), "rank {}'s {} differs from rank 0's", r,
+             what);
   }
 }
 
@@ -118,8 +115,8 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t rank, const st
     work->wait();
   } catch (const std::exception& e) {
     const std::string message = e.what();
-    throw Error(fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}",
-                            rank, what, message.substr(0, message.find('\n'))));
+    throw Error(fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}", rank, what,
+                            message.substr(0, message.find('\n'))));
   }
 }
 

@@ -14,15 +14,13 @@ std::unique_ptr<torch::optim::OptimizerOptions> defaults_for(const optim::Optimi
 }
 }  // namespace
 
-ShardedOptimizer::ShardedOptimizer(c10::intrusive_ptr<c10d::Backend> group,
-                                   std::vector<torch::Tensor> params,
+ShardedOptimizer::ShardedOptimizer(c10::intrusive_ptr<c10d::Backend> group, std::vector<torch::Tensor> params,
                                    const optim::OptimizerSpec& spec, int64_t gather_bytes)
     : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(params)}, defaults_for(spec)),
       group_(std::move(group)),
       all_(std::move(params)),
       gather_bytes_(gather_bytes) {
-  GA_CHECK(gather_bytes_ > 0, "the sharded optimizer's all-gather chunk must be > 0 bytes, not {}",
-           gather_bytes_);
+  GA_CHECK(gather_bytes_ > 0, "the sharded optimizer's all-gather chunk must be > 0 bytes, not {}", gather_bytes_);
   int64_t total = 0;
   for (const auto& p : all_) {
     GA_CHECK(p.scalar_type() == all_.front().scalar_type() && p.device() == all_.front().device(),
@@ -59,8 +57,7 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   if (local_) {
     for (auto& piece : pieces_) {
       const auto& grad = all_[piece.param].grad();
-      piece.shard.mutable_grad() =
-          grad.defined() ? grad.view({-1}).slice(0, piece.begin, piece.end) : torch::Tensor();
+      piece.shard.mutable_grad() = grad.defined() ? grad.view({-1}).slice(0, piece.begin, piece.end) : torch::Tensor();
     }
     optim::set_learning_rate(*local_, param_groups()[0].options().get_lr());
     local_->step();
@@ -78,10 +75,8 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   // sharding saves on an 81M-parameter model (BENCHMARKS.md, ZeRO-1).
   const auto options = all_.front().options();
   const int64_t world = group_->getSize();
-  const int64_t chunk =
-      std::min(shard_size_,
-               std::max<int64_t>(
-                   1, gather_bytes_ / (world * static_cast<int64_t>(all_.front().element_size()))));
+  const int64_t chunk = std::min(
+      shard_size_, std::max<int64_t>(1, gather_bytes_ / (world * static_cast<int64_t>(all_.front().element_size()))));
   auto mine = torch::empty({chunk}, options);
   std::vector<torch::Tensor> received;
   for (int64_t r = 0; r < world; ++r) received.push_back(torch::empty({chunk}, options));
@@ -109,10 +104,7 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
       for (auto& p : all_) {
         const int64_t a = std::max(lo, offset), b = std::min(hi, offset + p.numel());
         if (a < b) {
-          p.detach()
-              .view({-1})
-              .slice(0, a - offset, b - offset)
-              .copy_(output[0][r].slice(0, a - lo, b - lo));
+          p.detach().view({-1}).slice(0, a - offset, b - offset).copy_(output[0][r].slice(0, a - lo, b - lo));
         }
         offset += p.numel();
         if (offset >= hi) break;
@@ -127,13 +119,11 @@ int64_t ShardedOptimizer::state_elements() const {
   int64_t n = 0;
   auto add = [&n](const torch::Tensor& t) { n += t.defined() ? t.numel() : 0; };
   for (const auto& entry : local_->state()) {
-    if (const auto* adamw =
-            dynamic_cast<const torch::optim::AdamWParamState*>(entry.second.get())) {
+    if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(entry.second.get())) {
       add(adamw->exp_avg());
       add(adamw->exp_avg_sq());
       add(adamw->max_exp_avg_sq());
-    } else if (const auto* sgd =
-                   dynamic_cast<const torch::optim::SGDParamState*>(entry.second.get())) {
+    } else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(entry.second.get())) {
       add(sgd->momentum_buffer());
     }
   }
@@ -141,8 +131,7 @@ int64_t ShardedOptimizer::state_elements() const {
 }
 
 optim::NamedParameters ShardedOptimizer::named_shards(const optim::NamedParameters& params) const {
-  GA_CHECK(params.size() == all_.size(), "the sharded optimizer has {} parameters, not {}", all_.size(),
-           params.size());
+  GA_CHECK(params.size() == all_.size(), "the sharded optimizer has {} parameters, not {}", all_.size(), params.size());
   optim::NamedParameters shards;
   for (const auto& piece : pieces_) {
     shards.emplace_back(fmt::format("{}[{}:{}]", params[piece.param].first, piece.begin, piece.end), piece.shard);

@@ -16,9 +16,7 @@ StoreStopAgreement::StoreStopAgreement(c10::intrusive_ptr<c10d::Store> store, in
                                        std::chrono::milliseconds poll_interval)
     : store_(std::move(store)), rank_(rank), poll_interval_(poll_interval) {}
 
-std::string StoreStopAgreement::key(int64_t window) const {
-  return "gradaccum/stop/" + std::to_string(window);
-}
+std::string StoreStopAgreement::key(int64_t window) const { return "gradaccum/stop/" + std::to_string(window); }
 
 template <typename F>
 auto StoreStopAgreement::guarded(F&& op, const char* what) {
@@ -26,9 +24,10 @@ auto StoreStopAgreement::guarded(F&& op, const char* what) {
     return op();
   } catch (const std::exception& e) {
     const std::string message = e.what();
-    throw Error(fmt::format("rank {}: {} failed (the store lives on rank 0), a peer rank died or "
-                            "stalled past dist_timeout: {}",
-                            rank_, what, message.substr(0, message.find('\n'))));
+    throw Error(
+        fmt::format("rank {}: {} failed (the store lives on rank 0), a peer rank died or "
+                    "stalled past dist_timeout: {}",
+                    rank_, what, message.substr(0, message.find('\n'))));
   }
 }
 
@@ -43,8 +42,8 @@ bool StoreStopAgreement::stop_here(int64_t window, bool requested, bool entering
   const auto k = key(window);
   if (requested || entering_last) {
     // Sets the key when nobody has, and returns the value that won either way.
-    const auto winner = guarded(
-        [&] { return store_->compareSet(k, {}, requested ? kStop : kGo); }, "the stop agreement");
+    const auto winner =
+        guarded([&] { return store_->compareSet(k, {}, requested ? kStop : kGo); }, "the stop agreement");
     decision_ = winner == kStop ? Decision::stop : Decision::go;
   } else if (now - last_poll_ >= poll_interval_) {
     last_poll_ = now;

@@ -71,8 +71,8 @@ void TreeGradSync::finish_window(torch::Tensor& totals) {
     }
     // Totals are sums (the loss's own is redone in tree order afterwards); flags are "either".
     small.narrow(0, 0, n).add_(their_small.narrow(0, 0, n));
-    small.narrow(0, n, present.numel()).copy_(torch::maximum(small.narrow(0, n, present.numel()),
-                                                             their_small.narrow(0, n, present.numel())));
+    small.narrow(0, n, present.numel())
+        .copy_(torch::maximum(small.narrow(0, n, present.numel()), their_small.narrow(0, n, present.numel())));
   }
   totals.copy_(small.narrow(0, 0, n));
   // Which parameters any rank had a gradient for: one small read per window, so that a parameter

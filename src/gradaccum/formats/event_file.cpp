@@ -6,10 +6,10 @@
 #include <boost/crc.hpp>
 #include <chrono>
 #include <cmath>
-#include <numeric>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <numeric>
 #include <system_error>
 
 #include "gradaccum/base/check.h"
@@ -60,9 +60,9 @@ EventFile::EventFile(const std::string& dir) {
            error ? error.message() : "not a directory");
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "localhost");
-  path_ = (std::filesystem::path(dir) /
-           fmt::format("events.out.tfevents.{}.{}.{}.gradaccum", static_cast<int64_t>(wall_time()), host,
-                       static_cast<int64_t>(getpid())))
+  path_ = (std::filesystem::path(dir) / fmt::format("events.out.tfevents.{}.{}.{}.gradaccum",
+                                                    static_cast<int64_t>(wall_time()), host,
+                                                    static_cast<int64_t>(getpid())))
               .string();
   out_.open(path_, std::ios::binary | std::ios::trunc);
   GA_CHECK(out_.good(), "logging_dir '{}': cannot write {}", dir, path_);

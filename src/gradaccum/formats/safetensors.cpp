@@ -16,8 +16,7 @@
 #include "gradaccum/base/check.h"
 
 // The format is little-endian; tensors are copied byte for byte.
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "safetensors I/O assumes a little-endian host");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
 
 namespace gradaccum::formats {
 
@@ -30,10 +29,9 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {"F64", torch::kDouble, 8},    {"F32", torch::kFloat, 4}, {"F16", torch::kHalf, 2},
-    {"BF16", torch::kBFloat16, 2}, {"I64", torch::kLong, 8},  {"I32", torch::kInt, 4},
-    {"I16", torch::kShort, 2},     {"I8", torch::kChar, 1},   {"U8", torch::kByte, 1},
-    {"BOOL", torch::kBool, 1},
+    {"F64", torch::kDouble, 8}, {"F32", torch::kFloat, 4}, {"F16", torch::kHalf, 2},  {"BF16", torch::kBFloat16, 2},
+    {"I64", torch::kLong, 8},   {"I32", torch::kInt, 4},   {"I16", torch::kShort, 2}, {"I8", torch::kChar, 1},
+    {"U8", torch::kByte, 1},    {"BOOL", torch::kBool, 1},
 };
 
 const DtypeInfo* dtype_by_name(const std::string& name) {
@@ -62,8 +60,7 @@ struct Entry {
   uint64_t begin, end;
 };
 
-Entry parse_entry(const std::string& name, const nlohmann::json& j, uint64_t data_size,
-                  const std::string& what) {
+Entry parse_entry(const std::string& name, const nlohmann::json& j, uint64_t data_size, const std::string& what) {
   GA_CHECK(j.is_object(), "{}: tensor {}: header entry is not a JSON object", what, name);
   for (const char* key : {"dtype", "shape", "data_offsets"})
     GA_CHECK(j.contains(key), "{}: tensor {}: header entry has no \"{}\"", what, name, key);
@@ -72,8 +69,7 @@ Entry parse_entry(const std::string& name, const nlohmann::json& j, uint64_t dat
   const auto& offsets = j["data_offsets"];
   GA_CHECK(dtype.is_string(), "{}: tensor {}: \"dtype\" is not a string", what, name);
   Entry e{name, dtype_by_name(dtype.get<std::string>()), {}, 0, 0};
-  GA_CHECK(e.dtype != nullptr, "{}: tensor {}: unknown dtype \"{}\"", what, name,
-           dtype.get<std::string>());
+  GA_CHECK(e.dtype != nullptr, "{}: tensor {}: unknown dtype \"{}\"", what, name, dtype.get<std::string>());
 
   GA_CHECK(shape.is_array(), "{}: tensor {}: \"shape\" is not an array", what, name);
   // numel * element size must fit the data region, so bounding the running
@@ -81,13 +77,11 @@ Entry parse_entry(const std::string& name, const nlohmann::json& j, uint64_t dat
   uint64_t bytes = e.dtype->size;
   bool too_large = false;
   for (const auto& d : shape) {
-    GA_CHECK(d.is_number_integer(), "{}: tensor {}: shape {} is not a list of integers", what, name,
-             shape.dump());
-    GA_CHECK(d.is_number_unsigned(), "{}: tensor {}: shape {} has a negative dimension", what, name,
-             shape.dump());
+    GA_CHECK(d.is_number_integer(), "{}: tensor {}: shape {} is not a list of integers", what, name, shape.dump());
+    GA_CHECK(d.is_number_unsigned(), "{}: tensor {}: shape {} has a negative dimension", what, name, shape.dump());
     const uint64_t n = d.get<uint64_t>();
-    GA_CHECK(n <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-             "{}: tensor {}: shape {} overflows", what, name, shape.dump());
+    GA_CHECK(n <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "{}: tensor {}: shape {} overflows", what,
+             name, shape.dump());
     if (n == 0) {
       bytes = 0;
     } else if (!too_large && bytes > std::numeric_limits<uint64_t>::max() / n) {
@@ -100,20 +94,16 @@ Entry parse_entry(const std::string& name, const nlohmann::json& j, uint64_t dat
   if (bytes == 0) too_large = false;  // a zero dimension anywhere makes the tensor empty
   GA_CHECK(!too_large, "{}: tensor {}: shape {} overflows", what, name, shape.dump());
 
-  GA_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
-               offsets[1].is_number_unsigned(),
-           "{}: tensor {}: \"data_offsets\" {} is not [begin, end] of non-negative integers", what,
-           name, offsets.dump());
+  GA_CHECK(
+      offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() && offsets[1].is_number_unsigned(),
+      "{}: tensor {}: \"data_offsets\" {} is not [begin, end] of non-negative integers", what, name, offsets.dump());
   e.begin = offsets[0].get<uint64_t>();
   e.end = offsets[1].get<uint64_t>();
-  GA_CHECK(e.begin <= e.end, "{}: tensor {}: data_offsets [{}, {}] end before begin", what, name,
-           e.begin, e.end);
-  GA_CHECK(e.end <= data_size,
-           "{}: tensor {}: data_offsets [{}, {}] extend past the data region of {} bytes", what,
+  GA_CHECK(e.begin <= e.end, "{}: tensor {}: data_offsets [{}, {}] end before begin", what, name, e.begin, e.end);
+  GA_CHECK(e.end <= data_size, "{}: tensor {}: data_offsets [{}, {}] extend past the data region of {} bytes", what,
            name, e.begin, e.end, data_size);
-  GA_CHECK(e.end - e.begin == bytes,
-           "{}: tensor {}: data_offsets [{}, {}] hold {} bytes, but {} {} needs {}", what, name,
-           e.begin, e.end, e.end - e.begin, e.dtype->name, shape.dump(), bytes);
+  GA_CHECK(e.end - e.begin == bytes, "{}: tensor {}: data_offsets [{}, {}] hold {} bytes, but {} {} needs {}", what,
+           name, e.begin, e.end, e.end - e.begin, e.dtype->name, shape.dump(), bytes);
   return e;
 }
 
@@ -123,8 +113,8 @@ torch::Tensor copy_out(const Entry& e, const char* data, const std::string& what
   if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
   if (e.dtype->type == torch::kBool) {
     // Any byte but 0 or 1 would be an invalid bool for libtorch.
-    GA_CHECK(t.view(torch::kByte).le(1).all().item<bool>(),
-             "{}: tensor {}: BOOL data holds a byte other than 0 or 1", what, e.name);
+    GA_CHECK(t.view(torch::kByte).le(1).all().item<bool>(), "{}: tensor {}: BOOL data holds a byte other than 0 or 1",
+             what, e.name);
   }
   return t;
 }
@@ -133,16 +123,14 @@ torch::Tensor copy_out(const Entry& e, const char* data, const std::string& what
 
 NamedTensors parse_safetensors(std::string_view bytes, const std::string& what,
                                std::map<std::string, std::string>* metadata) {
-  GA_CHECK(bytes.size() >= 8,
-           "{}: not a safetensors file: {} bytes, shorter than the 8-byte header length", what,
+  GA_CHECK(bytes.size() >= 8, "{}: not a safetensors file: {} bytes, shorter than the 8-byte header length", what,
            bytes.size());
   const uint64_t header_size = read_u64_le(bytes.data());
-  GA_CHECK(header_size <= kSafetensorsMaxHeaderBytes,
-           "{}: safetensors header length {} exceeds the limit of {} bytes", what, header_size,
-           kSafetensorsMaxHeaderBytes);
+  GA_CHECK(header_size <= kSafetensorsMaxHeaderBytes, "{}: safetensors header length {} exceeds the limit of {} bytes",
+           what, header_size, kSafetensorsMaxHeaderBytes);
   GA_CHECK(header_size <= bytes.size() - 8,
-           "{}: safetensors header length {} exceeds the {} bytes after it (truncated file?)", what,
-           header_size, bytes.size() - 8);
+           "{}: safetensors header length {} exceeds the {} bytes after it (truncated file?)", what, header_size,
+           bytes.size() - 8);
   const std::string_view header_text = bytes.substr(8, header_size);
   const char* data = bytes.data() + 8 + header_size;
   const uint64_t data_size = bytes.size() - 8 - header_size;
@@ -175,8 +163,7 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& what,
     if (name == "__metadata__") {
       GA_CHECK(value.is_object(), "{}: \"__metadata__\" is not a JSON object", what);
       for (const auto& [key, text] : value.items()) {
-        GA_CHECK(text.is_string(), "{}: \"__metadata__\" value of \"{}\" is not a string", what,
-                 key);
+        GA_CHECK(text.is_string(), "{}: \"__metadata__\" value of \"{}\" is not a string", what, key);
         if (metadata) (*metadata)[key] = text.get<std::string>();
       }
       continue;
@@ -189,13 +176,11 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& what,
   std::vector<const Entry*> by_offset;
   for (const auto& e : entries)
     if (e.end > e.begin) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const Entry& prev = *by_offset[i - 1];
     const Entry& cur = *by_offset[i];
-    GA_CHECK(cur.begin >= prev.end,
-             "{}: tensor {}: data_offsets [{}, {}] overlap tensor {} [{}, {}]", what, cur.name,
+    GA_CHECK(cur.begin >= prev.end, "{}: tensor {}: data_offsets [{}, {}] overlap tensor {} [{}, {}]", what, cur.name,
              cur.begin, cur.end, prev.name, prev.begin, prev.end);
   }
 
@@ -205,8 +190,7 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& what,
   return tensors;  // header.items() iterates in key order: sorted by name
 }
 
-NamedTensors load_safetensors(const std::string& path,
-                              std::map<std::string, std::string>* metadata) {
+NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   GA_CHECK(fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
@@ -240,8 +224,7 @@ struct SafetensorsLayout {
   std::vector<std::string_view> pieces;
 };
 
-SafetensorsLayout layout_safetensors(const NamedTensors& tensors,
-                                     const std::map<std::string, std::string>& metadata) {
+SafetensorsLayout layout_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
   struct Item {
     const std::string* name;
     torch::Tensor data;  // contiguous CPU
@@ -269,9 +252,8 @@ SafetensorsLayout layout_safetensors(const NamedTensors& tensors,
   uint64_t offset = 0;
   for (const auto& item : items) {
     const uint64_t n = static_cast<uint64_t>(item.data.numel()) * item.dtype->size;
-    header[*item.name] = {{"dtype", item.dtype->name},
-                          {"shape", item.data.sizes().vec()},
-                          {"data_offsets", {offset, offset + n}}};
+    header[*item.name] = {
+        {"dtype", item.dtype->name}, {"shape", item.data.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string header_text;
@@ -296,8 +278,7 @@ SafetensorsLayout layout_safetensors(const NamedTensors& tensors,
 }
 }  // namespace
 
-std::string serialize_safetensors(const NamedTensors& tensors,
-                                  const std::map<std::string, std::string>& metadata) {
+std::string serialize_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
   const auto layout = layout_safetensors(tensors, metadata);
   size_t total = 0;
   for (const auto piece : layout.pieces) total += piece.size();
@@ -340,8 +321,7 @@ void write_file_atomically_fsync(const std::string& path, const std::vector<std:
   const fs::path target(path);
   const fs::path directory = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string temporary =
-      (directory / (".tmp-" + std::to_string(::getpid()) + "-" + target.filename().string()))
-          .string();
+      (directory / (".tmp-" + std::to_string(::getpid()) + "-" + target.filename().string())).string();
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   GA_CHECK(fd >= 0, "{}: cannot create {}: {}", path, temporary, std::strerror(errno));
   auto fail = [&](const char* step, int error) {
@@ -367,8 +347,7 @@ void write_file_atomically_fsync(const std::string& path, const std::vector<std:
   if (::rename(temporary.c_str(), path.c_str()) != 0) {
     const int error = errno;
     ::unlink(temporary.c_str());
-    throw Error(
-        fmt::format("{}: cannot rename {} over it: {}", path, temporary, std::strerror(error)));
+    throw Error(fmt::format("{}: cannot rename {} over it: {}", path, temporary, std::strerror(error)));
   }
   fsync_directory(directory.string());
 }

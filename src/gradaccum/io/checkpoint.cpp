@@ -47,9 +47,7 @@ uLong crc32_update(uLong crc, std::string_view bytes) {
   return crc;
 }
 
-uint32_t crc32_of(const std::string& bytes) {
-  return static_cast<uint32_t>(crc32_update(crc32(0L, Z_NULL, 0), bytes));
-}
+uint32_t crc32_of(const std::string& bytes) { return static_cast<uint32_t>(crc32_update(crc32(0L, Z_NULL, 0), bytes)); }
 
 // A rank's partially accumulated window (format 3; format 2 kept rank 0's in state.safetensors).
 std::string window_file(int64_t rank) { return fmt::format("window-rank{}.safetensors", rank); }
@@ -117,9 +115,13 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& r
 }
 
 nlohmann::json position_json(const core::TrainingPosition& p) {
-  return {{"step", p.step},       {"schedule_step", p.schedule_step},
-          {"epoch", p.epoch},           {"window", p.window},
-          {"micro_step", p.micro_step}, {"loss_total", p.loss_total}, {"samples", p.samples},
+  return {{"step", p.step},
+          {"schedule_step", p.schedule_step},
+          {"epoch", p.epoch},
+          {"window", p.window},
+          {"micro_step", p.micro_step},
+          {"loss_total", p.loss_total},
+          {"samples", p.samples},
           {"items", p.items}};
 }
 
@@ -176,7 +178,7 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
       formats::write_file_atomically_fsync((tmp / kModelConfig).string(), c.model_config.dump(2) + "\n");
     }
     formats::save_safetensors((tmp / kStateTensors).string(),
-                     {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
+                              {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
     nlohmann::json trainer_state = {
         {"format_version", kCheckpointFormatVersion},
         {"position", position_json(c.state.position)},
@@ -186,10 +188,9 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
         {"world_size", c.state.world_size},
         {"global_batch", c.state.global_batch},
         {"window_tokens", c.state.window_tokens},
-        {"loss_scaler", c.state.loss_scaler
-                            ? nlohmann::json{{"scale", c.state.loss_scaler->scale},
-                                             {"growth_tracker", c.state.loss_scaler->growth_tracker}}
-                            : nlohmann::json(nullptr)},
+        {"loss_scaler", c.state.loss_scaler ? nlohmann::json{{"scale", c.state.loss_scaler->scale},
+                                                             {"growth_tracker", c.state.loss_scaler->growth_tracker}}
+                                            : nlohmann::json(nullptr)},
         {"seed", c.seed},
         {"optimizer_per_rank", c.optimizer_per_rank},
         {"config", c.resolved_config}};
@@ -201,8 +202,8 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
     // window's all-reduce.
     const auto long_scalar = [](int64_t v) { return torch::full({1}, v, torch::kLong); };
     formats::NamedTensors window{{"micro_step", long_scalar(c.state.position.micro_step)},
-                        {"grad_count", long_scalar(static_cast<int64_t>(c.state.partial.grads.size()))},
-                        {"totals", c.state.partial.totals}};
+                                 {"grad_count", long_scalar(static_cast<int64_t>(c.state.partial.grads.size()))},
+                                 {"totals", c.state.partial.totals}};
     if (c.state.partial.micro_items.defined()) window.emplace_back("micro_items", c.state.partial.micro_items);
     for (size_t i = 0; i < c.state.partial.grads.size(); ++i) {
       const auto& g = c.state.partial.grads[i];
@@ -242,8 +243,7 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
   }
   const auto root = fs::path(output_dir) / "checkpoints";
   const auto all = complete_checkpoints(root);
-  GA_CHECK(!all.empty(), "key 'resume_from_checkpoint': latest: no complete checkpoint under {}",
-           root.string());
+  GA_CHECK(!all.empty(), "key 'resume_from_checkpoint': latest: no complete checkpoint under {}", root.string());
   return all.back().second.string();
 }
 
@@ -252,8 +252,7 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   const auto what = [&](const char* file) { return (dir / file).string(); };
   GA_CHECK(fs::is_directory(dir), "checkpoint {}: not a directory", directory);
   GA_CHECK(fs::exists(dir / kManifest),
-           "checkpoint {}: no manifest.json (not a checkpoint, or one whose save did not finish)",
-           directory);
+           "checkpoint {}: no manifest.json (not a checkpoint, or one whose save did not finish)", directory);
 
   nlohmann::json manifest;
   try {
@@ -263,8 +262,8 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   }
   const auto version = field<int64_t>(manifest, "format_version", what(kManifest));
   GA_CHECK(version == kCheckpointFormatVersion,
-           "{}: format version {} is not supported (this build reads version {} only{})",
-           what(kManifest), version, kCheckpointFormatVersion,
+           "{}: format version {} is not supported (this build reads version {} only{})", what(kManifest), version,
+           kCheckpointFormatVersion,
            version < kCheckpointFormatVersion
                ? "; versions before 4 hold the optimizer state in a libtorch 1.13 archive"
                : "");
@@ -279,8 +278,8 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
     auto bytes = read_bytes(path);
     const auto expected_size = field<uint64_t>(info, "bytes", what(kManifest));
     GA_CHECK(bytes.size() == expected_size,
-             "checkpoint {}: {} has {} bytes, the manifest says {} (truncated or corrupt)", directory,
-             name, bytes.size(), expected_size);
+             "checkpoint {}: {} has {} bytes, the manifest says {} (truncated or corrupt)", directory, name,
+             bytes.size(), expected_size);
     GA_CHECK(crc32_of(bytes) == field<uint32_t>(info, "crc32", what(kManifest)),
              "checkpoint {}: {} fails its CRC-32 check (corrupt)", directory, name);
     contents.emplace(name, std::move(bytes));
@@ -312,14 +311,13 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   p.loss_total = field<double>(pos, "loss_total", ts_what);
   p.samples = field<int64_t>(pos, "samples", ts_what);
   p.items = field<int64_t>(pos, "items", ts_what);
-  GA_CHECK(p.step >= 0 && p.schedule_step >= 0 && p.epoch >= 0 && p.window >= 0 &&
-               p.micro_step >= 0,
+  GA_CHECK(p.step >= 0 && p.schedule_step >= 0 && p.epoch >= 0 && p.window >= 0 && p.micro_step >= 0,
            "{}: negative position", ts_what);
   GA_CHECK(ts.is_object() && ts.contains("loss_scaler"), "{}: missing field 'loss_scaler'", ts_what);
   if (!ts.at("loss_scaler").is_null()) {
     const auto scaler = field<nlohmann::json>(ts, "loss_scaler", ts_what);
-    loaded.state.loss_scaler = optim::LossScalerState{
-        field<double>(scaler, "scale", ts_what), field<int64_t>(scaler, "growth_tracker", ts_what)};
+    loaded.state.loss_scaler = optim::LossScalerState{field<double>(scaler, "scale", ts_what),
+                                                      field<int64_t>(scaler, "growth_tracker", ts_what)};
   }
   loaded.state.micro_batch = field<int64_t>(ts, "micro_batch", ts_what);
   loaded.state.accumulation_steps = field<int64_t>(ts, "accumulation_steps", ts_what);
@@ -333,8 +331,8 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   loaded.resolved_config = field<std::string>(ts, "config", ts_what);
   const bool per_rank = field<bool>(ts, "optimizer_per_rank", ts_what);
   GA_CHECK(!per_rank || rank < loaded.state.world_size,
-           "checkpoint {}: rank {} has no optimizer shard (saved by {} ranks with zero_stage 1)",
-           directory, rank, loaded.state.world_size);
+           "checkpoint {}: rank {} has no optimizer shard (saved by {} ranks with zero_stage 1)", directory, rank,
+           loaded.state.world_size);
   GA_CHECK(p.micro_step == 0 || rank < loaded.state.world_size,
            "checkpoint {}: it was saved inside a window by {} ranks, so rank {} has no partial "
            "window; resume it with the same b x N x W",
@@ -355,16 +353,14 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
       if (name == "totals") partial.totals = tensor;
       if (name == "micro_items") partial.micro_items = tensor;
       if (name == "micro_step" || name == "grad_count") {
-        GA_CHECK(tensor.scalar_type() == torch::kLong && tensor.numel() == 1,
-                 "{}: '{}' is not one int64", where, name);
+        GA_CHECK(tensor.scalar_type() == torch::kLong && tensor.numel() == 1, "{}: '{}' is not one int64", where, name);
         (name == "micro_step" ? p.micro_step : grad_count) = tensor.item<int64_t>();
       }
     }
-    GA_CHECK(partial.totals.defined() && partial.totals.numel() == 3 &&
-                 partial.totals.scalar_type() == torch::kDouble,
+    GA_CHECK(partial.totals.defined() && partial.totals.numel() == 3 && partial.totals.scalar_type() == torch::kDouble,
              "{}: the partial window's totals are missing or malformed", where);
-    GA_CHECK(grad_count >= 0 && p.micro_step > 0, "{}: the partial window's {} is missing or negative",
-             where, grad_count < 0 ? "grad_count" : "micro_step");
+    GA_CHECK(grad_count >= 0 && p.micro_step > 0, "{}: the partial window's {} is missing or negative", where,
+             grad_count < 0 ? "grad_count" : "micro_step");
     GA_CHECK(!partial.micro_items.defined() ||
                  (partial.micro_items.dim() == 1 && partial.micro_items.numel() == p.micro_step &&
                   partial.micro_items.scalar_type() == torch::kDouble),
@@ -374,8 +370,7 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
     for (const auto& [name, tensor] : tensors) {
       if (name.rfind(grad_prefix, 0) != 0) continue;
       const auto digits = name.substr(grad_prefix.size());
-      GA_CHECK(!digits.empty() && digits.size() <= 9 &&
-                   digits.find_first_not_of("0123456789") == std::string::npos,
+      GA_CHECK(!digits.empty() && digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos,
                "{}: tensor {} has no gradient index", where, name);
       const auto index = std::stoll(digits);
       GA_CHECK(index < grad_count, "{}: {} is out of range", where, name);

@@ -1,5 +1,6 @@
 #include "gradaccum/io/config.h"
 
+#include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -8,8 +9,6 @@
 #include <filesystem>
 #include <functional>
 #include <map>
-
-#include <fmt/ranges.h>
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/data/fashion_mnist.h"
@@ -30,11 +29,11 @@ std::string describe(const YAML::Node& node) {
 
 // Merges `user` into `base`, refusing keys `base` does not have.
 void merge(YAML::Node base, const YAML::Node& user, const std::string& prefix) {
-  GA_CHECK(user.IsMap(), "{}: expected a mapping of keys, got {}",
-           prefix.empty() ? "configuration" : prefix, describe(user));
+  GA_CHECK(user.IsMap(), "{}: expected a mapping of keys, got {}", prefix.empty() ? "configuration" : prefix,
+           describe(user));
   for (const auto& item : user) {
-    GA_CHECK(item.first.IsScalar(), "{}: a key must be a name, got {}",
-             prefix.empty() ? "configuration" : prefix, describe(item.first));
+    GA_CHECK(item.first.IsScalar(), "{}: a key must be a name, got {}", prefix.empty() ? "configuration" : prefix,
+             describe(item.first));
     const auto key = item.first.as<std::string>();
     const auto path = prefix.empty() ? key : prefix + "." + key;
     GA_CHECK(base[key].IsDefined(), "unknown key '{}'", path);
@@ -50,8 +49,8 @@ YAML::Node parse_yaml(const std::string& text, const std::string& what) {
   try {
     return YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    throw Error(fmt::format("{}: malformed YAML at line {}, column {}: {}", what, e.mark.line + 1,
-                            e.mark.column + 1, e.msg));
+    throw Error(
+        fmt::format("{}: malformed YAML at line {}, column {}: {}", what, e.mark.line + 1, e.mark.column + 1, e.msg));
   }
 }
 
@@ -85,12 +84,18 @@ std::string one_of(const std::string& path, const std::string& value, const std:
 // A key's value, its type and choices checked.
 KeyValue read_value(const ConfigKey& key, const YAML::Node& node) {
   switch (key.type) {
-    case KeyType::integer: return as<int64_t>(node, key.name, "an integer");
-    case KeyType::number: return as<double>(node, key.name, "a number");
-    case KeyType::boolean: return as<bool>(node, key.name, "true or false");
-    case KeyType::text: return as<std::string>(node, key.name, "a string");
-    case KeyType::choice: return one_of(key.name, as<std::string>(node, key.name, "a string"), key.choices);
-    case KeyType::integer_list: return as<std::vector<int64_t>>(node, key.name, "a list of integers");
+    case KeyType::integer:
+      return as<int64_t>(node, key.name, "an integer");
+    case KeyType::number:
+      return as<double>(node, key.name, "a number");
+    case KeyType::boolean:
+      return as<bool>(node, key.name, "true or false");
+    case KeyType::text:
+      return as<std::string>(node, key.name, "a string");
+    case KeyType::choice:
+      return one_of(key.name, as<std::string>(node, key.name, "a string"), key.choices);
+    case KeyType::integer_list:
+      return as<std::vector<int64_t>>(node, key.name, "a list of integers");
     case KeyType::names: {
       std::vector<std::string> names;
       if (node.IsSequence()) {
@@ -104,7 +109,8 @@ KeyValue read_value(const ConfigKey& key, const YAML::Node& node) {
       }
       return names;
     }
-    case KeyType::section: break;
+    case KeyType::section:
+      break;
   }
   throw Error(fmt::format("key '{}': a section has no value", key.name));
 }
@@ -129,8 +135,7 @@ void check_combinations(TrainConfig& c) {
   const bool language_model =
       models::model_type(c.model.type).family == models::ModelFamily::language || !c.model.hf_checkpoint.empty();
   const bool text_data = data.family == models::ModelFamily::language;
-  GA_CHECK(text_data == language_model,
-           "key 'data.type': {} data needs {} (model.type is {})", c.data.type,
+  GA_CHECK(text_data == language_model, "key 'data.type': {} data needs {} (model.type is {})", c.data.type,
            text_data ? "a language model: model.type gpt2 or bloom, or model.hf_checkpoint"
                      : "an image model: model.type mlp, cnn or resnet",
            c.model.type);
@@ -146,9 +151,8 @@ void check_combinations(TrainConfig& c) {
   GA_CHECK(!random_tokens || c.sample.prompt.empty(),
            "key 'sample.prompt': data.type random_tokens has no tokenizer to encode a prompt; leave it \"\"");
   require(!t.optimizer.nesterov || t.optimizer.momentum > 0, "nesterov", "false unless momentum > 0", "true");
-  require(t.mixed_precision == core::MixedPrecision::none || t.dtype == torch::kFloat,
-          "mixed_precision", "\"no\" with dtype: float64 (mixed precision keeps float32 parameters)",
-          c.mixed_precision);
+  require(t.mixed_precision == core::MixedPrecision::none || t.dtype == torch::kFloat, "mixed_precision",
+          "\"no\" with dtype: float64 (mixed precision keeps float32 parameters)", c.mixed_precision);
   if (c.plan_decomposition) {
     GA_CHECK(t.global_batch_size > 0,
              "key 'per_device_train_batch_size': auto plans a decomposition of global_batch_size; set "
@@ -161,7 +165,8 @@ void check_combinations(TrainConfig& c) {
     GA_CHECK(!t.deterministic_accumulation,
              "key 'window_tokens': cannot be combined with deterministic_accumulation (its tree needs the same "
              "number of micro-batches in every window)");
-    GA_CHECK(t.last_window != core::LastWindow::carry, "key 'window_tokens': cannot be combined with last_window: carry");
+    GA_CHECK(t.last_window != core::LastWindow::carry,
+             "key 'window_tokens': cannot be combined with last_window: carry");
     GA_CHECK(t.loss_normalization != core::LossNormalization::micro_batch,
              "key 'window_tokens': needs loss_normalization window or sum, not micro_batch (N varies per window)");
     GA_CHECK(!c.plan_decomposition && t.global_batch_size == 0,
@@ -185,8 +190,7 @@ void resolve_defaults(TrainConfig& c) {
 
 }  // namespace
 
-TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
-                        int64_t world_size) {
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides, int64_t world_size) {
   YAML::Node root = YAML::Load(default_config_yaml());
   if (!path.empty()) {
     GA_CHECK(std::filesystem::is_regular_file(path), "{}: no such configuration file", path);
@@ -194,8 +198,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
     try {
       user = YAML::LoadFile(path);
     } catch (const YAML::Exception& e) {
-      throw Error(fmt::format("{}: malformed YAML at line {}, column {}: {}", path, e.mark.line + 1,
-                              e.mark.column + 1, e.msg));
+      throw Error(
+          fmt::format("{}: malformed YAML at line {}, column {}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg));
     }
     if (!user.IsNull()) merge(root, user, "");
   }
@@ -208,8 +212,7 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
       const char ch = key[i];
       const bool name = std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
       const bool dot = ch == '.' && i > 0 && i + 1 < key.size() && key[i + 1] != '.';
-      GA_CHECK(name || dot, "--set '{}': a key is names of letters, digits and '_' joined by '.'",
-               key);
+      GA_CHECK(name || dot, "--set '{}': a key is names of letters, digits and '_' joined by '.'", key);
     }
     // Build {a: {b: value}} for "a.b=value" and merge it like a file.
     std::string yaml_text;

@@ -1,9 +1,9 @@
 #include "gradaccum/io/config_keys.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/format.h>
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/core/mixed_precision.h"
@@ -54,16 +54,16 @@ ConfigKey section(std::string name, std::string help) {
 
 ConfigKey integer(std::string name, int64_t value, std::string help, const Rule& r,
                   std::function<void(TrainConfig&, int64_t)> set) {
-  ConfigKey key{std::move(name), KeyType::integer, std::to_string(value), std::move(help), {}, r.text,
-                numeric_test<int64_t>(r)};
+  ConfigKey key{std::move(name), KeyType::integer,        std::to_string(value), std::move(help), {},
+                r.text,          numeric_test<int64_t>(r)};
   key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<int64_t>(v)); };
   return key;
 }
 
 ConfigKey number(std::string name, std::string value, std::string help, const Rule& r,
                  std::function<void(TrainConfig&, double)> set) {
-  ConfigKey key{std::move(name), KeyType::number, std::move(value), std::move(help), {}, r.text,
-                numeric_test<double>(r)};
+  ConfigKey key{std::move(name), KeyType::number,        std::move(value), std::move(help), {},
+                r.text,          numeric_test<double>(r)};
   key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<double>(v)); };
   return key;
 }
@@ -91,18 +91,16 @@ ConfigKey choice(std::string name, std::string value, std::vector<std::string> c
 ConfigKey integer_list(std::string name, std::string value, std::string help,
                        std::function<void(TrainConfig&, const std::vector<int64_t>&)> set) {
   ConfigKey key{std::move(name), KeyType::integer_list, std::move(value), std::move(help)};
-  key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) {
-    set(c, std::get<std::vector<int64_t>>(v));
-  };
+  key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<std::vector<int64_t>>(v)); };
   return key;
 }
 
 // A language model's dropout under HF's name; -1 takes the hf_checkpoint's config.json value.
 ConfigKey lm_dropout(std::string name, std::string help, double models::ModelConfig::*field) {
-  return number(std::move(name), "-1", std::move(help),
-                rule("in [0, 1), or -1 for the checkpoint's (else 0)",
-                     [](double v) { return v == -1 || (v >= 0 && v < 1); }),
-                [field](TrainConfig& c, double v) { c.model.*field = v; });
+  return number(
+      std::move(name), "-1", std::move(help),
+      rule("in [0, 1), or -1 for the checkpoint's (else 0)", [](double v) { return v == -1 || (v >= 0 && v < 1); }),
+      [field](TrainConfig& c, double v) { c.model.*field = v; });
 }
 
 template <typename Table>
@@ -163,8 +161,7 @@ std::vector<ConfigKey> make_keys() {
       lm_dropout("model.embd_pdrop", "gpt2: after the embeddings", &models::ModelConfig::embd_pdrop),
       lm_dropout("model.attn_pdrop", "gpt2: attention probabilities", &models::ModelConfig::attn_pdrop),
       lm_dropout("model.hidden_dropout", "bloom: residual branches", &models::ModelConfig::hidden_dropout),
-      lm_dropout("model.attention_dropout", "bloom: attention probabilities",
-                 &models::ModelConfig::attention_dropout),
+      lm_dropout("model.attention_dropout", "bloom: attention probabilities", &models::ModelConfig::attention_dropout),
       number("model.dropout", "0.0", "cnn: after the dense layer", below_one_from(0),
              [](TrainConfig& c, double v) { c.model.dropout = v; }),
       choice("model.dropout_rng", "per_sample", {"per_sample", "libtorch"},
@@ -196,8 +193,8 @@ std::vector<ConfigKey> make_keys() {
               [](TrainConfig& c, int64_t v) { c.data.train_limit = v; }),
       integer("data.eval_limit", 0, "evaluation samples (0 = all, < 0 = no evaluation)", any_value(),
               [](TrainConfig& c, int64_t v) { c.data.eval_limit = v; }),
-      integer("data.vocab_size", 0, "random_tokens: ids in [0, vocab_size) (required, >= 2; no tokenizer)",
-              any_value(), [](TrainConfig& c, int64_t v) { c.data.vocab_size = v; }),
+      integer("data.vocab_size", 0, "random_tokens: ids in [0, vocab_size) (required, >= 2; no tokenizer)", any_value(),
+              [](TrainConfig& c, int64_t v) { c.data.vocab_size = v; }),
       integer("data.train_size", 4096, "random_tokens: training rows of max_length ids, seeded by seed", at_least(1),
               [](TrainConfig& c, int64_t v) { c.data.train_size = v; }),
 
@@ -287,7 +284,8 @@ std::vector<ConfigKey> make_keys() {
               "logits; 512 MiB on a GPU)",
               at_least(0, "0 = automatic"), [](TrainConfig& c, int64_t v) { c.model.loss_chunk_tokens = v; }),
       choice("loss_normalization", "window", {"window", "sum", "micro_batch"},
-             "window: the exact mean over the window; micro_batch: the naive mean of means", [](TrainConfig& c, const std::string& v) {
+             "window: the exact mean over the window; micro_batch: the naive mean of means",
+             [](TrainConfig& c, const std::string& v) {
                c.trainer.loss_normalization = v == "window" ? LossNormalization::window
                                               : v == "sum"  ? LossNormalization::sum
                                                             : LossNormalization::micro_batch;
@@ -309,7 +307,9 @@ std::vector<ConfigKey> make_keys() {
       integer("logging_steps", 1, "a metrics line every K optimizer steps", at_least(1),
               [](TrainConfig& c, int64_t v) { c.logging_steps = v; }),
       [] {
-        ConfigKey key{"report_to", KeyType::names, "none",
+        ConfigKey key{"report_to",
+                      KeyType::names,
+                      "none",
                       "a name or a list: TensorBoard event files in logging_dir",
                       {"none", "tensorboard"}};
         key.store = [](TrainConfig& c, const KeyValue& v) {
@@ -333,7 +333,8 @@ std::vector<ConfigKey> make_keys() {
       integer("eval_steps", 0, "evaluate every K optimizer steps", at_least(0, "0 = at the end only"),
               [](TrainConfig& c, int64_t v) { c.trainer.eval_steps = v; }),
       integer("save_steps", 0, "> 0: a checkpoint every save_steps optimizer steps (and at the end)",
-              at_least(0, "0 = at the end only"), [](TrainConfig& c, int64_t v) {
+              at_least(0, "0 = at the end only"),
+              [](TrainConfig& c, int64_t v) {
                 c.save_steps = v;
                 c.trainer.save_steps = v;
               }),
@@ -376,14 +377,22 @@ std::vector<ConfigKey> make_keys() {
 
 std::string type_name(const ConfigKey& key) {
   switch (key.type) {
-    case KeyType::integer: return key.allows_auto ? "integer or auto" : "integer";
-    case KeyType::number: return "number";
-    case KeyType::boolean: return "boolean";
-    case KeyType::text: return "string";
-    case KeyType::choice: return "choice";
-    case KeyType::integer_list: return "list of integers";
-    case KeyType::names: return "name or list of names";
-    case KeyType::section: return "section";
+    case KeyType::integer:
+      return key.allows_auto ? "integer or auto" : "integer";
+    case KeyType::number:
+      return "number";
+    case KeyType::boolean:
+      return "boolean";
+    case KeyType::text:
+      return "string";
+    case KeyType::choice:
+      return "choice";
+    case KeyType::integer_list:
+      return "list of integers";
+    case KeyType::names:
+      return "name or list of names";
+    case KeyType::section:
+      return "section";
   }
   return "";
 }
@@ -423,9 +432,9 @@ const std::string& default_config_yaml() {
     std::string out;
     for (const auto& key : config_keys()) {
       const auto dot = key.name.rfind('.');
-      const std::string indent(dot == std::string::npos ? 0 : 2 * static_cast<size_t>(std::count(
-                                                                      key.name.begin(), key.name.end(), '.')),
-                               ' ');
+      const std::string indent(
+          dot == std::string::npos ? 0 : 2 * static_cast<size_t>(std::count(key.name.begin(), key.name.end(), '.')),
+          ' ');
       auto line = indent + key.name.substr(dot == std::string::npos ? 0 : dot + 1) + ":";
       if (key.type != KeyType::section) line += " " + key.default_yaml;
       // A choice's comment lists its values: the file a user starts from shows what is allowed.

@@ -1,8 +1,7 @@
 #include "gradaccum/io/grad_flow_writer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "gradaccum/io/metrics_writer.h"
 

@@ -43,8 +43,7 @@ void open_step_log(std::ofstream& out, const std::string& path, int64_t resumed_
   GA_CHECK(out.good(), "{}: cannot write", path);
 }
 
-MetricsWriter::MetricsWriter(const std::string& output_dir, bool items_are_tokens,
-                             int64_t resumed_at_step)
+MetricsWriter::MetricsWriter(const std::string& output_dir, bool items_are_tokens, int64_t resumed_at_step)
     : output_dir_(output_dir), items_are_tokens_(items_are_tokens) {
   open_step_log(metrics_, (std::filesystem::path(output_dir) / "metrics.jsonl").string(), resumed_at_step);
 }
@@ -73,7 +72,7 @@ nlohmann::json MetricsWriter::to_json(const core::StepRecord& r, bool items_are_
   };
   if (items_are_tokens) j["tokens_per_s"] = r.items_per_s;
   if (r.loss_scale > 0.0) j["loss_scale"] = r.loss_scale;  // fp16 runs
-  if (r.padded_tokens > 0) {  // samples with lengths: what padding costs this window
+  if (r.padded_tokens > 0) {                               // samples with lengths: what padding costs this window
     j["padded_tokens"] = r.padded_tokens;
     j["padding_fraction"] = 1.0 - static_cast<double>(r.sample_tokens) / static_cast<double>(r.padded_tokens);
   }
@@ -131,7 +130,8 @@ void MetricsWriter::on_end(const core::TrainSummary& s) {
       {"peak_rss_mb", peak_rss_mb()},
       // The decomposition of the last step: smaller than the configured one after an OOM.
       {"micro_batch", last_micro_batch_ > 0 ? last_micro_batch_ : info_.geometry.micro_batch()},
-      {"gradient_accumulation_steps", last_accumulation_ > 0 ? last_accumulation_ : info_.geometry.accumulation_steps()},
+      {"gradient_accumulation_steps",
+       last_accumulation_ > 0 ? last_accumulation_ : info_.geometry.accumulation_steps()},
       {"world_size", info_.geometry.world_size()},
       {"global_batch_size", info_.geometry.global_batch()},
       {"parameters", info_.parameters},
@@ -145,8 +145,7 @@ void MetricsWriter::on_end(const core::TrainSummary& s) {
       if (key != "step") j[key] = value;
     }
   }
-  write_file_atomically((std::filesystem::path(output_dir_) / "summary.json").string(),
-                        j.dump(2) + "\n");
+  write_file_atomically((std::filesystem::path(output_dir_) / "summary.json").string(), j.dump(2) + "\n");
 }
 
 }  // namespace gradaccum::io

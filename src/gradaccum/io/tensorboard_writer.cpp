@@ -11,8 +11,7 @@ constexpr auto kFlushInterval = std::chrono::seconds(10);
 
 }  // namespace
 
-TensorBoardWriter::TensorBoardWriter(const std::string& logging_dir, bool items_are_tokens,
-                                     int64_t logging_steps)
+TensorBoardWriter::TensorBoardWriter(const std::string& logging_dir, bool items_are_tokens, int64_t logging_steps)
     : file_(logging_dir), items_are_tokens_(items_are_tokens), logging_steps_(logging_steps) {}
 
 void TensorBoardWriter::on_start(const core::RunInfo& info) { total_steps_ = info.total_steps; }

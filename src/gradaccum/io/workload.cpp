@@ -94,8 +94,7 @@ void make_text_data(const TrainConfig& config, const data::Tokenizer& tokenizer,
     }
   }
   w.num_labels = max_label + 1;
-  GA_CHECK(w.num_labels >= 2, "{}: every label is {}; classification needs at least two classes", d.path,
-           max_label);
+  GA_CHECK(w.num_labels >= 2, "{}: every label is {}; classification needs at least two classes", d.path, max_label);
   data::ClassificationDatasetOptions options;
   options.max_length = d.max_length;
   options.pad_token_id = pad;
@@ -166,8 +165,7 @@ void load_random_tokens(const TrainConfig& config, bool with_eval, Workload& w) 
   const auto& d = config.data;
   const auto eval_rows =
       with_eval && d.eval_limit >= 0 ? static_cast<int64_t>(static_cast<double>(d.train_size) * d.eval_fraction) : 0;
-  auto random = data::make_random_tokens_data(d.vocab_size, d.max_length, d.train_size, eval_rows,
-                                              config.trainer.seed);
+  auto random = data::make_random_tokens_data(d.vocab_size, d.max_length, d.train_size, eval_rows, config.trainer.seed);
   w.description = random.train->summary();
   w.train = random.train;
   w.eval = random.eval;
@@ -230,8 +228,7 @@ const std::vector<DataType>& data_types() {
       {"kjv_testament", ModelFamily::language, "KJV verses labelled Old (0) or New (1) Testament: classification",
        load_kjv_testament},
       {"text", ModelFamily::language,
-       "data.path: .txt (a document per line) or .jsonl ({\"text\"}, optional \"label\": classification)",
-       load_text},
+       "data.path: .txt (a document per line) or .jsonl ({\"text\"}, optional \"label\": classification)", load_text},
       {"random_tokens", ModelFamily::language, "seeded uniform ids in [0, data.vocab_size): no tokenizer",
        load_random_tokens},
   };
@@ -276,11 +273,11 @@ Workload make_workload(const TrainConfig& config, bool with_eval) {
     w.model = models::load_language_model(config.model.hf_checkpoint, w.num_labels, config.trainer.seed, &config.model);
   }
   apply_memory_options(w.model, config.model);
-  GA_CHECK(w.model.vocab_size >= vocab, "model: its vocabulary has {} ids, {} {}: they do not fit",
-           w.model.vocab_size, vocab_source, vocab);
+  GA_CHECK(w.model.vocab_size >= vocab, "model: its vocabulary has {} ids, {} {}: they do not fit", w.model.vocab_size,
+           vocab_source, vocab);
   GA_CHECK(w.model.max_positions == 0 || d.max_length <= w.model.max_positions,
-           "key 'data.max_length': {} is longer than the model's context of {} positions (n_positions)",
-           d.max_length, w.model.max_positions);
+           "key 'data.max_length': {} is longer than the model's context of {} positions (n_positions)", d.max_length,
+           w.model.max_positions);
   w.items_are_tokens = w.num_labels == 0;
   if (w.num_labels > 0) {
     // HF's *ForSequenceClassification finds each row's last real token from

@@ -23,8 +23,8 @@ std::string_view trim(std::string_view s) {
 }  // namespace
 
 const std::vector<std::string_view>& custom_kernel_names() {
-  static const std::vector<std::string_view> names{"qkv_attention", "gelu_tanh", "softmax_cross_entropy",
-                                                       "gelu_mlp", "heap_retention"};
+  static const std::vector<std::string_view> names{"qkv_attention", "gelu_tanh", "softmax_cross_entropy", "gelu_mlp",
+                                                   "heap_retention"};
   return names;
 }
 
@@ -46,8 +46,8 @@ std::vector<CustomKernel> parse_custom_kernels(std::string_view spec) {
     if (end == std::string_view::npos) end = spec.size();
     const auto name = trim(spec.substr(begin, end - begin));
     const auto it = std::find(names.begin(), names.end(), name);
-    GA_CHECK(it != names.end(), "custom_kernels: unknown kernel '{}' (all | none | names from: {})",
-             name, fmt::join(names, ", "));
+    GA_CHECK(it != names.end(), "custom_kernels: unknown kernel '{}' (all | none | names from: {})", name,
+             fmt::join(names, ", "));
     kernels.push_back(static_cast<CustomKernel>(it - names.begin()));
     begin = end + 1;
   }

@@ -113,9 +113,7 @@ struct RngState {
 // the streams that the rest of training sees.
 class RngFork {
  public:
-  explicit RngFork(const RngState& state) : previous_(RngState::current(state.cuda_device)) {
-    state.make_current();
-  }
+  explicit RngFork(const RngState& state) : previous_(RngState::current(state.cuda_device)) { state.make_current(); }
   ~RngFork() { previous_.make_current(); }
   RngFork(const RngFork&) = delete;
   RngFork& operator=(const RngFork&) = delete;
@@ -150,8 +148,7 @@ torch::Tensor call(const CheckpointFn& fn, const std::vector<torch::Tensor>& inp
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   // Runs under the no-grad mode Function::apply sets: no activation is kept.
-  static torch::Tensor forward(AutogradContext* ctx, c10::intrusive_ptr<CheckpointState> state,
-                               at::TensorList args) {
+  static torch::Tensor forward(AutogradContext* ctx, c10::intrusive_ptr<CheckpointState> state, at::TensorList args) {
     ctx->save_for_backward(args.vec());
     const std::vector<torch::Tensor> inputs(args.begin(), args.begin() + state->num_inputs);
     state->autocast = AutocastState::current();
@@ -166,8 +163,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    auto state =
-        c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
+    auto state = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
     const auto saved = ctx->get_saved_variables();
     // Fresh leaves: the inner backward stops at them and leaves their gradient
     // in .grad, which this node hands on to the outer graph.
@@ -193,8 +189,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     variable_list grads;  // one per forward argument: the state, then each tensor
     grads.reserve(1 + saved.size());
     grads.emplace_back();
-    for (const auto& input : inputs)
-      grads.push_back(input.requires_grad() ? input.grad() : torch::Tensor());
+    for (const auto& input : inputs) grads.push_back(input.requires_grad() ? input.grad() : torch::Tensor());
     grads.resize(1 + saved.size());  // the placeholder, if any: no gradient
     return grads;
   }
@@ -205,14 +200,11 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 torch::Tensor checkpoint(const CheckpointFn& fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& parameters) {
   for (size_t i = 0; i < inputs.size(); ++i)
-    GA_CHECK(inputs[i].defined(), "activation checkpoint: input {} of {} is undefined", i,
-             inputs.size());
+    GA_CHECK(inputs[i].defined(), "activation checkpoint: input {} of {} is undefined", i, inputs.size());
   auto requires_grad = [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); };
   const bool input_needs_grad = std::any_of(inputs.begin(), inputs.end(), requires_grad);
-  const bool parameter_needs_grad =
-      std::any_of(parameters.begin(), parameters.end(), requires_grad);
-  if (!torch::GradMode::is_enabled() || !(input_needs_grad || parameter_needs_grad))
-    return call(fn, inputs);
+  const bool parameter_needs_grad = std::any_of(parameters.begin(), parameters.end(), requires_grad);
+  if (!torch::GradMode::is_enabled() || !(input_needs_grad || parameter_needs_grad)) return call(fn, inputs);
 
   auto state = c10::make_intrusive<CheckpointState>();
   state->fn = fn;

@@ -14,13 +14,11 @@ namespace gradaccum::models {
 
 namespace {
 torch::nn::LayerNorm layer_norm(const BloomConfig& config) {
-  return torch::nn::LayerNorm(
-      torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layer_norm_epsilon));
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layer_norm_epsilon));
 }
 
 bool name_ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // HF's BloomPreTrainedModel._init_weights (no depth-scaled residual
@@ -31,8 +29,7 @@ void init_weights(torch::nn::Module& model, const BloomConfig& config) {
   for (auto& item : model.named_parameters()) {
     const std::string& name = item.key();
     auto& p = item.value();
-    const bool layer_norm = name.find("layernorm.") != std::string::npos ||
-                            name.rfind("ln_f.", 0) == 0;
+    const bool layer_norm = name.find("layernorm.") != std::string::npos || name.rfind("ln_f.", 0) == 0;
     if (layer_norm && name_ends_with(name, ".weight"))
       p.fill_(1.0);
     else if (name_ends_with(name, ".bias"))
@@ -53,20 +50,18 @@ torch::Tensor bloom_alibi_slopes(int64_t n_head) {
   auto slopes = torch::empty({n_head}, torch::kDouble);
   auto s = slopes.accessor<double, 1>();
   for (int64_t i = 0; i < p; ++i) s[i] = std::pow(base, static_cast<double>(i + 1));
-  for (int64_t i = p; i < n_head; ++i)
-    s[i] = std::pow(extra_base, static_cast<double>(2 * (i - p) + 1));
+  for (int64_t i = p; i < n_head; ++i) s[i] = std::pow(extra_base, static_cast<double>(2 * (i - p) + 1));
   return slopes;
 }
 
-torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int64_t n_head,
-                          torch::ScalarType dtype, torch::Device device) {
+torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int64_t n_head, torch::ScalarType dtype,
+                          torch::Device device) {
   torch::Tensor positions;  // [B or 1, T] float64
   if (attention_mask.defined()) {
     auto mask = attention_mask.ne(0).to(torch::kDouble);
     positions = (mask.cumsum(-1) - 1) * mask;
   } else {
-    positions = torch::arange(time, torch::TensorOptions().dtype(torch::kDouble).device(device))
-                    .unsqueeze(0);
+    positions = torch::arange(time, torch::TensorOptions().dtype(torch::kDouble).device(device)).unsqueeze(0);
   }
   auto slopes = bloom_alibi_slopes(n_head).to(positions.device());
   return (slopes.view({1, n_head, 1, 1}) * positions.unsqueeze(1).unsqueeze(1)).to(dtype);
@@ -75,11 +70,10 @@ torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int
 // Dropout sites per block i: 3i the attention probabilities, 3i + 1 the attention's output,
 // 3i + 2 the MLP's output.
 BloomAttentionImpl::BloomAttentionImpl(const BloomConfig& config, int64_t layer) : n_head_(config.n_head) {
-  query_key_value = register_module(
-      "query_key_value", torch::nn::Linear(config.hidden_size, 3 * config.hidden_size));
+  query_key_value = register_module("query_key_value", torch::nn::Linear(config.hidden_size, 3 * config.hidden_size));
   dense = register_module("dense", torch::nn::Linear(config.hidden_size, config.hidden_size));
-  attention_dropout = register_module("attention_dropout",
-                                      SampleDropout(config.attention_dropout, 3 * layer, config.dropout_rng));
+  attention_dropout =
+      register_module("attention_dropout", SampleDropout(config.attention_dropout, 3 * layer, config.dropout_rng));
   hidden_dropout =
       register_module("hidden_dropout", SampleDropout(config.hidden_dropout, 3 * layer + 1, config.dropout_rng));
 }
@@ -95,7 +89,7 @@ torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::T
   auto v = fused.select(3, 2).transpose(1, 2);
   // alibi + q·kᵀ / √D, in HF's order (baddbmm with alpha = 1/√D).
   const double inv_norm = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  auto scores = alibi + torch::matmul(q, k.transpose(-2, -1)) * inv_norm;  // [B, H, T, T]
+  auto scores = alibi + torch::matmul(q, k.transpose(-2, -1)) * inv_norm;                  // [B, H, T, T]
   auto y = torch::matmul(attention_dropout->forward(masked_softmax(scores, allowed)), v);  // [B, H, T, D]
   return hidden_dropout->forward(linear(dense, y.transpose(1, 2).reshape({batch, time, channels})));
 }
@@ -105,10 +99,8 @@ torch::Tensor bloom_gelu(const torch::Tensor& x) {
 }
 
 BloomMlpImpl::BloomMlpImpl(const BloomConfig& config, int64_t layer) {
-  dense_h_to_4h = register_module(
-      "dense_h_to_4h", torch::nn::Linear(config.hidden_size, 4 * config.hidden_size));
-  dense_4h_to_h = register_module(
-      "dense_4h_to_h", torch::nn::Linear(4 * config.hidden_size, config.hidden_size));
+  dense_h_to_4h = register_module("dense_h_to_4h", torch::nn::Linear(config.hidden_size, 4 * config.hidden_size));
+  dense_4h_to_h = register_module("dense_4h_to_h", torch::nn::Linear(4 * config.hidden_size, config.hidden_size));
   hidden_dropout =
       register_module("hidden_dropout", SampleDropout(config.hidden_dropout, 3 * layer + 2, config.dropout_rng));
 }
@@ -131,16 +123,13 @@ torch::Tensor BloomBlockImpl::forward(const torch::Tensor& x, const torch::Tenso
 }
 
 BloomModelImpl::BloomModelImpl(const BloomConfig& config) : config_(config) {
-  GA_CHECK(config.vocab_size > 0 && config.hidden_size > 0 && config.n_head > 0 &&
-               config.n_layer >= 0,
+  GA_CHECK(config.vocab_size > 0 && config.hidden_size > 0 && config.n_head > 0 && config.n_layer >= 0,
            "BLOOM config: vocab_size {}, hidden_size {}, n_head {} must be positive and n_layer "
            "{} not negative",
            config.vocab_size, config.hidden_size, config.n_head, config.n_layer);
-  GA_CHECK(config.hidden_size % config.n_head == 0,
-           "BLOOM config: hidden_size {} is not divisible by n_head {}", config.hidden_size,
-           config.n_head);
-  word_embeddings = register_module("word_embeddings",
-                                    torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  GA_CHECK(config.hidden_size % config.n_head == 0, "BLOOM config: hidden_size {} is not divisible by n_head {}",
+           config.hidden_size, config.n_head);
+  word_embeddings = register_module("word_embeddings", torch::nn::Embedding(config.vocab_size, config.hidden_size));
   word_embeddings_layernorm = register_module("word_embeddings_layernorm", layer_norm(config));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(BloomBlock(config, i));
@@ -148,29 +137,22 @@ BloomModelImpl::BloomModelImpl(const BloomConfig& config) : config_(config) {
   init_weights(*this, config);
 }
 
-torch::Tensor BloomModelImpl::forward(const torch::Tensor& input_ids,
-                                      const torch::Tensor& attention_mask) {
+torch::Tensor BloomModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
   return hidden_states(input_ids, attention_mask, TokenEmbeddingGrad::dense);
 }
 
-torch::Tensor BloomModelImpl::hidden_states(const torch::Tensor& input_ids,
-                                            const torch::Tensor& attention_mask,
+torch::Tensor BloomModelImpl::hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                             TokenEmbeddingGrad embedding_grad) {
   check_decoder_inputs("BLOOM", input_ids, attention_mask, config_.vocab_size, 0);
-  auto x = word_embeddings_layernorm->forward(
-      lookup_tokens(word_embeddings->weight, input_ids, embedding_grad));
-  auto alibi = bloom_alibi(attention_mask, input_ids.size(1), config_.n_head, x.scalar_type(),
-                           x.device());
+  auto x = word_embeddings_layernorm->forward(lookup_tokens(word_embeddings->weight, input_ids, embedding_grad));
+  auto alibi = bloom_alibi(attention_mask, input_ids.size(1), config_.n_head, x.scalar_type(), x.device());
   auto allowed = causal_attention_allowed(input_ids, attention_mask);
   const bool checkpointed = checkpoint_blocks();
   for (const auto& module : *h) {
     auto block = std::static_pointer_cast<BloomBlockImpl>(module);
     if (checkpointed) {
-      x = checkpoint(
-          [block](const std::vector<torch::Tensor>& in) {
-            return block->forward(in[0], in[1], in[2]);
-          },
-          {x, alibi, allowed}, block->parameters());
+      x = checkpoint([block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1], in[2]); },
+                     {x, alibi, allowed}, block->parameters());
     } else {
       x = block->forward(x, alibi, allowed);
     }

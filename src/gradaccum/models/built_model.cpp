@@ -79,16 +79,18 @@ void apply_dropout(const ModelConfig& config, Gpt2Config& c) {
                      {{"resid_pdrop", config.resid_pdrop, &c.resid_pdrop},
                       {"embd_pdrop", config.embd_pdrop, &c.embd_pdrop},
                       {"attn_pdrop", config.attn_pdrop, &c.attn_pdrop}},
-                     "BLOOM", {{"hidden_dropout", config.hidden_dropout}, {"attention_dropout", config.attention_dropout}});
+                     "BLOOM",
+                     {{"hidden_dropout", config.hidden_dropout}, {"attention_dropout", config.attention_dropout}});
   c.dropout_rng = config.dropout_rng;
 }
 
 void apply_dropout(const ModelConfig& config, BloomConfig& c) {
-  apply_dropout_keys(config, "BLOOM",
-                     {{"hidden_dropout", config.hidden_dropout, &c.hidden_dropout},
-                      {"attention_dropout", config.attention_dropout, &c.attention_dropout}},
-                     "GPT-2",
-                     {{"resid_pdrop", config.resid_pdrop}, {"embd_pdrop", config.embd_pdrop}, {"attn_pdrop", config.attn_pdrop}});
+  apply_dropout_keys(
+      config, "BLOOM",
+      {{"hidden_dropout", config.hidden_dropout, &c.hidden_dropout},
+       {"attention_dropout", config.attention_dropout, &c.attention_dropout}},
+      "GPT-2",
+      {{"resid_pdrop", config.resid_pdrop}, {"embd_pdrop", config.embd_pdrop}, {"attn_pdrop", config.attn_pdrop}});
   c.dropout_rng = config.dropout_rng;
 }
 
@@ -132,11 +134,10 @@ namespace {
 int64_t checked_language_config(const ModelConfig& config, int64_t vocab_size) {
   GA_CHECK(config.n_layer >= 1 && config.n_embd >= 1 && config.n_head >= 1,
            "model: n_layer, n_embd and n_head must be >= 1");
-  GA_CHECK(config.n_embd % config.n_head == 0, "model: n_embd {} is not a multiple of n_head {}",
-           config.n_embd, config.n_head);
+  GA_CHECK(config.n_embd % config.n_head == 0, "model: n_embd {} is not a multiple of n_head {}", config.n_embd,
+           config.n_head);
   const int64_t vocab = config.vocab_size > 0 ? config.vocab_size : vocab_size;
-  GA_CHECK(vocab >= vocab_size, "key 'model.vocab_size': {} is smaller than the tokenizer's {} ids",
-           vocab, vocab_size);
+  GA_CHECK(vocab >= vocab_size, "key 'model.vocab_size': {} is smaller than the tokenizer's {} ids", vocab, vocab_size);
   return vocab;
 }
 
@@ -187,8 +188,8 @@ BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint6
   }
   // A causal-LM checkpoint fine-tuned as a classifier starts its head fresh;
   // a classifier's head is never silently dropped or resized.
-  GA_CHECK(saved_labels == 0 || saved_labels == labels,
-           "{}: the checkpoint classifies {} labels, the task has {}", what, saved_labels, labels);
+  GA_CHECK(saved_labels == 0 || saved_labels == labels, "{}: the checkpoint classifies {} labels, the task has {}",
+           what, saved_labels, labels);
   std::vector<std::string> fresh;
   if (saved_labels == 0 && labels > 0) fresh.push_back("score.weight");
   built.load_weights(checkpoint.tensors, dir + "/model.safetensors", fresh);

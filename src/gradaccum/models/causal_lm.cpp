@@ -19,28 +19,24 @@ CausalLmHeadImpl::CausalLmHeadImpl(Decoder backbone, bool tie_word_embeddings) {
   }
 }
 
-torch::Tensor CausalLmHeadImpl::head_weight() {
-  return tied() ? transformer->token_embedding() : lm_head->weight;
-}
+torch::Tensor CausalLmHeadImpl::head_weight() { return tied() ? transformer->token_embedding() : lm_head->weight; }
 
-torch::Tensor CausalLmHeadImpl::forward(const torch::Tensor& input_ids,
-                                        const torch::Tensor& attention_mask) {
+torch::Tensor CausalLmHeadImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
   return torch::nn::functional::linear(transformer->hidden_states(input_ids, attention_mask), head_weight());
 }
 
 core::LossSum causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
-  TORCH_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
-                  logits.size(1) == labels.size(1),
-              "causal LM: logits ", logits.sizes(), " do not match labels ", labels.sizes());
+  TORCH_CHECK(
+      logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) && logits.size(1) == labels.size(1),
+      "causal LM: logits ", logits.sizes(), " do not match labels ", labels.sizes());
   const int64_t time = logits.size(1);
   // Shift: logits at t predict the label at t + 1; the last position predicts nothing.
   auto shifted_logits = logits.slice(1, 0, time - 1).reshape({-1, logits.size(2)});
   auto shifted_labels = labels.slice(1, 1, time).reshape({-1}).to(torch::kLong);
   // Summed, not averaged: the engine divides by the window's count (DESIGN.md §1).
-  auto sum = torch::nn::functional::cross_entropy(shifted_logits, shifted_labels,
-                                                  torch::nn::functional::CrossEntropyFuncOptions()
-                                                      .reduction(torch::kSum)
-                                                      .ignore_index(core::kIgnoreIndex));
+  auto sum = torch::nn::functional::cross_entropy(
+      shifted_logits, shifted_labels,
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(core::kIgnoreIndex));
   // The count of exactly the labels cross_entropy did not ignore: after the
   // shift, so a row's first token (never a target) is not counted and a row
   // with n real tokens contributes n - 1.
@@ -77,11 +73,9 @@ core::LossSum CausalLm::loss(const core::Batch& batch) {
   dropout_sites_.set_keys(batch.keys);
   auto& transformer = model_->transformer;
   const auto head = model_->head_weight();
-  const auto lookup_grad =
-      model_->tied() && head.is_cpu() ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense;
-  return chunked_causal_lm_loss(
-      transformer->hidden_states(batch.input, batch.attention_mask, lookup_grad), head,
-      batch.target, chunk_tokens());
+  const auto lookup_grad = model_->tied() && head.is_cpu() ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense;
+  return chunked_causal_lm_loss(transformer->hidden_states(batch.input, batch.attention_mask, lookup_grad), head,
+                                batch.target, chunk_tokens());
 }
 
 core::EvalSums CausalLm::evaluate(const core::Batch& batch) {

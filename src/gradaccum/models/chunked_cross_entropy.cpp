@@ -11,9 +11,9 @@
 #include <utility>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/kernels/custom_kernels.h"
-#include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/base/host_reads.h"
+#include "gradaccum/core/float32_cpu_matmuls.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/softmax_cross_entropy.h"
 
@@ -23,9 +23,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-std::string sizes_text(torch::IntArrayRef sizes) {
-  return fmt::format("[{}]", fmt::join(sizes, ", "));
-}
+std::string sizes_text(torch::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
 
 // The dtypes of one call, fixed at forward time: autocast is thread-local
 // state, and backward() may run outside the autocast region (or on another
@@ -42,9 +40,7 @@ struct Precision {
     return float32_gemms ? t.to(matmul).to(torch::kFloat) : t.to(matmul);
   }
   // A projection's result, as the matmul dtype's GEMM would return it.
-  torch::Tensor result(const torch::Tensor& t) const {
-    return float32_gemms ? t.to(matmul) : t;
-  }
+  torch::Tensor result(const torch::Tensor& t) const { return float32_gemms ? t.to(matmul) : t; }
 };
 
 Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight) {
@@ -105,11 +101,9 @@ torch::Tensor take_saved(AutogradContext* ctx, const std::string& key) {
 
 class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden,
-                               const torch::Tensor& weight, const torch::Tensor& positions,
-                               const torch::Tensor& targets, const torch::Tensor& valid,
-                               bool compact, int64_t chunk_tokens, bool need_hidden,
-                               bool need_weight) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
+                               const torch::Tensor& positions, const torch::Tensor& targets, const torch::Tensor& valid,
+                               bool compact, int64_t chunk_tokens, bool need_hidden, bool need_weight) {
     const Precision p = precision_of(hidden, weight);
     // The dtypes are explicit below; autocast must not re-cast them.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -213,8 +207,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
 // padding and ignored labels then cost no projection. nonzero() reads the
 // labels on the host; on the CPU, where that is free, so does the check that
 // every target lies in [0, vocab).
-std::pair<torch::Tensor, torch::Tensor> compact_targets(const torch::Tensor& next,
-                                                        const torch::Tensor& scored,
+std::pair<torch::Tensor, torch::Tensor> compact_targets(const torch::Tensor& next, const torch::Tensor& scored,
                                                         int64_t vocab) {
   auto positions = scored.nonzero().reshape({-1});
   auto targets = next.index_select(0, positions);
@@ -231,20 +224,17 @@ std::pair<torch::Tensor, torch::Tensor> compact_targets(const torch::Tensor& nex
 }  // namespace
 
 core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                     const torch::Tensor& labels, int64_t chunk_tokens,
-                                     TargetSelection selection) {
-  GA_CHECK(chunk_tokens > 0, "chunked cross-entropy: chunk_tokens must be positive, got {}",
-           chunk_tokens);
+                                     const torch::Tensor& labels, int64_t chunk_tokens, TargetSelection selection) {
+  GA_CHECK(chunk_tokens > 0, "chunked cross-entropy: chunk_tokens must be positive, got {}", chunk_tokens);
   GA_CHECK(hidden.defined() && weight.defined() && labels.defined(),
            "chunked cross-entropy: hidden, weight and labels must all be defined");
   GA_CHECK(
-      hidden.dim() == 3 && labels.dim() == 2 && hidden.size(0) == labels.size(0) &&
-          hidden.size(1) == labels.size(1),
+      hidden.dim() == 3 && labels.dim() == 2 && hidden.size(0) == labels.size(0) && hidden.size(1) == labels.size(1),
       "chunked cross-entropy: hidden states {} do not match labels {} (want [B, T, H], [B, T])",
       sizes_text(hidden.sizes()), sizes_text(labels.sizes()));
   GA_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(2),
-           "chunked cross-entropy: weight {} does not match hidden states {} (want [V, H])",
-           sizes_text(weight.sizes()), sizes_text(hidden.sizes()));
+           "chunked cross-entropy: weight {} does not match hidden states {} (want [V, H])", sizes_text(weight.sizes()),
+           sizes_text(hidden.sizes()));
   GA_CHECK(hidden.is_floating_point() && weight.is_floating_point(),
            "chunked cross-entropy: hidden states and weight must be floating point");
   GA_CHECK(labels.scalar_type() == torch::kLong || labels.scalar_type() == torch::kInt,
@@ -285,12 +275,10 @@ core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::T
   // Which gradients the forward must compute: decided here, where grad mode is
   // still the caller's (the Function's forward runs with it off).
   const bool grad_mode = torch::GradMode::is_enabled();
-  auto sum = ChunkedCrossEntropy::apply(
-      hidden, weight, positions, targets.to(hidden.device()), valid, compact, chunk_tokens,
-      grad_mode && hidden.requires_grad(), grad_mode && weight.requires_grad());
-  auto count = compact
-                   ? torch::scalar_tensor(positions.size(0), labels.options().dtype(torch::kLong))
-                   : scored.sum();
+  auto sum =
+      ChunkedCrossEntropy::apply(hidden, weight, positions, targets.to(hidden.device()), valid, compact, chunk_tokens,
+                                 grad_mode && hidden.requires_grad(), grad_mode && weight.requires_grad());
+  auto count = compact ? torch::scalar_tensor(positions.size(0), labels.options().dtype(torch::kLong)) : scored.sum();
   return {sum, count};
 }
 

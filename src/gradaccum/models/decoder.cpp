@@ -15,38 +15,30 @@ std::string shape(const torch::Tensor& t) {
 }
 }  // namespace
 
-void check_decoder_inputs(const std::string& model, const torch::Tensor& input_ids,
-                          const torch::Tensor& attention_mask, int64_t vocab_size,
-                          int64_t max_positions) {
+void check_decoder_inputs(const std::string& model, const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                          int64_t vocab_size, int64_t max_positions) {
   GA_CHECK(input_ids.defined(), "{}: input_ids is undefined", model);
-  GA_CHECK(input_ids.dim() == 2 && input_ids.size(1) > 0,
-           "{}: input_ids must be [batch, time] with time >= 1, got {}", model, shape(input_ids));
+  GA_CHECK(input_ids.dim() == 2 && input_ids.size(1) > 0, "{}: input_ids must be [batch, time] with time >= 1, got {}",
+           model, shape(input_ids));
   GA_CHECK(input_ids.scalar_type() == torch::kLong || input_ids.scalar_type() == torch::kInt,
-           "{}: input_ids must be int64 (or int32) token ids, got {}", model,
-           c10::toString(input_ids.scalar_type()));
-  GA_CHECK(max_positions == 0 || input_ids.size(1) <= max_positions,
-           "{}: sequence length {} exceeds n_positions {}", model, input_ids.size(1),
-           max_positions);
+           "{}: input_ids must be int64 (or int32) token ids, got {}", model, c10::toString(input_ids.scalar_type()));
+  GA_CHECK(max_positions == 0 || input_ids.size(1) <= max_positions, "{}: sequence length {} exceeds n_positions {}",
+           model, input_ids.size(1), max_positions);
   if (input_ids.device().is_cpu() && input_ids.numel() > 0) {
     GRADACCUM_CPU_HOST_READ_SCOPE();  // free on the CPU; elsewhere the data layer checked the ids
     const int64_t low = input_ids.min().item<int64_t>(), high = input_ids.max().item<int64_t>();
-    GA_CHECK(low >= 0 && high < vocab_size,
-             "{}: input_ids must lie in [0, vocab_size = {}), got values in [{}, {}]", model,
-             vocab_size, low, high);
+    GA_CHECK(low >= 0 && high < vocab_size, "{}: input_ids must lie in [0, vocab_size = {}), got values in [{}, {}]",
+             model, vocab_size, low, high);
   }
   if (attention_mask.defined()) {
-    GA_CHECK(attention_mask.sizes() == input_ids.sizes(),
-             "{}: attention_mask {} does not match input_ids {}", model, shape(attention_mask),
-             shape(input_ids));
+    GA_CHECK(attention_mask.sizes() == input_ids.sizes(), "{}: attention_mask {} does not match input_ids {}", model,
+             shape(attention_mask), shape(input_ids));
   }
 }
 
-torch::Tensor causal_attention_allowed(const torch::Tensor& input_ids,
-                                       const torch::Tensor& attention_mask) {
+torch::Tensor causal_attention_allowed(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
   const int64_t time = input_ids.size(1);
-  auto causal = torch::ones({time, time}, torch::TensorOptions()
-                                              .dtype(torch::kBool)
-                                              .device(input_ids.device()))
+  auto causal = torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(input_ids.device()))
                     .tril()
                     .view({1, 1, time, time});
   if (!attention_mask.defined()) return causal;
@@ -60,9 +52,8 @@ torch::Tensor masked_softmax(const torch::Tensor& scores, const torch::Tensor& a
   // 16-bit softmax over long rows loses the small probabilities.
   const bool low_precision = scores.scalar_type() == torch::kBFloat16 || scores.scalar_type() == torch::kHalf;
   const auto s = low_precision ? scores.to(torch::kFloat) : scores;
-  const double lowest = s.scalar_type() == torch::kDouble
-                            ? std::numeric_limits<double>::lowest()
-                            : static_cast<double>(std::numeric_limits<float>::lowest());
+  const double lowest = s.scalar_type() == torch::kDouble ? std::numeric_limits<double>::lowest()
+                                                          : static_cast<double>(std::numeric_limits<float>::lowest());
   return torch::softmax(s.masked_fill(allowed.logical_not(), lowest), -1);
 }
 

@@ -1,7 +1,6 @@
 #include "gradaccum/models/gelu_mlp.h"
 
 #include <ATen/autocast_mode.h>
-
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
@@ -39,8 +38,7 @@ struct Shapes {
 // Hand-written because no library here does a whole tiny MLP without a
 // per-operator cost that is larger than its arithmetic (see the header).
 template <typename T>
-void forward_loops(const T* x, const T* w1, const T* b1, const T* w2, const T* b2, T* h, T* y,
-                   const Shapes& s) {
+void forward_loops(const T* x, const T* w1, const T* b1, const T* w2, const T* b2, T* h, T* y, const Shapes& s) {
   c10::SmallVector<double, 16> acc(static_cast<size_t>(s.out));
   for (int64_t i = 0; i < s.rows; ++i) {
     const T* xi = x + i * s.in;
@@ -63,8 +61,8 @@ void forward_loops(const T* x, const T* w1, const T* b1, const T* w2, const T* b
 // gradient is such a combination of contiguous rows, so the innermost loop
 // runs along memory.
 template <typename C, typename R, typename T>
-void combine_rows(int64_t count, const C* coefficient, int64_t coefficient_stride, const R* rows,
-                  int64_t row_stride, int64_t length, double* scratch, T* target) {
+void combine_rows(int64_t count, const C* coefficient, int64_t coefficient_stride, const R* rows, int64_t row_stride,
+                  int64_t length, double* scratch, T* target) {
   std::fill(scratch, scratch + length, 0.0);
   for (int64_t r = 0; r < count; ++r) {
     const double c = coefficient[r * coefficient_stride];
@@ -78,8 +76,8 @@ void combine_rows(int64_t count, const C* coefficient, int64_t coefficient_strid
 // the activation and the gradient at the pre-activation of every row, then
 // the gradients as combinations of rows.
 template <typename T>
-void backward_loops(const T* x, const T* w1, const T* w2, const T* h, const T* gy, T* gx, T* gw1,
-                    T* gb1, T* gw2, T* gb2, const Shapes& s) {
+void backward_loops(const T* x, const T* w1, const T* w2, const T* h, const T* gy, T* gx, T* gw1, T* gb1, T* gw2,
+                    T* gb2, const Shapes& s) {
   const int64_t n = s.rows * s.hidden;
   c10::SmallVector<double, 256> act(static_cast<size_t>(n));
   c10::SmallVector<double, 256> grad_h(static_cast<size_t>(n));
@@ -119,17 +117,15 @@ void backward_loops(const T* x, const T* w1, const T* w2, const T* h, const T* g
 class FusedGeluMlp : public torch::autograd::Function<FusedGeluMlp> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w1,
-                               const torch::Tensor& b1, const torch::Tensor& w2,
-                               const torch::Tensor& b2) {
+                               const torch::Tensor& b1, const torch::Tensor& w2, const torch::Tensor& b2) {
     const auto rows = x.size(0);
     // at:: factories: outputs of an autograd::Function need no variable wrapping.
     auto h = at::empty({rows, w1.size(0)}, x.options());
     auto y = at::empty({rows, w2.size(0)}, x.options());
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "fused_gelu_mlp_forward", [&] {
       const Shapes s{rows, w1.size(1), w1.size(0), w2.size(0)};
-      forward_loops(x.data_ptr<scalar_t>(), w1.data_ptr<scalar_t>(), b1.data_ptr<scalar_t>(),
-                    w2.data_ptr<scalar_t>(), b2.data_ptr<scalar_t>(), h.data_ptr<scalar_t>(),
-                    y.data_ptr<scalar_t>(), s);
+      forward_loops(x.data_ptr<scalar_t>(), w1.data_ptr<scalar_t>(), b1.data_ptr<scalar_t>(), w2.data_ptr<scalar_t>(),
+                    b2.data_ptr<scalar_t>(), h.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), s);
     });
     ctx->save_for_backward({x, w1, w2, h});
     return y;
@@ -154,9 +150,8 @@ class FusedGeluMlp : public torch::autograd::Function<FusedGeluMlp> {
     auto gb2 = at::empty({w2.size(0)}, options);
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "fused_gelu_mlp_backward", [&] {
       const Shapes s{x.size(0), w1.size(1), w1.size(0), w2.size(0)};
-      backward_loops(x.data_ptr<scalar_t>(), w1.data_ptr<scalar_t>(), w2.data_ptr<scalar_t>(),
-                     h.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
-                     want_x ? gx.data_ptr<scalar_t>() : nullptr, gw1.data_ptr<scalar_t>(),
+      backward_loops(x.data_ptr<scalar_t>(), w1.data_ptr<scalar_t>(), w2.data_ptr<scalar_t>(), h.data_ptr<scalar_t>(),
+                     gy.data_ptr<scalar_t>(), want_x ? gx.data_ptr<scalar_t>() : nullptr, gw1.data_ptr<scalar_t>(),
                      gb1.data_ptr<scalar_t>(), gw2.data_ptr<scalar_t>(), gb2.data_ptr<scalar_t>(), s);
     });
     return {gx, gw1, gb1, gw2, gb2};
@@ -164,8 +159,7 @@ class FusedGeluMlp : public torch::autograd::Function<FusedGeluMlp> {
 };
 
 bool contiguous_cpu(const torch::Tensor& t, torch::ScalarType dtype) {
-  return t.device().is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == dtype &&
-         t.is_contiguous();
+  return t.device().is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == dtype && t.is_contiguous();
 }
 
 }  // namespace
@@ -186,8 +180,7 @@ bool GeluMlpImpl::fuses(const torch::Tensor& x) const {
   for (const auto* t : {&x, &fc1->weight, &fc1->bias, &fc2->weight, &fc2->bias}) {
     if (!contiguous_cpu(*t, dtype)) return false;
   }
-  const int64_t per_row =
-      fc1->weight.size(0) * fc1->weight.size(1) + fc2->weight.size(0) * fc2->weight.size(1);
+  const int64_t per_row = fc1->weight.size(0) * fc1->weight.size(1) + fc2->weight.size(0) * fc2->weight.size(1);
   return x.size(0) * per_row <= kMaxFusedMultiplyAdds;
 }
 

@@ -43,29 +43,25 @@ inline __attribute__((always_inline)) void forward_range(const T* x, T* y, int64
 
 // d gelu / dx = (1 + t)/2 + x/2 · (1 − t²) · √(2/π) · (1 + 3 · 0.044715 x²).
 template <typename T>
-inline __attribute__((always_inline)) void backward_range(const T* x, const T* grad_y, T* grad_x,
-                                                          int64_t n) {
+inline __attribute__((always_inline)) void backward_range(const T* x, const T* grad_y, T* grad_x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = to_float(x[i]);
     const TanhTerms t = tanh_terms(v);
-    const float slope = t.half_one_plus_tanh + 0.5f * v * t.one_minus_tanh_squared * kSqrt2OverPi *
-                                                   (1.0f + 3.0f * kCubic * v * v);
+    const float slope =
+        t.half_one_plus_tanh + 0.5f * v * t.one_minus_tanh_squared * kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);
     grad_x[i] = static_cast<T>(to_float(grad_y[i]) * slope);
   }
 }
 
-GRADACCUM_VECTOR_CLONES void gelu_forward(const float* x, float* y, int64_t n) {
-  forward_range(x, y, n);
-}
+GRADACCUM_VECTOR_CLONES void gelu_forward(const float* x, float* y, int64_t n) { forward_range(x, y, n); }
 GRADACCUM_VECTOR_CLONES void gelu_forward(const c10::BFloat16* x, c10::BFloat16* y, int64_t n) {
   forward_range(x, y, n);
 }
-GRADACCUM_VECTOR_CLONES void gelu_backward(const float* x, const float* grad_y, float* grad_x,
-                                           int64_t n) {
+GRADACCUM_VECTOR_CLONES void gelu_backward(const float* x, const float* grad_y, float* grad_x, int64_t n) {
   backward_range(x, grad_y, grad_x, n);
 }
-GRADACCUM_VECTOR_CLONES void gelu_backward(const c10::BFloat16* x, const c10::BFloat16* grad_y,
-                                           c10::BFloat16* grad_x, int64_t n) {
+GRADACCUM_VECTOR_CLONES void gelu_backward(const c10::BFloat16* x, const c10::BFloat16* grad_y, c10::BFloat16* grad_x,
+                                           int64_t n) {
   backward_range(x, grad_y, grad_x, n);
 }
 
@@ -76,9 +72,8 @@ template <typename T>
 void parallel_forward(const torch::Tensor& x, torch::Tensor& y) {
   const T* in = x.data_ptr<T>();
   T* out = y.data_ptr<T>();
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    gelu_forward(in + begin, out + begin, end - begin);
-  });
+  at::parallel_for(0, x.numel(), kGrain,
+                   [&](int64_t begin, int64_t end) { gelu_forward(in + begin, out + begin, end - begin); });
 }
 
 template <typename T>
@@ -86,9 +81,8 @@ void parallel_backward(const torch::Tensor& x, const torch::Tensor& grad_y, torc
   const T* in = x.data_ptr<T>();
   const T* gy = grad_y.data_ptr<T>();
   T* gx = grad_x.data_ptr<T>();
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    gelu_backward(in + begin, gy + begin, gx + begin, end - begin);
-  });
+  at::parallel_for(0, x.numel(), kGrain,
+                   [&](int64_t begin, int64_t end) { gelu_backward(in + begin, gy + begin, gx + begin, end - begin); });
 }
 
 class FusedGeluTanh : public torch::autograd::Function<FusedGeluTanh> {

@@ -16,13 +16,11 @@ namespace gradaccum::models {
 
 namespace {
 torch::nn::LayerNorm layer_norm(const Gpt2Config& config) {
-  return torch::nn::LayerNorm(
-      torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon));
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon));
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // HF's GPT2PreTrainedModel._init_weights: weights N(0, initializer_range),
@@ -63,8 +61,7 @@ torch::Tensor gpt2_position_ids(const torch::Tensor& attention_mask) {
 Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& config, int64_t layer) : n_head_(config.n_head) {
   c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
-  attn_dropout =
-      register_module("attn_dropout", SampleDropout(config.attn_pdrop, 3 * layer + 1, config.dropout_rng));
+  attn_dropout = register_module("attn_dropout", SampleDropout(config.attn_pdrop, 3 * layer + 1, config.dropout_rng));
   resid_dropout =
       register_module("resid_dropout", SampleDropout(config.resid_pdrop, 3 * layer + 2, config.dropout_rng));
 }
@@ -74,7 +71,7 @@ torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, const torch::Te
   // Dropout on the probabilities needs them as a tensor: the libtorch expression then.
   const auto y = attn_dropout->p() > 0.0 && is_training()
                      ? qkv_attention_transformed(qkv, n_head_, allowed,
-                                               [this](const torch::Tensor& p) { return attn_dropout->forward(p); })
+                                                 [this](const torch::Tensor& p) { return attn_dropout->forward(p); })
                      : qkv_attention(qkv, n_head_, allowed);
   return resid_dropout->forward(linear(c_proj, y));
 }
@@ -102,13 +99,13 @@ torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& x, const torch::Tensor
 }
 
 Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& config) : config_(config) {
-  GA_CHECK(config.vocab_size > 0 && config.n_positions > 0 && config.n_embd > 0 &&
-               config.n_layer >= 0 && config.n_head > 0,
-           "GPT-2 config: vocab_size {}, n_positions {}, n_embd {}, n_head {} must be positive "
-           "and n_layer {} not negative",
-           config.vocab_size, config.n_positions, config.n_embd, config.n_head, config.n_layer);
-  GA_CHECK(config.n_embd % config.n_head == 0, "GPT-2 config: n_embd {} is not divisible by n_head {}",
-           config.n_embd, config.n_head);
+  GA_CHECK(
+      config.vocab_size > 0 && config.n_positions > 0 && config.n_embd > 0 && config.n_layer >= 0 && config.n_head > 0,
+      "GPT-2 config: vocab_size {}, n_positions {}, n_embd {}, n_head {} must be positive "
+      "and n_layer {} not negative",
+      config.vocab_size, config.n_positions, config.n_embd, config.n_head, config.n_layer);
+  GA_CHECK(config.n_embd % config.n_head == 0, "GPT-2 config: n_embd {} is not divisible by n_head {}", config.n_embd,
+           config.n_head);
   wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
   wpe = register_module("wpe", torch::nn::Embedding(config.n_positions, config.n_embd));
   drop = register_module("drop", SampleDropout(config.embd_pdrop, 0, config.dropout_rng));
@@ -118,34 +115,28 @@ Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& config) : config_(config) {
   init_weights(*this, config);
 }
 
-torch::Tensor Gpt2ModelImpl::forward(const torch::Tensor& input_ids,
-                                     const torch::Tensor& attention_mask) {
+torch::Tensor Gpt2ModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
   return hidden_states(input_ids, attention_mask, TokenEmbeddingGrad::dense);
 }
 
-torch::Tensor Gpt2ModelImpl::hidden_states(const torch::Tensor& input_ids,
-                                           const torch::Tensor& attention_mask,
+torch::Tensor Gpt2ModelImpl::hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                            TokenEmbeddingGrad embedding_grad) {
-  check_decoder_inputs("GPT-2", input_ids, attention_mask, config_.vocab_size,
-                       config_.n_positions);
+  check_decoder_inputs("GPT-2", input_ids, attention_mask, config_.vocab_size, config_.n_positions);
   const int64_t time = input_ids.size(1);
   // [B or 1, 1, T, T]: query t may attend key s
   auto allowed = causal_attention_allowed(input_ids, attention_mask);
   // [B or 1, T]
-  auto positions = attention_mask.defined()
-                       ? gpt2_position_ids(attention_mask)
-                       : torch::arange(time, torch::TensorOptions()
-                                                 .dtype(torch::kLong)
-                                                 .device(input_ids.device()))
-                             .unsqueeze(0);
+  auto positions =
+      attention_mask.defined()
+          ? gpt2_position_ids(attention_mask)
+          : torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())).unsqueeze(0);
   auto x = drop->forward(lookup_tokens(wte->weight, input_ids, embedding_grad) + wpe->forward(positions));
   const bool checkpointed = checkpoint_blocks();
   for (const auto& module : *h) {
     auto block = std::static_pointer_cast<Gpt2BlockImpl>(module);
     if (checkpointed) {
-      x = checkpoint(
-          [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1]); },
-          {x, allowed}, block->parameters());
+      x = checkpoint([block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1]); },
+                     {x, allowed}, block->parameters());
     } else {
       x = block->forward(x, allowed);
     }

@@ -40,30 +40,23 @@ const ArchitectureRules& rules_for(const std::string& architecture) {
       "transformer.wte.weight",
       {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"},
       {".attn.bias", ".attn.masked_bias"}};
-  static const ArchitectureRules bloom{
-      "transformer.", "lm_head.weight", "transformer.word_embeddings.weight", {}, {}};
+  static const ArchitectureRules bloom{"transformer.", "lm_head.weight", "transformer.word_embeddings.weight", {}, {}};
   if (architecture == "gpt2") return gpt2;
   if (architecture == "bloom") return bloom;
-  throw Error(fmt::format("HF checkpoint: unknown architecture \"{}\" (expected gpt2 or bloom)",
-                          architecture));
+  throw Error(fmt::format("HF checkpoint: unknown architecture \"{}\" (expected gpt2 or bloom)", architecture));
 }
 
 bool has_suffix(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-bool has_prefix(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
+bool has_prefix(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
 bool is_transposed(const ArchitectureRules& rules, const std::string& name) {
   return std::any_of(rules.transposed.begin(), rules.transposed.end(),
                      [&](const std::string& suffix) { return has_suffix(name, suffix); });
 }
 
-std::string shape_string(torch::IntArrayRef sizes) {
-  return fmt::format("[{}]", fmt::join(sizes, ", "));
-}
+std::string shape_string(torch::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
 
 // The parameters of `module`, split into the ones that own their tensor and
 // the ones that are the same tensor as an earlier one (a tied head registered
@@ -81,8 +74,7 @@ ModuleParameters module_parameters(torch::nn::Module& module) {
     std::string earlier;
     for (const auto& name : result.order) {
       const auto& other = result.own.at(name);
-      if (tensor.numel() > 0 && other.data_ptr() == tensor.data_ptr() &&
-          other.sizes() == tensor.sizes())
+      if (tensor.numel() > 0 && other.data_ptr() == tensor.data_ptr() && other.sizes() == tensor.sizes())
         earlier = name;
     }
     if (!earlier.empty()) {
@@ -97,11 +89,8 @@ ModuleParameters module_parameters(torch::nn::Module& module) {
 
 // A module's parameter name for checkpoint tensor `name`, with or without the
 // backbone prefix; empty when there is none.
-std::string parameter_name(const ModuleParameters& params, const ArchitectureRules& rules,
-                           const std::string& name) {
-  auto known = [&](const std::string& n) {
-    return params.own.count(n) > 0 || params.alias_of.count(n) > 0;
-  };
+std::string parameter_name(const ModuleParameters& params, const ArchitectureRules& rules, const std::string& name) {
+  auto known = [&](const std::string& n) { return params.own.count(n) > 0 || params.alias_of.count(n) > 0; };
   if (known(name)) return name;
   if (known(rules.base_prefix + name)) return rules.base_prefix + name;
   if (has_prefix(name, rules.base_prefix) && known(name.substr(rules.base_prefix.size())))
@@ -114,12 +103,10 @@ const nlohmann::json* field(const nlohmann::json& config, const char* key) {
   return it == config.end() ? nullptr : &*it;
 }
 
-int64_t required_positive_int(const nlohmann::json& config, const char* key,
-                              const std::string& what) {
+int64_t required_positive_int(const nlohmann::json& config, const char* key, const std::string& what) {
   const auto* value = field(config, key);
   GA_CHECK(value != nullptr, "{}: config.json has no \"{}\"", what, key);
-  GA_CHECK(value->is_number_integer(), "{}: config.json \"{}\" must be an integer, got {}", what,
-           key, value->dump());
+  GA_CHECK(value->is_number_integer(), "{}: config.json \"{}\" must be an integer, got {}", what, key, value->dump());
   const auto n = value->get<int64_t>();
   GA_CHECK(n > 0, "{}: config.json \"{}\" must be positive, got {}", what, key, n);
   return n;
@@ -137,8 +124,7 @@ double optional_positive_number(const nlohmann::json& config, const char* key, d
                                 const std::string& what) {
   const auto* value = field(config, key);
   if (value == nullptr) return fallback;
-  GA_CHECK(value->is_number(), "{}: config.json \"{}\" must be a number, got {}", what, key,
-           value->dump());
+  GA_CHECK(value->is_number(), "{}: config.json \"{}\" must be a number, got {}", what, key, value->dump());
   const auto x = value->get<double>();
   GA_CHECK(x > 0, "{}: config.json \"{}\" must be positive, got {}", what, key, x);
   return x;
@@ -164,8 +150,7 @@ bool optional_bool(const nlohmann::json& config, const char* key, bool fallback,
 void require_if_present(const nlohmann::json& config, const char* key, const nlohmann::json& only,
                         const std::string& what) {
   const auto* value = field(config, key);
-  GA_CHECK(value == nullptr || *value == only,
-           "{}: config.json \"{}\" is {}; this model supports only {}", what, key,
+  GA_CHECK(value == nullptr || *value == only, "{}: config.json \"{}\" is {}; this model supports only {}", what, key,
            value ? value->dump() : "", only.dump());
 }
 
@@ -216,11 +201,9 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
   std::error_code ec;
   fs::create_directories(parent, ec);
   fs::remove_all(staging, ec);  // a leftover of an earlier crash of this pid
-  GA_CHECK(fs::create_directory(staging, ec), "{}: cannot create {}: {}", dir, staging.string(),
-           ec.message());
+  GA_CHECK(fs::create_directory(staging, ec), "{}: cannot create {}: {}", dir, staging.string(), ec.message());
   try {
-    formats::write_file_atomically_fsync((staging / "config.json").string(),
-                                    checkpoint.config.dump(2) + "\n");
+    formats::write_file_atomically_fsync((staging / "config.json").string(), checkpoint.config.dump(2) + "\n");
     formats::save_safetensors((staging / "model.safetensors").string(), checkpoint.tensors);
     formats::fsync_directory(staging.string());
     if (fs::exists(target)) {
@@ -232,8 +215,8 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
       } else {
         const fs::path old = target.string() + ".old-" + std::to_string(::getpid());
         fs::remove_all(old, ec);
-        GA_CHECK(std::rename(target.c_str(), old.c_str()) == 0,
-                 "{}: cannot move the old checkpoint aside to {}", dir, old.string());
+        GA_CHECK(std::rename(target.c_str(), old.c_str()) == 0, "{}: cannot move the old checkpoint aside to {}", dir,
+                 old.string());
         if (std::rename(staging.c_str(), target.c_str()) != 0) {
           std::rename(old.c_str(), target.c_str());
           throw Error(fmt::format("{}: cannot rename {} to it", dir, staging.string()));
@@ -241,8 +224,7 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
         fs::remove_all(old, ec);
       }
     } else {
-      GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it", dir,
-               staging.string());
+      GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it", dir, staging.string());
     }
     formats::fsync_directory(parent.string());
   } catch (...) {
@@ -251,8 +233,7 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
   }
 }
 
-void load_hf_tensors(torch::nn::Module& module,
-                     const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+void load_hf_tensors(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                      const std::string& architecture, const std::string& what,
                      const std::vector<std::string>& may_be_missing) {
   const auto& rules = rules_for(architecture);
@@ -268,41 +249,34 @@ void load_hf_tensors(torch::nn::Module& module,
       const std::string head_source = parameter_name(params, rules, rules.tied_to);
       if (name == rules.tied_head && !head_source.empty()) {
         // A tied head HF saved anyway: it must at least fit the embedding.
-        const auto& source = params.own.count(head_source)
-                                 ? params.own.at(head_source)
-                                 : params.own.at(params.alias_of.at(head_source));
-        GA_CHECK(tensor.sizes() == source.sizes(),
-                 "{}: tensor {}: shape {} does not match the tied {} {}", what, name,
+        const auto& source =
+            params.own.count(head_source) ? params.own.at(head_source) : params.own.at(params.alias_of.at(head_source));
+        GA_CHECK(tensor.sizes() == source.sizes(), "{}: tensor {}: shape {} does not match the tied {} {}", what, name,
                  shape_string(tensor.sizes()), head_source, shape_string(source.sizes()));
         continue;
       }
       const bool ignored = std::any_of(rules.ignored.begin(), rules.ignored.end(),
                                        [&](const std::string& s) { return has_suffix(name, s); });
       if (ignored) continue;
-      throw Error(fmt::format("{}: unexpected tensor {}: the {} model has no such parameter", what,
-                              name, architecture));
+      throw Error(
+          fmt::format("{}: unexpected tensor {}: the {} model has no such parameter", what, name, architecture));
     }
     if (params.alias_of.count(target)) {
       const auto& source = params.own.at(params.alias_of.at(target));
-      GA_CHECK(tensor.sizes() == source.sizes(),
-               "{}: tensor {}: shape {} does not match the tied {} {}", what, name,
-               shape_string(tensor.sizes()), params.alias_of.at(target),
-               shape_string(source.sizes()));
+      GA_CHECK(tensor.sizes() == source.sizes(), "{}: tensor {}: shape {} does not match the tied {} {}", what, name,
+               shape_string(tensor.sizes()), params.alias_of.at(target), shape_string(source.sizes()));
       continue;
     }
     const auto& param = params.own.at(target);
     std::vector<int64_t> expected = param.sizes().vec();
     if (is_transposed(rules, target)) std::reverse(expected.begin(), expected.end());
-    GA_CHECK(tensor.sizes() == torch::IntArrayRef(expected),
-             "{}: tensor {}: shape {} does not match the model's {}{}", what, name,
-             shape_string(tensor.sizes()), shape_string(expected),
+    GA_CHECK(tensor.sizes() == torch::IntArrayRef(expected), "{}: tensor {}: shape {} does not match the model's {}{}",
+             what, name, shape_string(tensor.sizes()), shape_string(expected),
              is_transposed(rules, target) ? " (HF Conv1D layout [in, out])" : "");
-    GA_CHECK(tensor.is_floating_point() || !param.is_floating_point(),
-             "{}: tensor {}: dtype {} is not floating point", what, name,
-             c10::toString(tensor.scalar_type()));
+    GA_CHECK(tensor.is_floating_point() || !param.is_floating_point(), "{}: tensor {}: dtype {} is not floating point",
+             what, name, c10::toString(tensor.scalar_type()));
     auto [it, inserted] = assigned.emplace(target, std::make_pair(name, tensor));
-    GA_CHECK(inserted, "{}: tensors {} and {} both hold parameter {}", what, it->second.first, name,
-             target);
+    GA_CHECK(inserted, "{}: tensors {} and {} both hold parameter {}", what, it->second.first, name, target);
   }
 
   std::vector<std::string> missing;
@@ -312,9 +286,8 @@ void load_hf_tensors(torch::nn::Module& module,
       missing.push_back(name);
   }
   if (!missing.empty()) {
-    throw Error(fmt::format(
-        "{}: missing tensor {}{}", what, missing.front(),
-        missing.size() > 1 ? fmt::format(" (and {} more)", missing.size() - 1) : std::string()));
+    throw Error(fmt::format("{}: missing tensor {}{}", what, missing.front(),
+                            missing.size() > 1 ? fmt::format(" (and {} more)", missing.size() - 1) : std::string()));
   }
 
   torch::NoGradGuard no_grad;
@@ -355,11 +328,10 @@ std::string hf_model_type(const nlohmann::json& config, const std::string& what)
   GA_CHECK(config.is_object(), "{}: config.json is not a JSON object", what);
   const auto* type = field(config, "model_type");
   GA_CHECK(type != nullptr, "{}: config.json has no \"model_type\"", what);
-  GA_CHECK(type->is_string(), "{}: config.json \"model_type\" must be a string, got {}", what,
-           type->dump());
+  GA_CHECK(type->is_string(), "{}: config.json \"model_type\" must be a string, got {}", what, type->dump());
   const auto name = type->get<std::string>();
-  GA_CHECK(name == "gpt2" || name == "bloom",
-           "{}: config.json \"model_type\" is \"{}\"; supported: gpt2, bloom", what, name);
+  GA_CHECK(name == "gpt2" || name == "bloom", "{}: config.json \"model_type\" is \"{}\"; supported: gpt2, bloom", what,
+           name);
   return name;
 }
 
@@ -367,16 +339,13 @@ int64_t hf_num_labels(const nlohmann::json& config, const std::string& what) {
   GA_CHECK(config.is_object(), "{}: config.json is not a JSON object", what);
   const auto* architectures = field(config, "architectures");
   if (architectures == nullptr || architectures->is_null()) return 0;
-  GA_CHECK(
-      architectures->is_array() && architectures->size() == 1 && (*architectures)[0].is_string(),
-      "{}: config.json \"architectures\" must be a list of one class name, got {}", what,
-      architectures->dump());
+  GA_CHECK(architectures->is_array() && architectures->size() == 1 && (*architectures)[0].is_string(),
+           "{}: config.json \"architectures\" must be a list of one class name, got {}", what, architectures->dump());
   const auto name = (*architectures)[0].get<std::string>();
   if (!has_suffix(name, "ForSequenceClassification")) return 0;
   if (const auto* id2label = field(config, "id2label")) {
     GA_CHECK(id2label->is_object() && !id2label->empty(),
-             "{}: config.json \"id2label\" must be a non-empty object, got {}", what,
-             id2label->dump());
+             "{}: config.json \"id2label\" must be a non-empty object, got {}", what, id2label->dump());
     return static_cast<int64_t>(id2label->size());
   }
   if (field(config, "num_labels")) return required_positive_int(config, "num_labels", what);
@@ -415,8 +384,7 @@ nlohmann::json gpt2_hf_config(const Gpt2Config& config, int64_t num_labels) {
 }
 
 Gpt2Config gpt2_config_from_hf(const nlohmann::json& config, const std::string& what) {
-  GA_CHECK(hf_model_type(config, what) == "gpt2",
-           "{}: config.json \"model_type\" is \"{}\", not \"gpt2\"", what,
+  GA_CHECK(hf_model_type(config, what) == "gpt2", "{}: config.json \"model_type\" is \"{}\", not \"gpt2\"", what,
            config["model_type"].get<std::string>());
   Gpt2Config c;
   c.vocab_size = required_positive_int(config, "vocab_size", what);
@@ -424,8 +392,7 @@ Gpt2Config gpt2_config_from_hf(const nlohmann::json& config, const std::string& 
   c.n_embd = required_positive_int(config, "n_embd", what);
   c.n_layer = required_positive_int(config, "n_layer", what);
   c.n_head = required_positive_int(config, "n_head", what);
-  GA_CHECK(c.n_embd % c.n_head == 0,
-           "{}: config.json \"n_embd\" {} is not divisible by \"n_head\" {}", what, c.n_embd,
+  GA_CHECK(c.n_embd % c.n_head == 0, "{}: config.json \"n_embd\" {} is not divisible by \"n_head\" {}", what, c.n_embd,
            c.n_head);
   c.layer_norm_epsilon = optional_positive_number(config, "layer_norm_epsilon", 1e-5, what);
   c.initializer_range = optional_positive_number(config, "initializer_range", 0.02, what);
@@ -434,13 +401,12 @@ Gpt2Config gpt2_config_from_hf(const nlohmann::json& config, const std::string& 
   // gelu_pytorch_tanh is the same function as gelu_new (the tanh approximation).
   if (const auto* act = field(config, "activation_function")) {
     GA_CHECK(*act == "gelu_new" || *act == "gelu_pytorch_tanh",
-             "{}: config.json \"activation_function\" is {}; this model supports only \"gelu_new\"",
-             what, act->dump());
+             "{}: config.json \"activation_function\" is {}; this model supports only \"gelu_new\"", what, act->dump());
   }
   if (const auto* inner = field(config, "n_inner"); inner != nullptr && !inner->is_null()) {
     GA_CHECK(*inner == 4 * c.n_embd,
-             "{}: config.json \"n_inner\" is {}; this model supports only null or 4 * n_embd = {}",
-             what, inner->dump(), 4 * c.n_embd);
+             "{}: config.json \"n_inner\" is {}; this model supports only null or 4 * n_embd = {}", what, inner->dump(),
+             4 * c.n_embd);
   }
   c.tie_word_embeddings = optional_bool(config, "tie_word_embeddings", true, what);
   // HF's GPT2Config defaults when absent.
@@ -482,16 +448,14 @@ nlohmann::json bloom_hf_config(const BloomConfig& config, int64_t num_labels) {
 }
 
 BloomConfig bloom_config_from_hf(const nlohmann::json& config, const std::string& what) {
-  GA_CHECK(hf_model_type(config, what) == "bloom",
-           "{}: config.json \"model_type\" is \"{}\", not \"bloom\"", what,
+  GA_CHECK(hf_model_type(config, what) == "bloom", "{}: config.json \"model_type\" is \"{}\", not \"bloom\"", what,
            config["model_type"].get<std::string>());
   BloomConfig c;
   c.vocab_size = required_positive_int(config, "vocab_size", what);
   c.hidden_size = required_positive_int(config, {"hidden_size", "n_embed"}, what);
   c.n_layer = required_positive_int(config, {"n_layer", "num_hidden_layers"}, what);
   c.n_head = required_positive_int(config, {"n_head", "num_attention_heads"}, what);
-  GA_CHECK(c.hidden_size % c.n_head == 0,
-           "{}: config.json \"hidden_size\" {} is not divisible by \"n_head\" {}", what,
+  GA_CHECK(c.hidden_size % c.n_head == 0, "{}: config.json \"hidden_size\" {} is not divisible by \"n_head\" {}", what,
            c.hidden_size, c.n_head);
   c.layer_norm_epsilon = optional_positive_number(config, "layer_norm_epsilon", 1e-5, what);
   c.initializer_range = optional_positive_number(config, "initializer_range", 0.02, what);

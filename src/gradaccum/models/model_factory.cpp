@@ -17,9 +17,10 @@ NormKind checked_image_config(const ModelConfig& config) {
   GA_CHECK(config.type == "cnn" || config.dropout == 0.0,
            "key 'model.dropout': only the cnn has a dropout site, not the {}", config.type);
   check_dropout_probability("model.dropout", config.dropout);
-  for (const auto& [key, value] : {std::pair{"resid_pdrop", config.resid_pdrop}, std::pair{"embd_pdrop", config.embd_pdrop},
-                                   std::pair{"attn_pdrop", config.attn_pdrop}, std::pair{"hidden_dropout", config.hidden_dropout},
-                                   std::pair{"attention_dropout", config.attention_dropout}}) {
+  for (const auto& [key, value] :
+       {std::pair{"resid_pdrop", config.resid_pdrop}, std::pair{"embd_pdrop", config.embd_pdrop},
+        std::pair{"attn_pdrop", config.attn_pdrop}, std::pair{"hidden_dropout", config.hidden_dropout},
+        std::pair{"attention_dropout", config.attention_dropout}}) {
     GA_CHECK(value == -1, "key 'model.{}': a language model's dropout; the {} takes model.dropout", key, config.type);
   }
   return norm;

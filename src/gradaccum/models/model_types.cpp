@@ -24,9 +24,7 @@ const std::vector<ModelType>& model_types() {
       {"cnn", ModelFamily::image, "1 to 4 conv blocks (model.channels) and a dense layer (model.hidden[0])",
        [](const ModelConfig& c, const ModelInputs& in) { return image_model(make_cnn(c, in.classes), in.classes); }},
       {"resnet", ModelFamily::image, "residual blocks of model.channels widths",
-       [](const ModelConfig& c, const ModelInputs& in) {
-         return image_model(make_resnet(c, in.classes), in.classes);
-       }},
+       [](const ModelConfig& c, const ModelInputs& in) { return image_model(make_resnet(c, in.classes), in.classes); }},
       {"gpt2", ModelFamily::language, "GPT-2 (HF GPT2LMHeadModel / GPT2ForSequenceClassification)",
        [](const ModelConfig& c, const ModelInputs& in) {
          return make_gpt2(c, in.vocab_size, in.num_labels, in.init_seed);

@@ -23,8 +23,7 @@ std::vector<std::pair<std::string, torch::Tensor>> module_tensors(torch::nn::Mod
   return all;
 }
 
-void load_module_tensors(torch::nn::Module& module,
-                         const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+void load_module_tensors(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                          const std::string& what) {
   std::map<std::string, torch::Tensor> given;
   for (const auto& [name, t] : tensors) {
@@ -34,8 +33,8 @@ void load_module_tensors(torch::nn::Module& module,
   for (const auto& [name, target] : targets) {
     auto it = given.find(name);
     GA_CHECK(it != given.end(), "{}: tensor '{}' is missing", what, name);
-    GA_CHECK(it->second.sizes() == target.sizes(), "{}: tensor '{}' has shape {}, the model expects {}",
-             what, name, fmt::format("[{}]", fmt::join(it->second.sizes(), ", ")),
+    GA_CHECK(it->second.sizes() == target.sizes(), "{}: tensor '{}' has shape {}, the model expects {}", what, name,
+             fmt::format("[{}]", fmt::join(it->second.sizes(), ", ")),
              fmt::format("[{}]", fmt::join(target.sizes(), ", ")));
     given.erase(it);
   }

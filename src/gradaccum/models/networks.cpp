@@ -18,8 +18,8 @@ nn::Sequential seed000_sequential_mlp(bool batch_norm) {
   return net;
 }
 
-nn::Sequential image_mlp(int64_t in_features, const std::vector<int64_t>& hidden, int64_t classes,
-                         NormKind norm, int64_t groups) {
+nn::Sequential image_mlp(int64_t in_features, const std::vector<int64_t>& hidden, int64_t classes, NormKind norm,
+                         int64_t groups) {
   nn::Sequential net;
   net->push_back("flatten", nn::Flatten());
   int64_t width = in_features;
@@ -35,8 +35,8 @@ nn::Sequential image_mlp(int64_t in_features, const std::vector<int64_t>& hidden
   return net;
 }
 
-nn::Sequential small_cnn(const std::vector<int64_t>& channels, int64_t hidden, int64_t classes,
-                         NormKind norm, int64_t groups, double dropout, DropoutRng dropout_rng) {
+nn::Sequential small_cnn(const std::vector<int64_t>& channels, int64_t hidden, int64_t classes, NormKind norm,
+                         int64_t groups, double dropout, DropoutRng dropout_rng) {
   nn::Sequential net;
   int64_t in = 1;
   int64_t side = 28;
@@ -89,8 +89,7 @@ class BasicBlockImpl : public nn::Module {
 TORCH_MODULE(BasicBlock);
 }  // namespace
 
-nn::Sequential small_resnet(const std::vector<int64_t>& channels, int64_t classes, NormKind norm,
-                            int64_t groups) {
+nn::Sequential small_resnet(const std::vector<int64_t>& channels, int64_t classes, NormKind norm, int64_t groups) {
   nn::Sequential net;
   const int64_t stem = channels.empty() ? 16 : channels.front();
   net->push_back("stem", nn::Conv2d(nn::Conv2dOptions(1, stem, 3).padding(1).bias(norm == NormKind::none)));

@@ -16,18 +16,20 @@ NormKind parse_norm_kind(const std::string& name) {
 
 std::string to_string(NormKind kind) {
   switch (kind) {
-    case NormKind::batch: return "batch";
-    case NormKind::group: return "group";
-    case NormKind::layer: return "layer";
-    case NormKind::none: return "none";
+    case NormKind::batch:
+      return "batch";
+    case NormKind::group:
+      return "group";
+    case NormKind::layer:
+      return "layer";
+    case NormKind::none:
+      return "none";
   }
   return "?";
 }
 
 namespace {
-int64_t dividing_groups(int64_t channels, int64_t groups) {
-  return std::gcd(channels, std::max<int64_t>(1, groups));
-}
+int64_t dividing_groups(int64_t channels, int64_t groups) { return std::gcd(channels, std::max<int64_t>(1, groups)); }
 
 // GroupNorm and LayerNorm that normalize in their parameters' dtype. CUDA
 // autocast runs these norms in float32; CPU autocast in libtorch 1.13 leaves
@@ -55,27 +57,30 @@ TORCH_MODULE(LayerNormInParamDtype);
 
 torch::nn::AnyModule make_norm2d(NormKind kind, int64_t channels, int64_t groups) {
   switch (kind) {
-    case NormKind::batch: return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
+    case NormKind::batch:
+      return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
     case NormKind::group:
       return torch::nn::AnyModule(
           GroupNormInParamDtype(torch::nn::GroupNormOptions(dividing_groups(channels, groups), channels)));
     case NormKind::layer:
       return torch::nn::AnyModule(GroupNormInParamDtype(torch::nn::GroupNormOptions(1, channels)));
-    case NormKind::none: break;
+    case NormKind::none:
+      break;
   }
   return torch::nn::AnyModule(torch::nn::Identity());
 }
 
 torch::nn::AnyModule make_norm1d(NormKind kind, int64_t features, int64_t groups) {
   switch (kind) {
-    case NormKind::batch: return torch::nn::AnyModule(torch::nn::BatchNorm1d(features));
+    case NormKind::batch:
+      return torch::nn::AnyModule(torch::nn::BatchNorm1d(features));
     case NormKind::group:
-      return torch::nn::AnyModule(GroupNormInParamDtype(
-          torch::nn::GroupNormOptions(dividing_groups(features, groups), features)));
-    case NormKind::layer:
       return torch::nn::AnyModule(
-          LayerNormInParamDtype(torch::nn::LayerNormOptions({features})));
-    case NormKind::none: break;
+          GroupNormInParamDtype(torch::nn::GroupNormOptions(dividing_groups(features, groups), features)));
+    case NormKind::layer:
+      return torch::nn::AnyModule(LayerNormInParamDtype(torch::nn::LayerNormOptions({features})));
+    case NormKind::none:
+      break;
   }
   return torch::nn::AnyModule(torch::nn::Identity());
 }

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/kernels/blas_gemm.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/models/decoder.h"
 #include "gradaccum/models/vector_exp.h"
 
@@ -29,8 +29,7 @@ inline __attribute__((always_inline)) double exp_of(double x) { return std::exp(
 // when every score holds the dtype's lowest value). scale = 1/√D, exact for the
 // usual head sizes (64 = 8²), where it equals the reference's division by √D.
 template <typename T>
-inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed, int64_t keys,
-                                                       T scale) {
+inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed, int64_t keys, T scale) {
   T lane_max[kVectorLanes];
   for (int l = 0; l < kVectorLanes; ++l) lane_max[l] = -std::numeric_limits<T>::infinity();
   int64_t s = 0;
@@ -76,8 +75,7 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed,
 // One row of d/d probabilities in place → d/d scores (before the scaling):
 // p ⊙ (dp − Σ dp ⊙ p) · scale where allowed, 0 elsewhere (masked_fill's gradient).
 template <typename T>
-inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* probs,
-                                                            const T* allowed, int64_t keys,
+inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* probs, const T* allowed, int64_t keys,
                                                             T scale) {
   T lane_dot[kVectorLanes] = {};
   int64_t s = 0;
@@ -93,30 +91,28 @@ inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* pr
 }
 
 // `count` rows of `keys` entries, `stride` apart (the first `keys` of each T-wide row).
-GRADACCUM_VECTOR_CLONES void softmax_rows(float* rows, const float* allowed, int64_t count,
-                                          int64_t keys, int64_t stride, float scale) {
+GRADACCUM_VECTOR_CLONES void softmax_rows(float* rows, const float* allowed, int64_t count, int64_t keys,
+                                          int64_t stride, float scale) {
   for (int64_t t = 0; t < count; ++t) {
     softmax_row(rows + t * stride, allowed + t * stride, keys, scale);
   }
 }
 
-void softmax_rows(double* rows, const double* allowed, int64_t count, int64_t keys, int64_t stride,
-                  double scale) {
+void softmax_rows(double* rows, const double* allowed, int64_t count, int64_t keys, int64_t stride, double scale) {
   for (int64_t t = 0; t < count; ++t) {
     softmax_row(rows + t * stride, allowed + t * stride, keys, scale);
   }
 }
 
-GRADACCUM_VECTOR_CLONES void softmax_grad_rows(float* grad, const float* probs, const float* allowed,
-                                               int64_t count, int64_t keys, int64_t stride,
-                                               float scale) {
+GRADACCUM_VECTOR_CLONES void softmax_grad_rows(float* grad, const float* probs, const float* allowed, int64_t count,
+                                               int64_t keys, int64_t stride, float scale) {
   for (int64_t t = 0; t < count; ++t) {
     softmax_grad_row(grad + t * stride, probs + t * stride, allowed + t * stride, keys, scale);
   }
 }
 
-void softmax_grad_rows(double* grad, const double* probs, const double* allowed, int64_t count,
-                       int64_t keys, int64_t stride, double scale) {
+void softmax_grad_rows(double* grad, const double* probs, const double* allowed, int64_t count, int64_t keys,
+                       int64_t stride, double scale) {
   for (int64_t t = 0; t < count; ++t) {
     softmax_grad_row(grad + t * stride, probs + t * stride, allowed + t * stride, keys, scale);
   }
@@ -180,11 +176,11 @@ void attention_forward(const Layout& s, const T* qkv, const T* allowed, T* probs
       for (int64_t block = 0; block < blocks; ++block) {
         const int64_t r0 = block * kQueryBlock, rows = std::min(kQueryBlock, s.time - r0);
         const int64_t keys = block_keys[static_cast<size_t>(m * blocks + block)];
-        kernels::blas_gemm(false, true, rows, keys, s.head_dim, T(1), q + r0 * s.row(), s.row(), k,
-                      s.row(), T(0), p + r0 * s.time, s.time);  // scores = q kᵀ
+        kernels::blas_gemm(false, true, rows, keys, s.head_dim, T(1), q + r0 * s.row(), s.row(), k, s.row(), T(0),
+                           p + r0 * s.time, s.time);  // scores = q kᵀ
         softmax_rows(p + r0 * s.time, mask + r0 * s.time, rows, keys, s.time, scale);
-        kernels::blas_gemm(false, false, rows, s.head_dim, keys, T(1), p + r0 * s.time, s.time, v,
-                      s.row(), T(0), out + r0 * s.channels, s.channels);  // y = p v
+        kernels::blas_gemm(false, false, rows, s.head_dim, keys, T(1), p + r0 * s.time, s.time, v, s.row(), T(0),
+                           out + r0 * s.channels, s.channels);  // y = p v
       }
     }
   });
@@ -192,8 +188,7 @@ void attention_forward(const Layout& s, const T* qkv, const T* allowed, T* probs
 
 // grad_qkv must hold zeros: d k and d v are summed over the query blocks.
 template <typename T>
-void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T* probs,
-                        const T* grad_y, T* grad_qkv) {
+void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T* probs, const T* grad_y, T* grad_qkv) {
   const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
   const int64_t blocks = query_blocks(s.time);
@@ -218,15 +213,15 @@ void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T
         const T* mask = allowed + m * tt + r0 * s.time;
         T* ds = grad_scores.data() + r0 * s.time;
         const T* dy_rows = dy + r0 * s.channels;
-        kernels::blas_gemm(false, true, rows, keys, s.head_dim, T(1), dy_rows, s.channels, v, s.row(),
-                      T(0), ds, s.time);  // d p = d y vᵀ
-        kernels::blas_gemm(true, false, keys, s.head_dim, rows, T(1), p, s.time, dy_rows, s.channels,
-                      T(1), dv, s.row());  // d v += pᵀ d y
+        kernels::blas_gemm(false, true, rows, keys, s.head_dim, T(1), dy_rows, s.channels, v, s.row(), T(0), ds,
+                           s.time);  // d p = d y vᵀ
+        kernels::blas_gemm(true, false, keys, s.head_dim, rows, T(1), p, s.time, dy_rows, s.channels, T(1), dv,
+                           s.row());  // d v += pᵀ d y
         softmax_grad_rows(ds, p, mask, rows, keys, s.time, scale);
-        kernels::blas_gemm(false, false, rows, s.head_dim, keys, T(1), ds, s.time, k, s.row(), T(0),
-                      dq + r0 * s.row(), s.row());  // d q = d scores k
-        kernels::blas_gemm(true, false, keys, s.head_dim, rows, T(1), ds, s.time, q + r0 * s.row(),
-                      s.row(), T(1), dk, s.row());  // d k += d scoresᵀ q
+        kernels::blas_gemm(false, false, rows, s.head_dim, keys, T(1), ds, s.time, k, s.row(), T(0), dq + r0 * s.row(),
+                           s.row());  // d q = d scores k
+        kernels::blas_gemm(true, false, keys, s.head_dim, rows, T(1), ds, s.time, q + r0 * s.row(), s.row(), T(1), dk,
+                           s.row());  // d k += d scoresᵀ q
       }
     }
   });
@@ -234,16 +229,16 @@ void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T
 
 class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qkv,
-                               const torch::Tensor& allowed, int64_t n_head) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qkv, const torch::Tensor& allowed,
+                               int64_t n_head) {
     const Layout s = layout_of(qkv, n_head, allowed);
     auto y = torch::empty({s.batch, s.time, s.channels}, qkv.options());
     auto probs = torch::empty({s.batch, s.heads, s.time, s.time}, qkv.options());
     // The mask as 1/0 in qkv's dtype, which the row loops multiply and compare with.
     const auto mask = allowed.to(qkv.scalar_type());
     AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qkv_attention", [&] {
-      attention_forward<scalar_t>(s, qkv.data_ptr<scalar_t>(), mask.data_ptr<scalar_t>(),
-                                  probs.data_ptr<scalar_t>(), y.data_ptr<scalar_t>());
+      attention_forward<scalar_t>(s, qkv.data_ptr<scalar_t>(), mask.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(),
+                                  y.data_ptr<scalar_t>());
     });
     ctx->save_for_backward({qkv, mask, probs});
     ctx->saved_data["n_head"] = n_head;
@@ -262,9 +257,8 @@ class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
     const auto grad_y = grad_outputs[0].to(qkv.scalar_type()).contiguous();
     auto grad_qkv = torch::zeros_like(qkv);
     AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qkv_attention_backward", [&] {
-      attention_backward<scalar_t>(s, qkv.data_ptr<scalar_t>(), mask.data_ptr<scalar_t>(),
-                                   probs.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>(),
-                                   grad_qkv.data_ptr<scalar_t>());
+      attention_backward<scalar_t>(s, qkv.data_ptr<scalar_t>(), mask.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(),
+                                   grad_y.data_ptr<scalar_t>(), grad_qkv.data_ptr<scalar_t>());
     });
     return {grad_qkv, torch::Tensor(), torch::Tensor()};
   }
@@ -272,16 +266,15 @@ class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
 
 void check_shapes(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
   GA_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,
-           "qkv_attention: qkv must be [B, T, 3C], got {} dimension(s) with last size {}",
-           qkv.dim(), qkv.dim() > 0 ? qkv.size(-1) : 0);
+           "qkv_attention: qkv must be [B, T, 3C], got {} dimension(s) with last size {}", qkv.dim(),
+           qkv.dim() > 0 ? qkv.size(-1) : 0);
   const int64_t channels = qkv.size(2) / 3;
-  GA_CHECK(n_head > 0 && channels % n_head == 0,
-           "qkv_attention: {} channels are not divisible into {} heads", channels, n_head);
+  GA_CHECK(n_head > 0 && channels % n_head == 0, "qkv_attention: {} channels are not divisible into {} heads", channels,
+           n_head);
   GA_CHECK(allowed.dim() == 4 && allowed.scalar_type() == torch::kBool &&
                (allowed.size(0) == 1 || allowed.size(0) == qkv.size(0)) && allowed.size(1) == 1 &&
                allowed.size(2) == qkv.size(1) && allowed.size(3) == qkv.size(1),
-           "qkv_attention: allowed must be a bool [B or 1, 1, T, T] mask for B = {}, T = {}",
-           qkv.size(0), qkv.size(1));
+           "qkv_attention: allowed must be a bool [B or 1, 1, T, T] mask for B = {}, T = {}", qkv.size(0), qkv.size(1));
 }
 
 }  // namespace
@@ -289,13 +282,11 @@ void check_shapes(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor&
 bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
   const auto dtype = qkv.scalar_type();
   const bool autocast = at::autocast::is_autocast_enabled(at::kCPU);
-  const bool dtype_fuses =
-      autocast ? (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
-                     at::autocast::get_autocast_dtype(at::kCPU) == dtype
-               : dtype == torch::kFloat || dtype == torch::kDouble;
-  return kernels::custom_kernel_enabled(kernels::CustomKernel::qkv_attention) && qkv.is_cpu() &&
-         allowed.is_cpu() && dtype_fuses && qkv.is_contiguous() && allowed.is_contiguous() &&
-         kernels::blas_gemm_available();
+  const bool dtype_fuses = autocast ? (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
+                                          at::autocast::get_autocast_dtype(at::kCPU) == dtype
+                                    : dtype == torch::kFloat || dtype == torch::kDouble;
+  return kernels::custom_kernel_enabled(kernels::CustomKernel::qkv_attention) && qkv.is_cpu() && allowed.is_cpu() &&
+         dtype_fuses && qkv.is_contiguous() && allowed.is_contiguous() && kernels::blas_gemm_available();
 }
 
 namespace {
@@ -304,9 +295,7 @@ namespace {
 std::array<torch::Tensor, 3> split_heads(const torch::Tensor& qkv, int64_t n_head) {
   const int64_t batch = qkv.size(0), time = qkv.size(1), channels = qkv.size(2) / 3;
   const auto parts = qkv.split(channels, /*dim=*/2);
-  auto heads = [&](const torch::Tensor& t) {
-    return t.view({batch, time, n_head, channels / n_head}).transpose(1, 2);
-  };
+  auto heads = [&](const torch::Tensor& t) { return t.view({batch, time, n_head, channels / n_head}).transpose(1, 2); };
   return {heads(parts[0]), heads(parts[1]), heads(parts[2])};
 }
 
@@ -324,17 +313,15 @@ torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const
   // boolean one: a row without any allowed key then attends uniformly (the convention
   // above), where a boolean mask would make it NaN or zero depending on the backend.
   const auto dtype = qkv.scalar_type();
-  const double lowest = dtype == torch::kDouble ? std::numeric_limits<double>::lowest()
-                        : dtype == torch::kBFloat16
-                            ? static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest())
-                        : dtype == torch::kHalf ? static_cast<double>(std::numeric_limits<c10::Half>::lowest())
-                                                : static_cast<double>(std::numeric_limits<float>::lowest());
+  const double lowest = dtype == torch::kDouble     ? std::numeric_limits<double>::lowest()
+                        : dtype == torch::kBFloat16 ? static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest())
+                        : dtype == torch::kHalf     ? static_cast<double>(std::numeric_limits<c10::Half>::lowest())
+                                                    : static_cast<double>(std::numeric_limits<float>::lowest());
   const auto bias = torch::zeros(allowed.sizes(), qkv.options()).masked_fill_(allowed.logical_not(), lowest);
   return merge_heads(at::scaled_dot_product_attention(q, k, v, bias));
 }
 
-torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head,
-                                      const torch::Tensor& allowed) {
+torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
   check_shapes(qkv, n_head, allowed);
   const auto [q, k, v] = split_heads(qkv, n_head);
   const auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
@@ -342,7 +329,7 @@ torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head,
 }
 
 torch::Tensor qkv_attention_transformed(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
-                                      const std::function<torch::Tensor(const torch::Tensor&)>& on_probabilities) {
+                                        const std::function<torch::Tensor(const torch::Tensor&)>& on_probabilities) {
   check_shapes(qkv, n_head, allowed);
   const auto [q, k, v] = split_heads(qkv, n_head);
   const auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));

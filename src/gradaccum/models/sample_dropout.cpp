@@ -46,8 +46,7 @@ void check_dropout_probability(const std::string& key, double p) {
            p);
 }
 
-torch::Tensor per_sample_dropout_scale(const torch::Tensor& x, double p, const core::SampleKeys& keys,
-                                       int64_t site) {
+torch::Tensor per_sample_dropout_scale(const torch::Tensor& x, double p, const core::SampleKeys& keys, int64_t site) {
   const int64_t rows = x.size(0), dims = x.dim() - 1;
   GA_CHECK(keys.ids.defined() && keys.ids.numel() == rows,
            "per-sample dropout: the micro-batch has {} rows and {} sample ids (model.dropout_rng per_sample needs "
@@ -58,13 +57,13 @@ torch::Tensor per_sample_dropout_scale(const torch::Tensor& x, double p, const c
   // Each element's position within its sample, in radix 2^16: independent of the padded length.
   torch::Tensor position = torch::zeros({1}, device_long);
   for (int64_t d = 1; d <= dims; ++d) {
-    GA_CHECK(x.size(d) <= (int64_t{1} << kRadixBits), "per-sample dropout: dimension {} of size {} exceeds 65536",
-             d, x.size(d));
+    GA_CHECK(x.size(d) <= (int64_t{1} << kRadixBits), "per-sample dropout: dimension {} of size {} exceeds 65536", d,
+             x.size(d));
     position = position.unsqueeze(-1) * (int64_t{1} << kRadixBits) + torch::arange(x.size(d), device_long);
   }
   // The row's key: the run, the step and the site mixed on the host, then the sample's index.
-  const uint64_t base = mix(mix(keys.seed ^ (static_cast<uint64_t>(site + 1) * kGolden)) +
-                            static_cast<uint64_t>(keys.step) * kGolden);
+  const uint64_t base =
+      mix(mix(keys.seed ^ (static_cast<uint64_t>(site + 1) * kGolden)) + static_cast<uint64_t>(keys.step) * kGolden);
   std::vector<int64_t> row_shape(static_cast<size_t>(dims + 1), 1);
   row_shape[0] = rows;
   auto row = mix(keys.ids.to(device_long).mul(as_signed(kGolden)).add_(as_signed(base))).view(row_shape);

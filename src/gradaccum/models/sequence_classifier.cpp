@@ -9,23 +9,18 @@ namespace gradaccum::models {
 
 torch::Tensor last_real_token(const torch::Tensor& attention_mask) {
   // The largest position whose mask is nonzero: max over t of t·[mask ≠ 0].
-  auto positions = torch::arange(attention_mask.size(1), torch::TensorOptions()
-                                                             .dtype(torch::kLong)
-                                                             .device(attention_mask.device()));
+  auto positions =
+      torch::arange(attention_mask.size(1), torch::TensorOptions().dtype(torch::kLong).device(attention_mask.device()));
   return (positions.unsqueeze(0) * attention_mask.ne(0).to(torch::kLong)).amax(1);
 }
 
-SequenceClassificationModelImpl::SequenceClassificationModelImpl(Decoder backbone,
-                                                                 int64_t num_labels,
-                                                                 double initializer_range,
-                                                                 uint64_t init_seed)
+SequenceClassificationModelImpl::SequenceClassificationModelImpl(Decoder backbone, int64_t num_labels,
+                                                                 double initializer_range, uint64_t init_seed)
     : num_labels_(num_labels) {
-  GA_CHECK(num_labels > 0, "sequence classifier: num_labels must be positive, got {}",
-           num_labels);
+  GA_CHECK(num_labels > 0, "sequence classifier: num_labels must be positive, got {}", num_labels);
   transformer = register_module("transformer", std::move(backbone));
   score = register_module(
-      "score",
-      torch::nn::Linear(torch::nn::LinearOptions(transformer->hidden_size(), num_labels).bias(false)));
+      "score", torch::nn::Linear(torch::nn::LinearOptions(transformer->hidden_size(), num_labels).bias(false)));
   torch::NoGradGuard no_grad;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(init_seed);
   score->weight.normal_(0.0, initializer_range, generator);
@@ -37,21 +32,17 @@ torch::Tensor SequenceClassificationModelImpl::forward(const torch::Tensor& inpu
   const int64_t rows = hidden.size(0), time = hidden.size(1);
   auto last = attention_mask.defined()
                   ? last_real_token(attention_mask)
-                  : torch::full({rows}, time - 1,
-                                torch::TensorOptions().dtype(torch::kLong).device(hidden.device()));
+                  : torch::full({rows}, time - 1, torch::TensorOptions().dtype(torch::kLong).device(hidden.device()));
   // Score only the pooled states ([B, C]), not every position as HF does.
-  auto pooled = hidden.gather(1, last.view({rows, 1, 1}).expand({rows, 1, hidden.size(2)}))
-                    .squeeze(1);
+  auto pooled = hidden.gather(1, last.view({rows, 1, 1}).expand({rows, 1, hidden.size(2)})).squeeze(1);
   return score->forward(pooled);
 }
 
-torch::Tensor SequenceClassifier::loss_sum(const torch::Tensor& logits,
-                                           const core::Batch& batch) const {
+torch::Tensor SequenceClassifier::loss_sum(const torch::Tensor& logits, const core::Batch& batch) const {
   const auto& labels = batch.target;
   GA_CHECK(labels.defined() && labels.dim() == 1 && labels.size(0) == logits.size(0),
            "sequence classifier: labels must be [{}] (one per row), got {}", logits.size(0),
-           labels.defined() ? fmt::format("{} dims of shape [{}]", labels.dim(),
-                                          fmt::join(labels.sizes(), ", "))
+           labels.defined() ? fmt::format("{} dims of shape [{}]", labels.dim(), fmt::join(labels.sizes(), ", "))
                             : std::string("undefined"));
   GA_CHECK(labels.scalar_type() == torch::kLong, "sequence classifier: labels must be int64, got {}",
            c10::toString(labels.scalar_type()));
@@ -63,22 +54,20 @@ torch::Tensor SequenceClassifier::loss_sum(const torch::Tensor& logits,
              model_->num_labels(), low, high);
   }
   // Summed, not averaged: the engine divides by the window's row count (DESIGN.md §1).
-  return torch::nn::functional::cross_entropy(
-      logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  return torch::nn::functional::cross_entropy(logits, labels,
+                                              torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
 }
 
 core::LossSum SequenceClassifier::loss(const core::Batch& batch) {
   dropout_sites_.set_keys(batch.keys);
   auto logits = model_->forward(batch.input, batch.attention_mask);
-  auto count = torch::scalar_tensor(
-      logits.size(0), torch::TensorOptions().dtype(torch::kLong).device(logits.device()));
+  auto count = torch::scalar_tensor(logits.size(0), torch::TensorOptions().dtype(torch::kLong).device(logits.device()));
   return {loss_sum(logits, batch), count};
 }
 
 core::EvalSums SequenceClassifier::evaluate(const core::Batch& batch) {
   auto logits = model_->forward(batch.input, batch.attention_mask);
-  auto count = torch::scalar_tensor(
-      logits.size(0), torch::TensorOptions().dtype(torch::kLong).device(logits.device()));
+  auto count = torch::scalar_tensor(logits.size(0), torch::TensorOptions().dtype(torch::kLong).device(logits.device()));
   auto correct = logits.argmax(1).eq(batch.target).sum();
   return {loss_sum(logits, batch), count, correct};
 }

@@ -21,8 +21,8 @@ namespace {
 // and the third pass: the row itself for float32, a float32 scratch row for
 // bfloat16 (so that the gradient is rounded to bfloat16 once).
 template <typename Element>
-inline __attribute__((always_inline)) double float_row(Element* x, float* e, int64_t vocab,
-                                                       int64_t target, float weight) {
+inline __attribute__((always_inline)) double float_row(Element* x, float* e, int64_t vocab, int64_t target,
+                                                       float weight) {
   float lane_max[kVectorLanes];
   for (int l = 0; l < kVectorLanes; ++l) lane_max[l] = -std::numeric_limits<float>::infinity();
   int64_t i = 0;
@@ -57,16 +57,15 @@ inline __attribute__((always_inline)) double float_row(Element* x, float* e, int
   const float target_e = e[target];
   for (i = 0; i < vocab; ++i) x[i] = static_cast<Element>(e[i] * scale);
   x[target] = static_cast<Element>(target_e * scale - weight);
-  return static_cast<double>(weight) *
-         (std::log(static_cast<double>(sum)) + static_cast<double>(max) - target_logit);
+  return static_cast<double>(weight) * (std::log(static_cast<double>(sum)) + static_cast<double>(max) - target_logit);
 }
 
 GRADACCUM_VECTOR_CLONES double float32_row(float* x, int64_t vocab, int64_t target, float weight) {
   return float_row(x, x, vocab, target, weight);
 }
 
-GRADACCUM_VECTOR_CLONES double bfloat16_row(c10::BFloat16* x, float* scratch, int64_t vocab,
-                                            int64_t target, float weight) {
+GRADACCUM_VECTOR_CLONES double bfloat16_row(c10::BFloat16* x, float* scratch, int64_t vocab, int64_t target,
+                                            float weight) {
   return float_row(x, scratch, vocab, target, weight);
 }
 
@@ -86,8 +85,7 @@ double float64_row(double* x, int64_t vocab, int64_t target, double weight) {
 }
 
 std::string describe(const torch::Tensor& t) {
-  return fmt::format("{} {} tensor of {} dimension(s){}", t.device().str(),
-                     c10::toString(t.scalar_type()), t.dim(),
+  return fmt::format("{} {} tensor of {} dimension(s){}", t.device().str(), c10::toString(t.scalar_type()), t.dim(),
                      t.is_contiguous() ? "" : ", not contiguous");
 }
 
@@ -99,29 +97,26 @@ bool softmax_cross_entropy_supports(const torch::Tensor& logits) {
          (dtype == torch::kFloat || dtype == torch::kBFloat16 || dtype == torch::kDouble);
 }
 
-double softmax_cross_entropy_(torch::Tensor& logits, const torch::Tensor& targets,
-                              const torch::Tensor& row_weights) {
+double softmax_cross_entropy_(torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& row_weights) {
   GA_CHECK(softmax_cross_entropy_supports(logits),
            "softmax cross-entropy: logits must be a contiguous 2-D float32, bfloat16 or float64 "
            "CPU tensor, got a {}",
            logits.defined() ? describe(logits) : std::string("undefined tensor"));
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  GA_CHECK(targets.defined() && targets.is_cpu() && targets.scalar_type() == torch::kLong &&
-               targets.dim() == 1 && targets.size(0) == rows,
+  GA_CHECK(targets.defined() && targets.is_cpu() && targets.scalar_type() == torch::kLong && targets.dim() == 1 &&
+               targets.size(0) == rows,
            "softmax cross-entropy: targets must be a CPU int64 tensor of {} row(s), got a {}", rows,
            targets.defined() ? describe(targets) : std::string("undefined tensor"));
   const auto target = targets.contiguous();
   const int64_t* target_of = target.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
     GA_CHECK(target_of[r] >= 0 && target_of[r] < vocab,
-             "softmax cross-entropy: target {} of row {} is outside the vocabulary [0, {})",
-             target_of[r], r, vocab);
+             "softmax cross-entropy: target {} of row {} is outside the vocabulary [0, {})", target_of[r], r, vocab);
   }
   torch::Tensor weights;
   if (row_weights.defined()) {
     GA_CHECK(row_weights.is_cpu() && row_weights.dim() == 1 && row_weights.size(0) == rows &&
-                 (row_weights.scalar_type() == torch::kFloat ||
-                  row_weights.scalar_type() == torch::kDouble),
+                 (row_weights.scalar_type() == torch::kFloat || row_weights.scalar_type() == torch::kDouble),
              "softmax cross-entropy: row weights must be a float32 or float64 CPU tensor of {} "
              "row(s), got a {}",
              rows, describe(row_weights));
@@ -145,11 +140,10 @@ double softmax_cross_entropy_(torch::Tensor& logits, const torch::Tensor& target
       } else if (dtype == torch::kDouble) {
         losses[r] = float64_row(logits.data_ptr<double>() + r * vocab, vocab, target_of[r], weight);
       } else if (dtype == torch::kFloat) {
-        losses[r] = float32_row(logits.data_ptr<float>() + r * vocab, vocab, target_of[r],
-                                static_cast<float>(weight));
+        losses[r] = float32_row(logits.data_ptr<float>() + r * vocab, vocab, target_of[r], static_cast<float>(weight));
       } else {
-        losses[r] = bfloat16_row(logits.data_ptr<c10::BFloat16>() + r * vocab, scratch.data(),
-                                 vocab, target_of[r], static_cast<float>(weight));
+        losses[r] = bfloat16_row(logits.data_ptr<c10::BFloat16>() + r * vocab, scratch.data(), vocab, target_of[r],
+                                 static_cast<float>(weight));
       }
     }
   });

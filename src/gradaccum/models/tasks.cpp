@@ -33,11 +33,10 @@ core::LossSum Regressor::loss(const core::Batch& batch) {
   // the autograd engine dominates small models. Shapes that broadcast keep the
   // explicit chain, whose broadcasting mse_loss would only warn about (and
   // mixed dtypes keep it too, for the same promotion).
-  const bool same_shape = prediction.sizes() == batch.target.sizes() &&
-                          prediction.scalar_type() == batch.target.scalar_type();
-  auto sum = same_shape
-                 ? torch::mse_loss(prediction, batch.target, at::Reduction::Sum)
-                 : (prediction - batch.target).square().sum();
+  const bool same_shape =
+      prediction.sizes() == batch.target.sizes() && prediction.scalar_type() == batch.target.scalar_type();
+  auto sum = same_shape ? torch::mse_loss(prediction, batch.target, at::Reduction::Sum)
+                        : (prediction - batch.target).square().sum();
   return {sum, count_tensor(batch.target.numel(), prediction)};
 }
 

@@ -22,8 +22,7 @@
 // the AVX-512 clones vectorize (tests/check_vector_clones.sh checks the AVX2 ones).
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
-#define GRADACCUM_VECTOR_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define GRADACCUM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 #endif
 #ifndef GRADACCUM_VECTOR_CLONES

@@ -26,14 +26,12 @@ void run_fused(FusedBatch& b, const AdamWOptions& options) {
     // The CPU kernel reads each step count with item(): CPU tensors, so no wait (the CUDA
     // kernel reads them on the device).
     GRADACCUM_CPU_HOST_READ_SCOPE();
-    at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
-                      options.lr(), beta1, beta2, options.weight_decay(), options.eps(),
-                      options.amsgrad(), /*maximize=*/false);
+    at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps, options.lr(), beta1,
+                      beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false);
     return;
   }
-  at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
-                    options.lr(), beta1, beta2, options.weight_decay(), options.eps(),
-                    options.amsgrad(), /*maximize=*/false);
+  at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps, options.lr(), beta1,
+                    beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false);
 }
 
 // torch::optim::AdamW's operator sequence at step t, for the tensors the fused op cannot take.
@@ -57,8 +55,7 @@ void update_with_operators(torch::Tensor& p, const torch::Tensor& grad, AdamWPar
 bool all_contiguous(const torch::Tensor& p, const torch::Tensor& grad, AdamWParamState& state,
                     const AdamWOptions& options) {
   return p.is_contiguous() && grad.is_contiguous() && state.exp_avg().is_contiguous() &&
-         state.exp_avg_sq().is_contiguous() &&
-         (!options.amsgrad() || state.max_exp_avg_sq().is_contiguous());
+         state.exp_avg_sq().is_contiguous() && (!options.amsgrad() || state.max_exp_avg_sq().is_contiguous());
 }
 
 }  // namespace

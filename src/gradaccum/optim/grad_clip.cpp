@@ -23,16 +23,13 @@ torch::Tensor global_grad_norm(const std::vector<torch::Tensor>& params) {
   return norm_of(grads);
 }
 
-torch::Tensor global_weight_norm(const std::vector<torch::Tensor>& params) {
-  return norm_of(params);
-}
+torch::Tensor global_weight_norm(const std::vector<torch::Tensor>& params) { return norm_of(params); }
 
 ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
   return clip_grad_norm(params, max_norm, global_grad_norm(params));
 }
 
-ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm,
-                          const torch::Tensor& before) {
+ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm, const torch::Tensor& before) {
   if (max_norm <= 0.0) return {before, before};
   auto coefficient = (max_norm / (before + 1e-6)).clamp_max(1.0);
   torch::Tensor factor;  // `coefficient` as the gradients' device and dtype, converted once

@@ -9,8 +9,7 @@ namespace gradaccum::optim {
 LossScaler::LossScaler(LossScalerOptions options) : options_(options) {
   GA_CHECK(options_.init_scale > 0.0 && std::isfinite(options_.init_scale),
            "loss scaler: initial scale must be a positive finite number, got {}", options_.init_scale);
-  GA_CHECK(options_.growth_factor > 1.0, "loss scaler: growth factor must be > 1, got {}",
-           options_.growth_factor);
+  GA_CHECK(options_.growth_factor > 1.0, "loss scaler: growth factor must be > 1, got {}", options_.growth_factor);
   GA_CHECK(options_.backoff_factor > 0.0 && options_.backoff_factor < 1.0,
            "loss scaler: backoff factor must be in (0, 1), got {}", options_.backoff_factor);
   GA_CHECK(options_.growth_interval >= 1, "loss scaler: growth interval must be >= 1, got {}",
@@ -34,8 +33,7 @@ void LossScaler::update(bool found_inf) {
 
 void LossScaler::restore(const LossScalerState& state) {
   GA_CHECK(state.scale > 0.0 && std::isfinite(state.scale) && state.growth_tracker >= 0,
-           "loss scaler: invalid saved state (scale {}, growth tracker {})", state.scale,
-           state.growth_tracker);
+           "loss scaler: invalid saved state (scale {}, growth tracker {})", state.scale, state.growth_tracker);
   state_ = state;
 }
 

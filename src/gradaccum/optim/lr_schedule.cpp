@@ -11,21 +11,22 @@ ScheduleType parse_schedule_type(const std::string& name) {
   if (name == "constant") return ScheduleType::constant;
   if (name == "linear") return ScheduleType::linear;
   if (name == "cosine") return ScheduleType::cosine;
-  throw Error(fmt::format("lr_scheduler_type: unknown schedule '{}' (constant | linear | cosine)",
-                          name));
+  throw Error(fmt::format("lr_scheduler_type: unknown schedule '{}' (constant | linear | cosine)", name));
 }
 
 std::string to_string(ScheduleType type) {
   switch (type) {
-    case ScheduleType::constant: return "constant";
-    case ScheduleType::linear: return "linear";
-    case ScheduleType::cosine: return "cosine";
+    case ScheduleType::constant:
+      return "constant";
+    case ScheduleType::linear:
+      return "linear";
+    case ScheduleType::cosine:
+      return "cosine";
   }
   return "?";
 }
 
-LrSchedule::LrSchedule(ScheduleType type, double peak_lr, int64_t warmup_steps,
-                       int64_t total_steps)
+LrSchedule::LrSchedule(ScheduleType type, double peak_lr, int64_t warmup_steps, int64_t total_steps)
     : type_(type), peak_lr_(peak_lr), warmup_steps_(warmup_steps), total_steps_(total_steps) {
   GA_CHECK(peak_lr >= 0.0, "learning_rate must be >= 0, got {}", peak_lr);
   GA_CHECK(warmup_steps >= 0, "warmup_steps must be >= 0, got {}", warmup_steps);
@@ -39,9 +40,12 @@ double LrSchedule::at(int64_t step) const {
   const double decay_steps = static_cast<double>(std::max<int64_t>(1, total_steps_ - warmup_steps_));
   const double progress = std::min(1.0, static_cast<double>(step - warmup_steps_) / decay_steps);
   switch (type_) {
-    case ScheduleType::constant: return peak_lr_;
-    case ScheduleType::linear: return peak_lr_ * (1.0 - progress);
-    case ScheduleType::cosine: return peak_lr_ * 0.5 * (1.0 + std::cos(M_PI * progress));
+    case ScheduleType::constant:
+      return peak_lr_;
+    case ScheduleType::linear:
+      return peak_lr_ * (1.0 - progress);
+    case ScheduleType::cosine:
+      return peak_lr_ * 0.5 * (1.0 + std::cos(M_PI * progress));
   }
   return peak_lr_;
 }

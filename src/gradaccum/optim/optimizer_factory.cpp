@@ -19,8 +19,8 @@ Groups group_by_decay(std::vector<torch::Tensor> params, std::vector<bool> decay
   if (decayed.empty()) {
     for (const auto& p : params) decayed.push_back(takes_weight_decay(p));
   }
-  GA_CHECK(decayed.size() == params.size(), "make_optimizer: {} weight-decay flags for {} parameters",
-           decayed.size(), params.size());
+  GA_CHECK(decayed.size() == params.size(), "make_optimizer: {} weight-decay flags for {} parameters", decayed.size(),
+           params.size());
   std::vector<torch::Tensor> with, without;
   for (size_t i = 0; i < params.size(); ++i) (decayed[i] ? with : without).push_back(params[i]);
   Groups out;
@@ -50,8 +50,7 @@ std::unique_ptr<torch::optim::Optimizer> set_weight_decay(std::unique_ptr<torch:
 
 }  // namespace
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec,
-                                                        std::vector<torch::Tensor> params,
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec, std::vector<torch::Tensor> params,
                                                         std::vector<bool> decayed) {
   if (spec.type == "adamw") {
     auto options = torch::optim::AdamWOptions(spec.learning_rate)

@@ -90,8 +90,8 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const NamedParamet
                              ? field == kAdamWFields[0] || field == kAdamWFields[1] || field == kAdamWFields[2]
                              : field == "momentum_buffer";
       GA_CHECK(known, "{}: optimizer state {} is not a field of this optimizer's state", what, key);
-      GA_CHECK(tensor.sizes() == p.sizes(), "{}: optimizer state {} has shape {}, its parameter {}",
-               what, key, fmt::join(tensor.sizes(), "x"), fmt::join(p.sizes(), "x"));
+      GA_CHECK(tensor.sizes() == p.sizes(), "{}: optimizer state {} has shape {}, its parameter {}", what, key,
+               fmt::join(tensor.sizes(), "x"), fmt::join(p.sizes(), "x"));
     }
     by_param[it->second][field] = tensor;
   }

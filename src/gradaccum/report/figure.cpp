@@ -104,8 +104,7 @@ void draw_bars(const std::vector<double>& x, const std::vector<double>& y, size_
 }
 
 void draw_legend(const Panel& panel, const std::vector<PLINT>& colours, bool outside, double scale) {
-  std::vector<PLINT> options, line_colours, line_styles, symbol_numbers, box_colours, box_patterns,
-      text_colours;
+  std::vector<PLINT> options, line_colours, line_styles, symbol_numbers, box_colours, box_patterns, text_colours;
   std::vector<PLFLT> line_widths, symbol_scales, box_scales, box_line_widths;
   std::vector<std::string> texts;
   std::vector<const char*> text_pointers, symbols;
@@ -134,13 +133,13 @@ void draw_legend(const Panel& panel, const std::vector<PLINT>& colours, bool out
   for (const auto& t : texts) text_pointers.push_back(t.c_str());
   PLFLT width = 0, height = 0;
   plschr(0.0, kLegendScale * scale);
-  pllegend(&width, &height, PL_LEGEND_BACKGROUND | PL_LEGEND_BOUNDING_BOX,
-           outside ? (PL_POSITION_RIGHT | PL_POSITION_OUTSIDE) : (PL_POSITION_TOP | PL_POSITION_RIGHT | PL_POSITION_INSIDE),
-           0.01, outside ? 0.0 : 0.01, 0.05, 0, kBlack, 1, 0, 0,
-           static_cast<PLINT>(texts.size()), options.data(), 1.0, kLegendScale * scale, 1.8, 0.0, text_colours.data(),
-           text_pointers.data(), box_colours.data(), box_patterns.data(), box_scales.data(),
-           box_line_widths.data(), line_colours.data(), line_styles.data(), line_widths.data(),
-           line_colours.data(), symbol_scales.data(), symbol_numbers.data(), symbols.data());
+  pllegend(
+      &width, &height, PL_LEGEND_BACKGROUND | PL_LEGEND_BOUNDING_BOX,
+      outside ? (PL_POSITION_RIGHT | PL_POSITION_OUTSIDE) : (PL_POSITION_TOP | PL_POSITION_RIGHT | PL_POSITION_INSIDE),
+      0.01, outside ? 0.0 : 0.01, 0.05, 0, kBlack, 1, 0, 0, static_cast<PLINT>(texts.size()), options.data(), 1.0,
+      kLegendScale * scale, 1.8, 0.0, text_colours.data(), text_pointers.data(), box_colours.data(),
+      box_patterns.data(), box_scales.data(), box_line_widths.data(), line_colours.data(), line_styles.data(),
+      line_widths.data(), line_colours.data(), symbol_scales.data(), symbol_numbers.data(), symbols.data());
   plschr(0.0, 1.0);
 }
 
@@ -183,11 +182,11 @@ void draw_panel(const Panel& panel, double x0, double x1, double y0, double y1, 
   }
   // Beside the panel, never over the data; a lone series needs no legend.
   const bool legend_outside = legend_entries > 1;
-  const double right = legend_outside ? (0.55 * static_cast<double>(longest_label) * kLegendScale + 7.0) * cx : 1.5 * cx;
+  const double right =
+      legend_outside ? (0.55 * static_cast<double>(longest_label) * kLegendScale + 7.0) * cx : 1.5 * cx;
   const double top = ((panel.note.empty() ? 3.2 : 4.4) + (panel.log_y ? 1.0 : 0.0)) * cy;
   plvpor(x0 + 7.5 * cx, x1 - right, y0 + bottom, y1 - top);
-  const Range xw = categorical ? Range{-0.6, static_cast<double>(panel.x_categories.size()) - 0.4}
-                               : xr.padded(0.02);
+  const Range xw = categorical ? Range{-0.6, static_cast<double>(panel.x_categories.size()) - 0.4} : xr.padded(0.02);
   Range yw = yr.padded(0.05);
   if (panel.log_y && !yr.empty()) yw = {std::floor(yr.low - 0.05), std::ceil(yr.high + 0.05)};
   if (has_bars && !panel.log_y) yw.low = std::min(yw.low, 0.0);
@@ -216,13 +215,19 @@ void draw_panel(const Panel& panel, double x0, double x1, double y0, double y1, 
     pllsty(s.style == SeriesStyle::dashed_line ? 3 : 1);
     switch (s.style) {
       case SeriesStyle::line:
-      case SeriesStyle::dashed_line: draw_runs(s.x, ys[k]); break;
-      case SeriesStyle::points: draw_points(s.x, ys[k]); break;
+      case SeriesStyle::dashed_line:
+        draw_runs(s.x, ys[k]);
+        break;
+      case SeriesStyle::points:
+        draw_points(s.x, ys[k]);
+        break;
       case SeriesStyle::line_and_points:
         draw_runs(s.x, ys[k]);
         draw_points(s.x, ys[k]);
         break;
-      case SeriesStyle::bars: draw_bars(s.x, ys[k], bar_index++, bar_count, yw.low); break;
+      case SeriesStyle::bars:
+        draw_bars(s.x, ys[k], bar_index++, bar_count, yw.low);
+        break;
     }
     pllsty(1);
   }
@@ -269,7 +274,7 @@ bool has_pngcairo() {
 }  // namespace
 
 Colour series_colour(size_t index) {
-  static constexpr Colour kPalette[] = {{31, 119, 180}, {255, 127, 14},  {44, 160, 44},  {214, 39, 40},
+  static constexpr Colour kPalette[] = {{31, 119, 180},  {255, 127, 14}, {44, 160, 44},   {214, 39, 40},
                                         {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127},
                                         {188, 189, 34},  {23, 190, 207}};
   return kPalette[index % std::size(kPalette)];
@@ -315,8 +320,8 @@ void write_png(const Figure& figure, const std::string& path) {
     const double row = static_cast<double>(i / static_cast<size_t>(figure.columns));
     const double column = static_cast<double>(i % static_cast<size_t>(figure.columns));
     const double w = 1.0 / figure.columns, h = top / figure.rows;
-    draw_panel(figure.panels[i], column * w, (column + 1) * w, top - (row + 1) * h, top - row * h,
-               xmax_mm - xmin_mm, ymax_mm - ymin_mm, figure.columns > 1 ? 0.8 : 1.0);
+    draw_panel(figure.panels[i], column * w, (column + 1) * w, top - (row + 1) * h, top - row * h, xmax_mm - xmin_mm,
+               ymax_mm - ymin_mm, figure.columns > 1 ? 0.8 : 1.0);
   }
   plend1();
   plsstrm(previous);

@@ -23,11 +23,20 @@ std::string escape(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -111,8 +120,9 @@ void decomposition_section(const RunFiles& run, std::string& html) {
     for (const auto& s : run.steps) items.push_back(s.items);
     const auto [low, high] = std::minmax_element(items.begin(), items.end());
     const double mean = std::accumulate(items.begin(), items.end(), 0.0) / static_cast<double>(items.size());
-    html += fmt::format("<tr><th>{} per window (the loss normalizer)</th><td>mean {}, smallest {}, largest {}</td></tr>\n",
-                        unit, number_text(mean), number_text(*low), number_text(*high));
+    html +=
+        fmt::format("<tr><th>{} per window (the loss normalizer)</th><td>mean {}, smallest {}, largest {}</td></tr>\n",
+                    unit, number_text(mean), number_text(*low), number_text(*high));
     const auto& normalization = run.steps.back().loss_normalization;
     if (!normalization.empty()) {
       html += fmt::format("<tr><th>loss normalization</th><td>{}</td></tr>\n", escape(normalization));
@@ -155,9 +165,9 @@ void accounting_section(const RunFiles& run, std::string& html) {
     }
     const auto& s = run.steps[i];
     html += fmt::format(
-        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
-        s.step, number_text(s.items), s.micro_step_items.size(), list_text(s.micro_step_items),
-        list_text(s.rank_items), escape(s.loss_normalization), number_text(s.loss), number_text(s.grad_norm));
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n", s.step,
+        number_text(s.items), s.micro_step_items.size(), list_text(s.micro_step_items), list_text(s.rank_items),
+        escape(s.loss_normalization), number_text(s.loss), number_text(s.grad_norm));
   }
   html += "</table>\n";
 }
@@ -252,8 +262,7 @@ std::vector<FigureFile> write_report(const RunFiles& run, const std::string& fig
     out.flush();
     GA_CHECK(out.good(), "{}: write failed", temporary);
   }
-  GA_CHECK(std::rename(temporary.c_str(), report_path.c_str()) == 0, "{}: cannot rename to {}", temporary,
-           report_path);
+  GA_CHECK(std::rename(temporary.c_str(), report_path.c_str()) == 0, "{}: cannot rename to {}", temporary, report_path);
   return figures;
 }
 

@@ -72,8 +72,8 @@ Figure lr_figure(const RunFiles& run) {
 Figure grad_norm_figure(const RunFiles& run) {
   Panel p = titled("Gradient norm of each window's normalized gradient", "optimizer step", "L2 norm");
   p.log_y = true;
-  p.series.push_back(series("before clipping", steps_of(run),
-                            column(run, [](const StepPoint& s) { return s.grad_norm; }), 0));
+  p.series.push_back(
+      series("before clipping", steps_of(run), column(run, [](const StepPoint& s) { return s.grad_norm; }), 0));
   p.series.push_back(series("after clipping", steps_of(run),
                             column(run, [](const StepPoint& s) { return s.grad_norm_clipped; }), 1,
                             SeriesStyle::dashed_line));
@@ -105,8 +105,8 @@ Figure window_items_figure(const RunFiles& run) {
   micro.series.push_back(series("smallest micro-step", steps_of(run),
                                 column(run, [&](const StepPoint& s) { return stat(s.micro_step_items, -1); }), 1,
                                 SeriesStyle::dashed_line));
-  micro.series.push_back(series("mean", steps_of(run),
-                                column(run, [&](const StepPoint& s) { return stat(s.micro_step_items, 0); }), 0));
+  micro.series.push_back(
+      series("mean", steps_of(run), column(run, [&](const StepPoint& s) { return stat(s.micro_step_items, 0); }), 0));
   micro.series.push_back(series("largest micro-step", steps_of(run),
                                 column(run, [&](const StepPoint& s) { return stat(s.micro_step_items, 1); }), 2,
                                 SeriesStyle::dashed_line));
@@ -114,10 +114,11 @@ Figure window_items_figure(const RunFiles& run) {
   for (const auto& s : run.steps) ranks = std::max(ranks, s.rank_items.size());
   for (size_t r = 0; r < std::min<size_t>(ranks, 7); ++r) {
     micro.series.push_back(series(fmt::format("rank {} (whole window)", r), steps_of(run),
-                                  column(run, [&](const StepPoint& s) {
-                                    return r < s.rank_items.size() ? s.rank_items[r]
-                                                                   : std::numeric_limits<double>::quiet_NaN();
-                                  }),
+                                  column(run,
+                                         [&](const StepPoint& s) {
+                                           return r < s.rank_items.size() ? s.rank_items[r]
+                                                                          : std::numeric_limits<double>::quiet_NaN();
+                                         }),
                                   3 + r, SeriesStyle::dashed_line));
   }
   f.panels.push_back(std::move(micro));
@@ -142,7 +143,7 @@ Figure grad_flow_figure(const RunFiles& run) {
   f.width = 1600;
   f.height = 1000;
   Panel p = titled("Gradient flow: mean |grad| (solid) and max |grad| (dashed) per parameter tensor", "",
-          "|grad| before clipping");
+                   "|grad| before clipping");
   p.log_y = true;
   const auto& last = run.grad_flow.back();
   // The names without their common dotted prefix ("transformer."), which the note names.
@@ -154,14 +155,15 @@ Figure grad_flow_figure(const RunFiles& run) {
     }
   }
   for (const auto& name : last.names) p.x_categories.push_back(name.substr(prefix));
-  if (prefix > 0) p.note = fmt::format("parameter names without their common prefix \"{}\"", last.names.front().substr(0, prefix));
+  if (prefix > 0)
+    p.note = fmt::format("parameter names without their common prefix \"{}\"", last.names.front().substr(0, prefix));
   std::vector<double> x(last.names.size());
   std::iota(x.begin(), x.end(), 0.0);
   const auto picks = sampled(run.grad_flow.size(), 6);
   for (size_t k = 0; k < picks.size(); ++k) {
     const auto& g = run.grad_flow[picks[k]];
-    GA_CHECK(g.names == last.names, "{}/grad_flow.jsonl: step {} lists other parameters than step {}",
-             run.directory, g.step, last.step);
+    GA_CHECK(g.names == last.names, "{}/grad_flow.jsonl: step {} lists other parameters than step {}", run.directory,
+             g.step, last.step);
     p.series.push_back(series(fmt::format("step {}", g.step), x, g.mean_abs, k));
     p.series.push_back(series("", x, g.max_abs, k, SeriesStyle::dashed_line));  // listed with its mean
   }
@@ -185,13 +187,13 @@ Figure verify_figure(const VerifyRun& verify) {
   f.height = 1000;
   f.rows = 2;
   f.columns = 2;
-  f.title = fmt::format("gradaccum verify: {} steps in float64, global batch {}: {}", verify.steps,
-                        verify.global_batch, verify.exact ? "exact" : "NOT exact");
+  f.title = fmt::format("gradaccum verify: {} steps in float64, global batch {}: {}", verify.steps, verify.global_batch,
+                        verify.exact ? "exact" : "NOT exact");
   Panel loss = titled("Loss per step, each split", "optimizer step", "loss");
   Panel norm = titled("Gradient norm per step, each split", "optimizer step", "L2 norm");
   Panel loss_diff = titled("Loss: relative difference from the reference", "optimizer step", "relative difference");
-  Panel norm_diff = titled("Gradient norm: relative difference from the reference", "optimizer step",
-                           "relative difference");
+  Panel norm_diff =
+      titled("Gradient norm: relative difference from the reference", "optimizer step", "relative difference");
   loss_diff.log_y = norm_diff.log_y = true;
   const auto& reference = verify.splits.front();
   double worst_loss = 0.0, worst_norm = 0.0;

@@ -47,8 +47,7 @@ void for_each_record(const fs::path& path, F each) {
     if (line.empty()) continue;
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     GA_CHECK(j.is_object() && j.contains("step") && j["step"].is_number_integer(),
-             "{}:{}: not a gradaccum record (a JSON object with an integer \"step\")", path.string(),
-             line_number);
+             "{}:{}: not a gradaccum record (a JSON object with an integer \"step\")", path.string(), line_number);
     each(j, line_number);
   }
 }
@@ -106,8 +105,8 @@ VerifyRun read_verify(const fs::path& path) {
   run.tolerance = j.value("tolerance", 0.0);
   run.exact = j.value("exact", false);
   for (const auto& s : j["splits"]) {
-    GA_CHECK(s.is_object() && s.contains("split") && s["split"].is_string(),
-             "{}: a split without its \"split\" name", path.string());
+    GA_CHECK(s.is_object() && s.contains("split") && s["split"].is_string(), "{}: a split without its \"split\" name",
+             path.string());
     VerifySplit split;
     split.split = s["split"].get<std::string>();
     split.loss = numbers(s, "loss");
@@ -154,8 +153,10 @@ std::string to_json_text(const VerifyRun& run) {
                       {"max_relative_grad_norm", s.max_relative_grad_norm},
                       {"relative_weights", s.relative_weights}});
   }
-  const nlohmann::json j = {{"steps", run.steps},           {"global_batch", run.global_batch},
-                            {"tolerance", run.tolerance},   {"exact", run.exact},
+  const nlohmann::json j = {{"steps", run.steps},
+                            {"global_batch", run.global_batch},
+                            {"tolerance", run.tolerance},
+                            {"exact", run.exact},
                             {"splits", splits}};
   return j.dump(2) + "\n";
 }

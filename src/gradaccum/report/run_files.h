@@ -5,9 +5,8 @@
 // a run without gradient flow all read; what is absent stays empty.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,9 +18,9 @@ namespace gradaccum::report {
 struct StepPoint {
   int64_t step = 0;
   double loss = 0.0, lr = 0.0, grad_norm = 0.0, grad_norm_clipped = 0.0;
-  double items = 0.0;          // the window's normalizer: tokens or samples, summed over ranks
-  double items_per_s = 0.0;    // tokens/s or samples/s
-  double loss_scale = 0.0;     // fp16 runs; 0 otherwise
+  double items = 0.0;        // the window's normalizer: tokens or samples, summed over ranks
+  double items_per_s = 0.0;  // tokens/s or samples/s
+  double loss_scale = 0.0;   // fp16 runs; 0 otherwise
   bool skipped = false;
   std::vector<double> micro_step_items;  // each micro-step's items, summed over ranks
   std::vector<double> rank_items;        // each rank's items (data parallel)
@@ -60,8 +59,8 @@ struct RunFiles {
   std::vector<StepPoint> steps;
   std::vector<EvalPoint> evals;
   std::vector<GradFlowPoint> grad_flow;
-  nlohmann::json summary;      // summary.json, or null
-  std::string config_yaml;     // config.yaml, or empty
+  nlohmann::json summary;   // summary.json, or null
+  std::string config_yaml;  // config.yaml, or empty
   std::optional<VerifyRun> verify;
 };
 

@@ -1,16 +1,14 @@
 #include "gradaccum/run/fit.h"
 
-#include <unistd.h>
-
 #include <ATen/CPUGeneratorImpl.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <mutex>
 #include <optional>
 
-#include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/base/check.h"
-#include "gradaccum/kernels/custom_kernels.h"
+#include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
@@ -18,17 +16,18 @@
 #include "gradaccum/dist/sharded_optimizer.h"
 #include "gradaccum/dist/store_stop_agreement.h"
 #include "gradaccum/dist/tree_grad_sync.h"
+#include "gradaccum/formats/safetensors.h"
 #include "gradaccum/io/checkpoint.h"
 #include "gradaccum/io/grad_flow_writer.h"
-#include "gradaccum/run/heap_retention.h"
 #include "gradaccum/io/metrics_writer.h"
 #include "gradaccum/io/process_stats.h"
-#include "gradaccum/formats/safetensors.h"
 #include "gradaccum/io/tensorboard_writer.h"
+#include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/hf_checkpoint.h"
 #include "gradaccum/models/module_tensors.h"
 #include "gradaccum/run/checkpoint_writer.h"
+#include "gradaccum/run/heap_retention.h"
 #include "gradaccum/run/progress.h"
 #include "gradaccum/run/runtime.h"
 #include "gradaccum/run/stop_signals.h"
@@ -82,8 +81,7 @@ core::TrainingState resume_state(const io::LoadedCheckpoint& loaded, const RunOp
              "trajectory (set allow_batch_change=true to continue anyway)",
              loaded.directory, state.global_batch, geometry.global_batch());
     GA_CHECK(state.position.micro_step == 0,
-             "checkpoint {}: saved inside a window, it cannot continue with another global batch",
-             loaded.directory);
+             "checkpoint {}: saved inside a window, it cannot continue with another global batch", loaded.directory);
     // Continue at the window holding the first sample not yet seen.
     state.position.window = state.position.window * state.global_batch / geometry.global_batch();
     state.global_batch = geometry.global_batch();
@@ -184,7 +182,8 @@ Outputs open_outputs(const RunOptions& options, int64_t resumed_step, core::Obse
     observers.add(*out.grad_flow);
   }
   if (options.tensorboard) {
-    const auto dir = options.logging_dir.empty() ? (fs::path(options.output_dir) / "runs").string() : options.logging_dir;
+    const auto dir =
+        options.logging_dir.empty() ? (fs::path(options.output_dir) / "runs").string() : options.logging_dir;
     out.tensorboard = std::make_unique<io::TensorBoardWriter>(dir, options.items_are_tokens, options.logging_steps);
     observers.add(*out.tensorboard);
   }
@@ -214,8 +213,8 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   // 3. Everything that can fail on bad input happens before output_dir is created.
   std::optional<io::LoadedCheckpoint> checkpoint;
   if (!options.resume_from_checkpoint.empty()) {
-    checkpoint = io::read_checkpoint(io::resolve_checkpoint(options.resume_from_checkpoint, options.output_dir),
-                                     env.rank);
+    checkpoint =
+        io::read_checkpoint(io::resolve_checkpoint(options.resume_from_checkpoint, options.output_dir), env.rank);
   }
   const auto geometry = options.trainer.geometry(env.world_size);
   if (const auto warning =

@@ -35,7 +35,8 @@ int free_port() {
 }
 
 std::string describe(int status) {
-  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  if (WIFSIGNALED(status))
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
   return fmt::format("exited with status {}", WEXITSTATUS(status));
 }
 
@@ -77,8 +78,8 @@ int launch_local(int64_t nproc, const std::vector<std::string>& child_args) {
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
       execv("/proc/self/exe", argv.data());
-      std::fprintf(stderr, "gradaccum: error: --nproc: cannot start rank %ld: %s\n",
-                   static_cast<long>(rank), std::strerror(errno));
+      std::fprintf(stderr, "gradaccum: error: --nproc: cannot start rank %ld: %s\n", static_cast<long>(rank),
+                   std::strerror(errno));
       _exit(127);
     }
     ranks[pid] = rank;
@@ -107,8 +108,8 @@ int launch_local(int64_t nproc, const std::vector<std::string>& child_args) {
     const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
     if (failed && exit_code == 0) {
       exit_code = 1;
-      std::fprintf(stderr, "gradaccum: error: rank %ld %s; stopping the other ranks\n",
-                   static_cast<long>(rank), describe(status).c_str());
+      std::fprintf(stderr, "gradaccum: error: rank %ld %s; stopping the other ranks\n", static_cast<long>(rank),
+                   describe(status).c_str());
       // Ask politely, then insist: a rank blocked in a collective may not listen.
       for (const auto& [other, r] : ranks) kill(other, SIGTERM);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);

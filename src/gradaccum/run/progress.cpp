@@ -15,8 +15,7 @@ void Progress::on_start(const core::RunInfo& info) {
   fmt::print(out_,
              "training: {} parameters, {} samples, batch {} (micro-batch x accumulation x world), "
              "{} optimizer steps ({} per epoch)\n",
-             info.parameters, info.train_samples, info.geometry.to_string(), info.total_steps,
-             info.windows_per_epoch);
+             info.parameters, info.train_samples, info.geometry.to_string(), info.total_steps, info.windows_per_epoch);
   std::fflush(out_);
 }
 
@@ -42,13 +41,12 @@ void Progress::on_step(const core::StepRecord& r) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * r.step / std::max<int64_t>(1, total_));
     const double eta = r.time_s / static_cast<double>(r.step) * static_cast<double>(total_ - r.step);
-    fmt::print(out_, "\r[{:=<{}}{: <{}}] {}/{} loss {:.4f} lr {:.2e} |g| {:.3f} {:.0f} samples/s eta {:.0f}s ",
-               "", filled, "", kWidth - filled, r.step, total_, r.loss, r.lr, r.grad_norm,
-               r.samples_per_s, eta);
+    fmt::print(out_, "\r[{:=<{}}{: <{}}] {}/{} loss {:.4f} lr {:.2e} |g| {:.3f} {:.0f} samples/s eta {:.0f}s ", "",
+               filled, "", kWidth - filled, r.step, total_, r.loss, r.lr, r.grad_norm, r.samples_per_s, eta);
     if (r.step == total_) fmt::print(out_, "\n");
   } else if (r.step % interval_ == 0 || r.step == total_) {
-    fmt::print(out_, "step {}/{} epoch {} loss {:.4f} lr {:.3e} grad_norm {:.4f} {:.0f} samples/s\n",
-               r.step, total_, r.epoch, r.loss, r.lr, r.grad_norm, r.samples_per_s);
+    fmt::print(out_, "step {}/{} epoch {} loss {:.4f} lr {:.3e} grad_norm {:.4f} {:.0f} samples/s\n", r.step, total_,
+               r.epoch, r.loss, r.lr, r.grad_norm, r.samples_per_s);
   }
   std::fflush(out_);
 }
@@ -62,8 +60,8 @@ void Progress::on_eval(const core::EvalRecord& r) {
 }
 
 void Progress::on_end(const core::TrainSummary& s) {
-  fmt::print(out_, "done: {} steps, {} samples in {:.1f} s ({:.0f} samples/s), train loss {:.4f}\n",
-             s.steps, s.samples, s.wall_s, s.samples_per_s, s.train_loss);
+  fmt::print(out_, "done: {} steps, {} samples in {:.1f} s ({:.0f} samples/s), train loss {:.4f}\n", s.steps, s.samples,
+             s.wall_s, s.samples_per_s, s.train_loss);
   if (s.has_eval && !std::isnan(s.eval.accuracy)) {
     fmt::print(out_, "test accuracy: {:.2f}% ({} samples)\n", 100.0 * s.eval.accuracy, s.eval.samples);
   }

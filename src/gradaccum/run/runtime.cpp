@@ -23,9 +23,8 @@ std::string build_setting(const std::string& config, const std::string& key) {
 
 int configure_threads(int64_t requested, int64_t local_ranks) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = requested > 0
-                          ? static_cast<int>(requested)
-                          : std::max(1, cores / static_cast<int>(std::max<int64_t>(1, local_ranks)));
+  const int threads = requested > 0 ? static_cast<int>(requested)
+                                    : std::max(1, cores / static_cast<int>(std::max<int64_t>(1, local_ranks)));
   at::set_num_threads(threads);
   return threads;
 }
@@ -44,8 +43,7 @@ std::string libtorch_description() {
 
 std::string kernels_description() {
   const auto blas = build_setting(at::show_config(), "BLAS_INFO");
-  return fmt::format("BLAS {}, ATen {} kernels", blas.empty() ? "unknown" : blas,
-                     at::get_cpu_capability());
+  return fmt::format("BLAS {}, ATen {} kernels", blas.empty() ? "unknown" : blas, at::get_cpu_capability());
 }
 
 }  // namespace gradaccum::run
