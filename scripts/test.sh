@@ -19,5 +19,5 @@ bash scripts/fuzz.sh
 # The suite again, built with ASan + UBSan (-O1, unity build, ccache off; the
 # default filter of scripts/sanitize.sh, in one GoogleTest shard per core). On a
 # clean clone on 25 Nov 2026 (libtorch 2.15) its build took 620 s and its tests
-# 124 s; the whole of .ci/run took 36 min (README, quick start).
+# 124 s; the whole of .ci/run took 36 min (docs/development.md, "CI time").
 bash scripts/sanitize.sh
