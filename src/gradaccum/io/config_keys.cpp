@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/named_table.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/io/workload.h"
 #include "gradaccum/kernels/custom_kernels.h"
@@ -103,13 +104,6 @@ ConfigKey lm_dropout(std::string name, std::string help, double models::ModelCon
       [field](TrainConfig& c, double v) { c.model.*field = v; });
 }
 
-template <typename Table>
-std::vector<std::string> names_of(const Table& table) {
-  std::vector<std::string> names;
-  for (const auto& entry : table) names.push_back(entry.name);
-  return names;
-}
-
 std::vector<ConfigKey> make_keys() {
   using core::LastWindow;
   using core::LossNormalization;
@@ -133,7 +127,7 @@ std::vector<ConfigKey> make_keys() {
              }),
 
       section("model", "the network (models/model_types.h)"),
-      choice("model.type", "cnn", names_of(models::model_types()), "the architecture",
+      choice("model.type", "cnn", base::names_of(models::model_types()), "the architecture",
              [](TrainConfig& c, const std::string& v) { c.model.type = v; }),
       choice("model.norm", "group", {"batch", "group", "layer", "none"}, "image networks' normalization",
              [](TrainConfig& c, const std::string& v) { c.model.norm = v; }),
@@ -169,7 +163,7 @@ std::vector<ConfigKey> make_keys() {
              [](TrainConfig& c, const std::string& v) { c.model.dropout_rng = models::parse_dropout_rng(v); }),
 
       section("data", "what the model learns from (io/workload.h)"),
-      choice("data.type", "fashion_mnist", names_of(data_types()), "the dataset",
+      choice("data.type", "fashion_mnist", base::names_of(data_types()), "the dataset",
              [](TrainConfig& c, const std::string& v) { c.data.type = v; }),
       text("data.directory", "\"\"", "fashion_mnist: \"\" = /usr/share/datasets/fashion-mnist",
            [](TrainConfig& c, const std::string& v) { c.data.directory = v; }),

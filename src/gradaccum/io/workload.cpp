@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/named_table.h"
 #include "gradaccum/data/classification_dataset.h"
 #include "gradaccum/data/data_split.h"
 #include "gradaccum/data/fashion_mnist.h"
@@ -235,14 +236,7 @@ const std::vector<DataType>& data_types() {
   return types;
 }
 
-const DataType& data_type(const std::string& name) {
-  std::string names;
-  for (const auto& type : data_types()) {
-    if (type.name == name) return type;
-    names += (names.empty() ? "" : " | ") + type.name;
-  }
-  throw Error(fmt::format("key 'data.type': '{}' is not one of {}", name, names));
-}
+const DataType& data_type(const std::string& name) { return base::find_named(data_types(), name, "data.type"); }
 
 Workload make_workload(const TrainConfig& config, bool with_eval) {
   Workload w;

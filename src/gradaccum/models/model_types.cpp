@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/named_table.h"
 
 namespace gradaccum::models {
 
@@ -37,14 +38,7 @@ const std::vector<ModelType>& model_types() {
   return types;
 }
 
-const ModelType& model_type(const std::string& name) {
-  std::string names;
-  for (const auto& type : model_types()) {
-    if (type.name == name) return type;
-    names += (names.empty() ? "" : " | ") + type.name;
-  }
-  throw Error(fmt::format("key 'model.type': '{}' is not one of {}", name, names));
-}
+const ModelType& model_type(const std::string& name) { return base::find_named(model_types(), name, "model.type"); }
 
 BuiltModel make_model(const ModelConfig& config, const ModelInputs& inputs) {
   return model_type(config.type).build(config, inputs);
