@@ -20,6 +20,11 @@ and divided by its token count B * 127, AdamW lr 1e-3 with a cosine schedule, cl
 --mode deferred: `with ddp.no_sync():` on the first N-1 micro-steps, so DDP all-reduces
 only during the last backward (what the DDP docs recommend for accumulation).
 --mode eager: no no_sync(), DDP all-reduces during every backward.
+--mode accelerate: HF Accelerate's loop (seed 004): Accelerator(gradient_accumulation_steps=N)
+prepares the model (DDP on Gloo) and the optimizer, each micro-step runs inside
+`accelerator.accumulate(model)` (no_sync() but on the window's last micro-step) and
+`accelerator.backward`, which divides the loss by N itself. Launch it with torchrun:
+  torchrun --nproc-per-node 2 bench/dist/py_ddp.py --mode accelerate --output m.jsonl
 
 Launched like torchrun would, one process per rank, with RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT (and GLOO_SOCKET_IFNAME) in the environment:
@@ -92,7 +97,7 @@ def main():
     ap.add_argument("--accum", type=int, default=8)
     ap.add_argument("--max-steps", type=int, default=12)
     ap.add_argument("--hidden", default="2048,2048,2048")
-    ap.add_argument("--mode", choices=["deferred", "eager"], default="deferred")
+    ap.add_argument("--mode", choices=["deferred", "eager", "accelerate"], default="deferred")
     ap.add_argument("--train-limit", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
@@ -101,7 +106,14 @@ def main():
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method="env://")
+    accelerator = None
+    if args.mode == "accelerate":
+        from accelerate import Accelerator
+        # cpu=True under torchrun's environment: Accelerate's MULTI_CPU state, a Gloo group.
+        accelerator = Accelerator(gradient_accumulation_steps=args.accum, cpu=True)
+        torch.set_num_threads(args.threads)  # Accelerate may have set its own count
+    else:
+        dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
 
     b, N = args.micro_batch, args.accum
@@ -122,9 +134,14 @@ def main():
         items_per_micro = b
         lr = 2e-3
 
-    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)  # broadcasts rank 0's weights
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    if accelerator is not None:
+        from accelerate.utils import DistributedDataParallelKwargs
+        accelerator.ddp_handler = DistributedDataParallelKwargs(bucket_cap_mb=int(args.bucket_cap_mb))
+        ddp, opt = accelerator.prepare(model, opt)  # DDP: broadcasts rank 0's weights
+    else:
+        ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)  # broadcasts rank 0's weights
     total = args.max_steps
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total)))
@@ -150,7 +167,10 @@ def main():
         for s in range(N):
             first = (s * world + rank) * b
             sync_now = args.mode == "eager" or s == N - 1
-            ctx = contextlib.nullcontext() if sync_now else ddp.no_sync()
+            if accelerator is not None:
+                ctx = accelerator.accumulate(ddp)  # its own step count: syncs on every N-th micro-step
+            else:
+                ctx = contextlib.nullcontext() if sync_now else ddp.no_sync()
             with ctx:
                 if gpt:
                     ids = window_ids[first:first + b]
@@ -164,18 +184,25 @@ def main():
                     loss = F.cross_entropy(logits, labels[idx], reduction="sum")
                 # DDP averages over W ranks: / (items per rank and window) here makes the
                 # gradient that of the window's sum / its item count (samples, or tokens).
-                (loss / (items_per_micro * N)).backward()
+                if accelerator is not None:
+                    accelerator.backward(loss / items_per_micro)  # Accelerate divides by N
+                else:
+                    (loss / (items_per_micro * N)).backward()
             loss_sum += loss.detach().double()
         totals = torch.stack([loss_sum, torch.tensor(float(items_per_micro * N), dtype=torch.float64)])
         dist.all_reduce(totals)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if accelerator is not None:
+            assert accelerator.sync_gradients, "the window's last micro-step must have synchronized"
+            grad_norm = accelerator.clip_grad_norm_(ddp.parameters(), 1.0)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
         sched.step()
         host = torch.stack([totals[0] / totals[1], grad_norm.double()]).tolist()  # the one host sync
         step_time = time.perf_counter() - start
         if out:
-            syncs = N if args.mode == "eager" else 1
+            syncs = N if args.mode == "eager" else 1  # accelerate: deferred, like no_sync()
             out.write(json.dumps({
                 "step": step + 1, "loss": host[0], "grad_norm": host[1],
                 "step_time_s": step_time, "world_size": world,

@@ -9,6 +9,8 @@ Links:
           veth pair shaped with tbf at RATE in both directions (bench/dist/netns.sh)
 Modes: deferred (gradaccum's default / DDP with no_sync() on the first N-1 micro-steps) and
 eager (sync_each_micro_step=true / DDP without no_sync()).
+Implementations (--impls): ours (gradaccum), py (the DDP loop of py_ddp.py), accel (HF Accelerate's
+accumulate() loop of py_ddp.py --mode accelerate, launched by torchrun; deferred mode, loopback only).
 
 Runs alternate: each repetition goes through every link, and within a link through every
 (implementation, mode), in an order rotated per repetition. Each run (both ranks) holds
@@ -113,6 +115,12 @@ def launch(a, impl, mode, link, port, run_dir):
         base = f"export GLOO_SOCKET_IFNAME=lo MASTER_ADDR=127.0.0.1 MASTER_PORT={port}; "
         if impl == "ours":
             script = base + sh_quote(our_args(a, mode, run_dir) + ["--nproc", "2"])
+        elif impl == "accel":
+            args = py_args(a, "accelerate", metrics)
+            torchrun = ["/opt/gradaccum/venv/bin/torchrun", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                        "--master-port", str(port)]
+            # Rank 0 writes --output; the other rank's file is not read.
+            script = base + sh_quote(torchrun + args[1:])
         else:
             ranks = [f"RANK={r} LOCAL_RANK={r} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 " +
                      sh_quote(py_args(a, mode, metrics if r == 0 else "")) for r in range(2)]
@@ -182,7 +190,8 @@ def main():
         signal.signal(sig, lambda *_: sys.exit(1))
 
     links = a.links.split(",")
-    combos = [(i, m) for i in a.impls.split(",") for m in a.modes.split(",")]
+    # Accelerate's accumulate() always defers: it has no eager mode to compare.
+    combos = [(i, m) for i in a.impls.split(",") for m in a.modes.split(",") if not (i == "accel" and m != "deferred")]
     results = {}  # (link, impl, mode) -> list of runs
     link_rates = {}
     port = 29700 + (os.getpid() % 100) * 10
@@ -196,6 +205,8 @@ def main():
                         print(f"link {link}: measured {link_rates[link]:.2f} Gbit/s (one TCP stream)", flush=True)
                 k = rep % len(combos)
                 for impl, mode in combos[k:] + combos[:k]:
+                    if impl == "accel" and link != "lo":
+                        continue  # torchrun on one host: loopback only
                     port += 1
                     run_dir = os.path.join(a.work, f"{link}-{impl}-{mode}-{rep}")
                     r = launch(a, impl, mode, link, port, run_dir)
@@ -232,17 +243,19 @@ def main():
           f"1 thread per rank; median over steps {a.warmup + 1}..{a.max_steps} of all runs "
           f"[range of per-run medians]; MB = 10^6 bytes")
     print()
-    print("| link | mode | gradaccum s/step | Python DDP s/step | gradaccum / DDP | MB all-reduced / step | runs |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| link | mode | gradaccum s/step | Python DDP s/step | gradaccum / DDP | Accelerate (torchrun) s/step | "
+          "gradaccum / Accelerate | MB all-reduced / step | runs |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for link in links:
         for mode in a.modes.split(","):
-            o, p = stat(link, "ours", mode), stat(link, "py", mode)
+            o, p, acc = stat(link, "ours", mode), stat(link, "py", mode), stat(link, "accel", mode)
             cell = lambda s: f"{f3(s['median'])} [{f3(s['lo'])}–{f3(s['hi'])}]" if s else "–"
             ratio = f"{o['median'] / p['median']:.2f}" if o and p else "–"
+            acc_ratio = f"{o['median'] / acc['median']:.2f}" if o and acc else "–"
             mb = f"{o['mb']:.1f}" if o else (f"{p['mb']:.1f}" if p else "–")
-            runs = f"{o['runs'] if o else 0} + {p['runs'] if p else 0}"
+            runs = " + ".join(str(s["runs"] if s else 0) for s in (o, p, acc))
             label = "deferred (no_sync)" if mode == "deferred" else "every micro-step"
-            print(f"| {link} | {label} | {cell(o)} | {cell(p)} | {ratio} | {mb} | {runs} |")
+            print(f"| {link} | {label} | {cell(o)} | {cell(p)} | {ratio} | {cell(acc)} | {acc_ratio} | {mb} | {runs} |")
     print()
     print("| link | eager / deferred, gradaccum | eager / deferred, Python DDP |")
     print("| --- | --- | --- |")
