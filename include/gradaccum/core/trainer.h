@@ -131,6 +131,17 @@ class Trainer {
   // Runs micro-steps [first, N) of `window`; nullopt when a stop request ended
   // it early (then *partial holds the accumulated state).
   std::optional<StepRecord> run_window(const Window& window, int64_t first_micro_step, PartialWindow* partial);
+  // The pieces of run_window, in its order (trainer.cpp).
+  struct WindowSums;    // one window's running state on this rank
+  struct WindowTotals;  // what the window's all-reduce carried
+  void begin_window(WindowSums& sums);
+  bool stop_inside_window(const WindowSums& sums, int64_t window_id, int64_t s, bool last, PartialWindow* partial);
+  void run_micro_step(const Window& window, int64_t s, int64_t window_id, WindowSums& sums);
+  WindowTotals reduce_window(const Window& window, WindowSums& sums);
+  void throw_if_any_rank_ran_out_of_memory(const WindowTotals& totals, WindowSums& sums);
+  StepRecord make_record(const Window& window, const WindowTotals& totals, const WindowSums& sums,
+                         const WindowLoss& window_loss, const StepResult& step, bool skip,
+                         const torch::Tensor& flow_statistics);
   TrainingState state_at(const TrainingPosition& position) const;
   bool stop_requested() const { return stop_ != nullptr && stop_->load(); }
 

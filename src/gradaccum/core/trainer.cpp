@@ -247,27 +247,90 @@ TrainingState Trainer::state_at(const TrainingPosition& position) const {
 
 StepRecord Trainer::train_window(const Window& window) { return *run_window(window, 0, nullptr); }
 
+// One window's running state on this rank, from its first micro-step to its all-reduce.
+struct Trainer::WindowSums {
+  int64_t first_micro_step = 0;  // > 0: a preempted window resumed there
+  double loss_multiplier = 1.0;  // fp16: scale / fp16_items_; finish() divides it out once
+  double data_time = 0.0;
+  // Each micro-step's item count and loss sum, on the device: the counts for the record, the
+  // sums read only when the window loss is not finite. Detached: holding the graph's root would
+  // keep tensors that some nodes hold outside their saved variables alive until the window ends
+  // (+96 MB peak RSS on the 3.4M GPT, bench/lm_throughput).
+  std::vector<torch::Tensor> micro_items;
+  bool micro_items_known = true;  // false after a resume from a checkpoint that lacks them
+  std::vector<torch::Tensor> micro_sums;
+  // oom_recovery: this rank ran out of memory in this window.
+  bool out_of_memory = false;
+  std::string oom_message;
+  int64_t oom_bytes = 0;
+  // deterministic_accumulation: each micro-step's gradient kept apart and added in the canonical
+  // tree over this rank's N slots (canonical_sum.h).
+  std::optional<CanonicalGradientSum> tree;
+};
+
+// What the window's one all-reduce carried, summed over ranks:
+//   [loss sum, count, naive terms, stop flag, out-of-memory flag, N micro-step items, W rank items]
+// (`accounted` values), then under deterministic_accumulation each slot's loss sum and count.
+struct Trainer::WindowTotals {
+  torch::Tensor values;
+  int64_t accounted = 0;
+  int64_t slot_values = 0;  // 2 x slots x world, or 0
+};
+
 std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t first_micro_step, PartialWindow* partial) {
   const auto start = Clock::now();
-  double data_time = 0.0;
-  const int64_t rank = sync_.rank();
-  // Preemption can stop this window between micro-steps (`partial` receives it).
-  const bool may_stop_inside = partial != nullptr && stop_ != nullptr && agreement_ != nullptr;
   const int64_t window_id = steps_->step();  // the optimizer step this window becomes
+  WindowSums sums;
+  sums.first_micro_step = first_micro_step;
+  begin_window(sums);
 
+  // 1. The micro-steps: fetch, forward, backward. Gradients add up in .grad (or in the tree);
+  //    communication happens only inside the last backward.
+  for (int64_t s = first_micro_step; s < window.micro_steps(); ++s) {
+    const bool last = s + 1 == window.micro_steps();
+    if (stop_inside_window(sums, window_id, s, last, partial)) return std::nullopt;
+    sync_.before_backward(last);
+    run_micro_step(window, s, window_id, sums);
+    sync_.after_backward(last);
+  }
+
+  // 2. One all-reduce: gradients, then the loss totals with the stop and out-of-memory flags and
+  //    the window's accounting riding along.
+  const auto totals = reduce_window(window, sums);
+  if (partial != nullptr && stop_ != nullptr && agreement_ != nullptr) agreement_->window_finished(window_id);
+  throw_if_any_rank_ran_out_of_memory(totals, sums);
+
+  // 3. One division by the window's global count makes every gradient exact.
+  const auto window_loss = normalizer_.finish(totals.values, params_, sync_.world_size(), sums.loss_multiplier);
+
+  // 4. The optimizer step: (fp16 inf check) → clip → step → zero grads → schedule; or, for
+  //    nan_policy: skip, zero grads → schedule. Gradient flow reads the gradient it is given.
+  const bool flow = options_.grad_flow_steps > 0 && (steps_->step() + 1) % options_.grad_flow_steps == 0;
+  const auto flow_statistics = flow ? grad_flow_statistics(params_) : torch::Tensor();
+  const bool skip = options_.nan_policy == NanPolicy::skip &&
+                    !torch::isfinite(window_loss.loss).item<bool>();  // the extra sync skip mode costs
+  const StepResult step = skip ? steps_->skip() : steps_->apply();
+
+  // 5. The step's record, read in the step's one host synchronization.
+  auto record = make_record(window, totals, sums, window_loss, step, skip, flow_statistics);
+  record.step_time_s = seconds_since(start);
+  record.data_time_s = sums.data_time;
+  record.samples_per_s = static_cast<double>(record.samples) / record.step_time_s;
+  record.items_per_s = static_cast<double>(record.items) / record.step_time_s;
+  return record;
+}
+
+void Trainer::begin_window(WindowSums& sums) {
   normalizer_.begin_window();
   // fp16: every micro-step's objective is multiplied by this; finish() divides
   // it out of the gradients once, in the same pass as the normalization.
-  const double loss_multiplier = scaler_ ? scaler_->scale() / fp16_items_ : 1.0;
-  // Each micro-step's item count, on the device (for the record; read with the step's figures).
-  std::vector<torch::Tensor> micro_items;
-  bool micro_items_known = true;
-  if (first_micro_step > 0) {  // a preempted window: put its sums back
+  sums.loss_multiplier = scaler_ ? scaler_->scale() / fp16_items_ : 1.0;
+  if (sums.first_micro_step > 0) {  // a preempted window: put its sums back
     normalizer_.restore(resume_partial_.totals.to(options_.device));
     const auto& restored = resume_partial_.micro_items;
-    micro_items_known = restored.defined() && restored.numel() == first_micro_step;
-    for (int64_t s = 0; micro_items_known && s < first_micro_step; ++s) {
-      micro_items.push_back(restored[s].to(options_.device, torch::kDouble));
+    sums.micro_items_known = restored.defined() && restored.numel() == sums.first_micro_step;
+    for (int64_t s = 0; sums.micro_items_known && s < sums.first_micro_step; ++s) {
+      sums.micro_items.push_back(restored[s].to(options_.device, torch::kDouble));
     }
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto& g = resume_partial_.grads[i];
@@ -275,165 +338,153 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
     }
     resume_partial_ = PartialWindow{};
   }
-  // Each micro-step's loss sum, only read when the window loss is not finite.
-  // Detached: holding the graph's root instead would keep tensors that some
-  // nodes hold outside their saved variables alive until the window ends
-  // (+96 MB peak RSS on the 3.4M GPT, bench/lm_throughput).
-  std::vector<torch::Tensor> micro_sums;
-  bool out_of_memory = false;  // on this rank, in this window (oom_recovery)
-  std::string oom_message;
-  int64_t oom_bytes = 0;
-  // deterministic_accumulation: each micro-step's gradient is kept apart and added in the
-  // canonical tree over this rank's N slots (canonical_sum.h); .grad starts empty for each.
-  const int64_t slots = plan_.geometry().accumulation_steps();
-  std::optional<CanonicalGradientSum> tree;
   if (options_.deterministic_accumulation) {
-    tree.emplace(slots);
+    sums.tree.emplace(plan_.geometry().accumulation_steps());
     take_gradients();  // what the last optimizer step left (zeros) is no slot's
   }
-  for (int64_t s = first_micro_step; s < window.micro_steps(); ++s) {
-    const bool last = s + 1 == window.micro_steps();
-    // Before each micro-step but the first one run here, and always before
-    // the last (with several ranks, entering it commits to the all-reduce).
-    if (may_stop_inside && (s > first_micro_step || last) && agreement_->stop_here(window_id, stop_requested(), last)) {
-      if (s > 0) {  // micro-step 0 has accumulated nothing: a plain checkpoint
-        partial->totals = normalizer_.local_totals().to(torch::kCPU);
-        if (micro_items_known) partial->micro_items = torch::stack(micro_items).to(torch::kCPU);
-        for (const auto& p : params_) {
-          partial->grads.push_back(p.grad().defined() ? p.grad().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
-                                                      : torch::Tensor());
-        }
-      }
-      stopped_after_ = s;
-      return std::nullopt;
-    }
-    const auto fetch_start = Clock::now();
-    const auto indices = window.micro_batch(s, rank);
-    sync_.before_backward(last);  // communication only on the last micro-step
-    bool computed = false;
-    // A rank may have no samples left in a partial window; one that ran out of memory computes
-    // nothing more in this window but still takes part in its collectives.
-    if (indices.size(0) > 0 && !out_of_memory) {
-      try {
-        auto batch = fetch(indices, window_id + 1);
-        data_time += seconds_since(fetch_start);
-        LossSum micro;
-        {
-          AutocastScope autocast(options_.mixed_precision, options_.device);
-          micro = model_.loss(batch);
-        }
-        auto objective = normalizer_.objective(micro);
-        if (scaler_) objective = objective * loss_multiplier;
-        objective.backward();
-        micro_sums.push_back(micro.sum.detach());
-        micro_items.push_back(micro.count.detach().to(torch::kDouble));
-        if (tree) tree->add(take_gradients());
-        computed = true;
-      } catch (const std::exception& e) {
-        if (!options_.oom_recovery || !is_out_of_memory(e)) throw;
-        const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-        const std::string message = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
-        out_of_memory = true;
-        oom_message = fmt::format("micro-step {} of {} with micro-batch {}: {}", s, window.micro_steps(),
-                                  indices.size(0), message.substr(0, message.find('\n')));
-        oom_bytes = requested_bytes(message);
-        if (sync_.world_size() == 1) {
-          take_gradients();  // the window's partial sums are dropped; it is trained again
-          throw WindowOutOfMemory(oom_message, oom_bytes);
-        }
-      }
-    }
-    if (!computed) {
-      micro_sums.emplace_back();
-      micro_items.push_back(torch::zeros({}, torch::TensorOptions(torch::kDouble).device(options_.device)));
-      if (tree) tree->skip();
-    }
-    sync_.after_backward(last);
+}
+
+// Preemption between micro-steps: asked before each micro-step but the first one run here, and
+// always before the last (with several ranks, entering it commits to the all-reduce). On a stop,
+// *partial receives what the window has accumulated.
+bool Trainer::stop_inside_window(const WindowSums& sums, int64_t window_id, int64_t s, bool last,
+                                 PartialWindow* partial) {
+  const bool may_stop_inside = partial != nullptr && stop_ != nullptr && agreement_ != nullptr;
+  if (!may_stop_inside || !(s > sums.first_micro_step || last) ||
+      !agreement_->stop_here(window_id, stop_requested(), last)) {
+    return false;
   }
+  if (s > 0) {  // micro-step 0 has accumulated nothing: a plain checkpoint
+    partial->totals = normalizer_.local_totals().to(torch::kCPU);
+    if (sums.micro_items_known) partial->micro_items = torch::stack(sums.micro_items).to(torch::kCPU);
+    for (const auto& p : params_) {
+      partial->grads.push_back(p.grad().defined() ? p.grad().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
+                                                  : torch::Tensor());
+    }
+  }
+  stopped_after_ = s;
+  return true;
+}
+
+// Micro-step s of this rank: its samples' loss sum, backward of the normalizer's objective.
+// A rank may have no samples left in a partial window; one that ran out of memory computes
+// nothing more in this window but still takes part in its collectives.
+void Trainer::run_micro_step(const Window& window, int64_t s, int64_t window_id, WindowSums& sums) {
+  const auto fetch_start = Clock::now();
+  const auto indices = window.micro_batch(s, sync_.rank());
+  bool computed = false;
+  if (indices.size(0) > 0 && !sums.out_of_memory) {
+    try {
+      auto batch = fetch(indices, window_id + 1);
+      sums.data_time += seconds_since(fetch_start);
+      LossSum micro;
+      {
+        AutocastScope autocast(options_.mixed_precision, options_.device);
+        micro = model_.loss(batch);
+      }
+      auto objective = normalizer_.objective(micro);
+      if (scaler_) objective = objective * sums.loss_multiplier;
+      objective.backward();
+      sums.micro_sums.push_back(micro.sum.detach());
+      sums.micro_items.push_back(micro.count.detach().to(torch::kDouble));
+      if (sums.tree) sums.tree->add(take_gradients());
+      computed = true;
+    } catch (const std::exception& e) {
+      if (!options_.oom_recovery || !is_out_of_memory(e)) throw;
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      const std::string message = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+      sums.out_of_memory = true;
+      sums.oom_message = fmt::format("micro-step {} of {} with micro-batch {}: {}", s, window.micro_steps(),
+                                     indices.size(0), message.substr(0, message.find('\n')));
+      sums.oom_bytes = requested_bytes(message);
+      if (sync_.world_size() == 1) {
+        take_gradients();  // the window's partial sums are dropped; it is trained again
+        throw WindowOutOfMemory(sums.oom_message, sums.oom_bytes);
+      }
+    }
+  }
+  if (!computed) {
+    sums.micro_sums.emplace_back();
+    sums.micro_items.push_back(torch::zeros({}, torch::TensorOptions(torch::kDouble).device(options_.device)));
+    if (sums.tree) sums.tree->skip();
+  }
+}
+
+// Every gradient holds this rank's Σ over micro-steps; after the sync, the Σ over ranks. The stop
+// flag rides along in the same all-reduce. On the training device: a rank whose share of a
+// partial window is empty holds its zero totals on the CPU, and NCCL reduces CUDA tensors only.
+// Behind them ride the window's accounting: each micro-step's items (summed over ranks by the
+// same all-reduce) and a vector holding this rank's items at its index (each rank's, after it).
+Trainer::WindowTotals Trainer::reduce_window(const Window& window, WindowSums& sums) {
+  const int64_t rank = sync_.rank(), world = sync_.world_size();
   // The slots of this rank's share of a partial window's missing chunks, then the tree's root.
   torch::Tensor slot_totals;
-  if (tree) {
-    for (int64_t s = window.micro_steps(); s < slots; ++s) tree->skip();
-    auto root = tree->finish();
+  if (sums.tree) {
+    const int64_t slots = plan_.geometry().accumulation_steps();
+    for (int64_t s = window.micro_steps(); s < slots; ++s) sums.tree->skip();
+    auto root = sums.tree->finish();
     for (size_t i = 0; i < params_.size(); ++i) {
       params_[i].mutable_grad() = root.empty() ? torch::Tensor() : std::move(root[i]);
     }
     // Each slot's loss sum and count, this rank's at its slots: summed over ranks they are
     // exact (one rank holds each slot), and every rank then adds them in the canonical tree.
-    const int64_t first = window.slot(0, rank), all = slots * sync_.world_size();
-    slot_totals = torch::cat(
-        {slot_vector(micro_sums, first, all, options_.device), slot_vector(micro_items, first, all, options_.device)});
+    const int64_t first = window.slot(0, rank), all = slots * world;
+    slot_totals = torch::cat({slot_vector(sums.micro_sums, first, all, options_.device),
+                              slot_vector(sums.micro_items, first, all, options_.device)});
   }
-  // Every gradient now holds this rank's Σ over micro-steps; after the sync,
-  // the Σ over ranks. One division by the global count makes it exact. The
-  // stop flag rides along in the same all-reduce. On the training device: a rank
-  // whose share of a partial window is empty holds its zero totals on the CPU,
-  // and NCCL reduces CUDA tensors only.
-  // Behind them ride the window's accounting: each micro-step's items (summed over ranks by the
-  // same all-reduce) and a vector holding this rank's items at its index (each rank's, after it).
   auto local = normalizer_.local_totals().to(options_.device);
-  const int64_t world = sync_.world_size(), steps_in_window = window.micro_steps();
-  const auto per_micro_step = micro_items_known ? torch::stack(micro_items).to(local.device())
-                                                : torch::zeros({steps_in_window}, local.options());
+  const auto per_micro_step = sums.micro_items_known ? torch::stack(sums.micro_items).to(local.device())
+                                                     : torch::zeros({window.micro_steps()}, local.options());
   auto per_rank = torch::zeros({world}, local.options());
   per_rank.narrow(0, rank, 1).copy_(local.narrow(0, 1, 1));
-  auto totals = torch::cat({local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options()),
-                            torch::full({1}, out_of_memory ? 1.0 : 0.0, local.options()), per_micro_step, per_rank});
-  const int64_t accounted = totals.numel();
-  if (slot_totals.defined()) totals = torch::cat({totals, slot_totals.to(local.options())});
-  sync_.finish_window(totals);
-  if (may_stop_inside) agreement_->window_finished(window_id);
-  if (options_.oom_recovery && sync_.world_size() > 1) {
-    // Whether any rank ran out of memory, known to every rank before anything steps: the one
-    // read this costs per window (a device-to-host copy of one value on a GPU).
-    const auto flag = totals.narrow(0, 4, 1).to(torch::kCPU);
-    if (flag.accessor<double, 1>()[0] > 0.0) {
-      take_gradients();
-      throw WindowOutOfMemory(out_of_memory ? oom_message : "another rank ran out of memory", oom_bytes);
-    }
-  }
+  WindowTotals totals;
+  totals.values =
+      torch::cat({local, torch::full({1}, stop_requested() ? 1.0 : 0.0, local.options()),
+                  torch::full({1}, sums.out_of_memory ? 1.0 : 0.0, local.options()), per_micro_step, per_rank});
+  totals.accounted = totals.values.numel();
   if (slot_totals.defined()) {
-    // The window's loss sum and count in the canonical tree, in place of the ranks' running totals.
-    const int64_t all = slot_totals.numel() / 2;
-    totals.narrow(0, 0, 1).copy_(canonical_sum(totals.narrow(0, accounted, all)).reshape({1}));
-    totals.narrow(0, 1, 1).copy_(canonical_sum(totals.narrow(0, accounted + all, all)).reshape({1}));
+    totals.slot_values = slot_totals.numel();
+    totals.values = torch::cat({totals.values, slot_totals.to(local.options())});
   }
-  const auto window_loss = normalizer_.finish(totals, params_, sync_.world_size(), loss_multiplier);
+  sync_.finish_window(totals.values);
+  if (totals.slot_values > 0) {
+    // The window's loss sum and count in the canonical tree, in place of the ranks' running totals.
+    const int64_t all = totals.slot_values / 2;
+    totals.values.narrow(0, 0, 1).copy_(canonical_sum(totals.values.narrow(0, totals.accounted, all)).reshape({1}));
+    totals.values.narrow(0, 1, 1).copy_(
+        canonical_sum(totals.values.narrow(0, totals.accounted + all, all)).reshape({1}));
+  }
+  return totals;
+}
 
-  auto report_non_finite = [&](int64_t step) {
-    int64_t bad = -1;
-    for (size_t i = 0; i < micro_sums.size() && bad < 0; ++i) {
-      if (micro_sums[i].defined() && !torch::isfinite(micro_sums[i]).item<bool>()) {
-        bad = first_micro_step + static_cast<int64_t>(i);
-      }
-    }
-    return fmt::format(
-        "non-finite loss at optimizer step {} (micro-step {} of {}; epoch {}, window {}); "
-        "nan_policy: abort stops here, nan_policy: skip would skip such steps",
-        step, bad >= 0 ? fmt::format("{}", bad) : std::string("?"), window.micro_steps(), window.epoch(),
-        window.index());
-  };
+// Whether any rank ran out of memory, known to every rank before anything steps: the one read
+// this costs per window (a device-to-host copy of one value on a GPU), with several ranks only.
+void Trainer::throw_if_any_rank_ran_out_of_memory(const WindowTotals& totals, WindowSums& sums) {
+  if (!options_.oom_recovery || sync_.world_size() == 1) return;
+  const auto flag = totals.values.narrow(0, 4, 1).to(torch::kCPU);
+  if (flag.accessor<double, 1>()[0] > 0.0) {
+    take_gradients();
+    throw WindowOutOfMemory(sums.out_of_memory ? sums.oom_message : "another rank ran out of memory", sums.oom_bytes);
+  }
+}
 
-  // Gradient flow of the gradient the optimizer is about to use (normalized, before clipping);
-  // read with the step's metrics below.
-  const bool flow = options_.grad_flow_steps > 0 && (steps_->step() + 1) % options_.grad_flow_steps == 0;
-  const auto flow_statistics = flow ? grad_flow_statistics(params_) : torch::Tensor();
-
-  const bool skip = options_.nan_policy == NanPolicy::skip &&
-                    !torch::isfinite(window_loss.loss).item<bool>();  // the extra sync skip mode costs
-  // (fp16: inf check) → clip → step → zero grads → schedule; or the skip's zero grads → schedule.
-  const StepResult step = skip ? steps_->skip() : steps_->apply();
+// The step's figures in one device-to-host copy: the record, the agreed stop flag (stop_agreed_)
+// and the gradient flow. A non-finite loss aborts here under nan_policy: abort.
+StepRecord Trainer::make_record(const Window& window, const WindowTotals& totals, const WindowSums& sums,
+                                const WindowLoss& window_loss, const StepResult& step, bool skip,
+                                const torch::Tensor& flow_statistics) {
+  const int64_t world = sync_.world_size(), steps_in_window = window.micro_steps();
   StepRecord record;
   record.lr = step.lr;
   record.skipped = skip || step.overflow;
   record.loss_scale = step.loss_scale;
 
-  // The one host synchronization of the step.
+  const auto device = window_loss.loss.device();
   auto figures =
-      torch::cat({torch::stack({window_loss.loss, window_loss.count, step.grad_norm.to(window_loss.loss.device()),
-                                step.grad_norm_clipped.to(window_loss.loss.device()),
-                                optim::global_weight_norm(params_).to(window_loss.loss.device())}),
-                  totals.slice(0, 3, accounted)});
+      torch::cat({torch::stack({window_loss.loss, window_loss.count, step.grad_norm.to(device),
+                                step.grad_norm_clipped.to(device), optim::global_weight_norm(params_).to(device)}),
+                  totals.values.slice(0, 3, totals.accounted)});
+  const bool flow = flow_statistics.defined();
   if (flow) figures = torch::cat({figures, flow_statistics.flatten().to(figures.device())});
   auto host = figures.to(torch::kCPU);
   auto v = host.accessor<double, 1>();
@@ -447,10 +498,8 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   // figures: 5 step values, the stop and out-of-memory flags, steps_in_window micro-step items,
   // world rank items, then the gradient flow.
   const int64_t accounting = 7;
-  if (micro_items_known) {
-    for (int64_t s = 0; s < steps_in_window; ++s) {
-      record.micro_step_items.push_back(std::llround(v[accounting + s]));
-    }
+  if (sums.micro_items_known) {
+    for (int64_t s = 0; s < steps_in_window; ++s) record.micro_step_items.push_back(std::llround(v[accounting + s]));
   }
   if (world > 1) {
     for (int64_t r = 0; r < world; ++r) record.rank_items.push_back(std::llround(v[accounting + steps_in_window + r]));
@@ -464,8 +513,18 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   }
   // A non-finite loss is a divergence, not an fp16 overflow (losses are float32
   // under every precision), so it aborts even when the scaler skipped the step.
-  if (!std::isfinite(record.loss)) {
-    GA_CHECK(options_.nan_policy != NanPolicy::abort, "{}", report_non_finite(record.step));
+  if (!std::isfinite(record.loss) && options_.nan_policy == NanPolicy::abort) {
+    int64_t bad = -1;
+    for (size_t i = 0; i < sums.micro_sums.size() && bad < 0; ++i) {
+      if (sums.micro_sums[i].defined() && !torch::isfinite(sums.micro_sums[i]).item<bool>()) {
+        bad = sums.first_micro_step + static_cast<int64_t>(i);
+      }
+    }
+    throw Error(
+        fmt::format("non-finite loss at optimizer step {} (micro-step {} of {}; epoch {}, window {}); "
+                    "nan_policy: abort stops here, nan_policy: skip would skip such steps",
+                    record.step, bad >= 0 ? fmt::format("{}", bad) : std::string("?"), window.micro_steps(),
+                    window.epoch(), window.index()));
   }
   record.epoch = window.epoch();
   record.samples = window.size();
@@ -475,13 +534,9 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   record.sample_tokens = window.sample_tokens();
   record.gradient_accumulation_steps =
       options_.window_tokens > 0 ? window.micro_steps() : plan_.geometry().accumulation_steps();
-  record.world_size = sync_.world_size();
+  record.world_size = world;
   record.allreduce_calls = sync_.allreduce_calls();
   record.allreduce_bytes = sync_.allreduce_bytes();
-  record.step_time_s = seconds_since(start);
-  record.data_time_s = data_time;
-  record.samples_per_s = static_cast<double>(record.samples) / record.step_time_s;
-  record.items_per_s = static_cast<double>(record.items) / record.step_time_s;
   return record;
 }
 
