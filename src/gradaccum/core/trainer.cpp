@@ -250,6 +250,7 @@ StepRecord Trainer::train_window(const Window& window) { return *run_window(wind
 // One window's running state on this rank, from its first micro-step to its all-reduce.
 struct Trainer::WindowSums {
   int64_t first_micro_step = 0;  // > 0: a preempted window resumed there
+  bool may_stop_inside = false;  // preemption may stop this window between micro-steps
   double loss_multiplier = 1.0;  // fp16: scale / fp16_items_; finish() divides it out once
   double data_time = 0.0;
   // Each micro-step's item count and loss sum, on the device: the counts for the record, the
@@ -282,6 +283,7 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   const int64_t window_id = steps_->step();  // the optimizer step this window becomes
   WindowSums sums;
   sums.first_micro_step = first_micro_step;
+  sums.may_stop_inside = partial != nullptr && stop_ != nullptr && agreement_ != nullptr;
   begin_window(sums);
 
   // 1. The micro-steps: fetch, forward, backward. Gradients add up in .grad (or in the tree);
@@ -297,7 +299,7 @@ std::optional<StepRecord> Trainer::run_window(const Window& window, int64_t firs
   // 2. One all-reduce: gradients, then the loss totals with the stop and out-of-memory flags and
   //    the window's accounting riding along.
   const auto totals = reduce_window(window, sums);
-  if (partial != nullptr && stop_ != nullptr && agreement_ != nullptr) agreement_->window_finished(window_id);
+  if (sums.may_stop_inside) agreement_->window_finished(window_id);
   throw_if_any_rank_ran_out_of_memory(totals, sums);
 
   // 3. One division by the window's global count makes every gradient exact.
@@ -349,8 +351,7 @@ void Trainer::begin_window(WindowSums& sums) {
 // *partial receives what the window has accumulated.
 bool Trainer::stop_inside_window(const WindowSums& sums, int64_t window_id, int64_t s, bool last,
                                  PartialWindow* partial) {
-  const bool may_stop_inside = partial != nullptr && stop_ != nullptr && agreement_ != nullptr;
-  if (!may_stop_inside || !(s > sums.first_micro_step || last) ||
+  if (!sums.may_stop_inside || !(s > sums.first_micro_step || last) ||
       !agreement_->stop_here(window_id, stop_requested(), last)) {
     return false;
   }
