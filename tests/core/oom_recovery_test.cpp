@@ -3,11 +3,14 @@
 // trajectory of a run at the smaller micro-batch. In process, a model that "runs out of memory"
 // above a number of rows (on one rank of two, too); through the program, a real address-space
 // limit (RLIMIT_AS) that micro-batch 16 exceeds and 4 fits, a resume after the switch, and the
-// one-line error when even one sample does not fit.
+// one-line error when even one sample does not fit; and two ranks as separate processes, one of
+// them under the limit.
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -306,6 +309,89 @@ TEST(OomRecoveryUnderRlimit, TooLittleMemoryForOneSampleIsAOneLineError) {
   EXPECT_NE(r.err.find("MiB more"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out + "/checkpoints")) << "no checkpoint of a step that never happened";
   EXPECT_FALSE(fs::exists(out + "/final"));
+}
+
+// Two ranks of the program as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in
+// the environment), rank 1 alone under an address-space limit.
+struct TwoRanks {
+  int rank0_exit = -1, rank1_exit = -1;
+  std::string rank0_out, rank1_err;
+};
+
+TwoRanks run_two_ranks(const std::string& args, int64_t rank1_limit_kib) {
+  static int counter = 0;
+  const auto dir = make_temp_dir("two-ranks-" + std::to_string(counter++));
+  const auto port = std::to_string(20000 + (getpid() * 31 + counter * 7) % 20000);
+  const std::string program = std::string("'") + GRADACCUM_CLI + "' " + args + " < /dev/null";
+  const std::string command =
+      "cd '" + dir + "'; export WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
+      "; (ulimit -v " + std::to_string(rank1_limit_kib) + " && RANK=1 LOCAL_RANK=1 exec " + program +
+      " > out1 2> err1) & RANK=0 LOCAL_RANK=0 " + program + " > out0 2> err0; echo $? > rc0; wait $!; echo $? > rc1";
+  std::system(command.c_str());
+  TwoRanks r;
+  r.rank0_exit = std::stoi(read_text(dir + "/rc0"));
+  r.rank1_exit = std::stoi(read_text(dir + "/rc1"));
+  r.rank0_out = read_text(dir + "/out0");
+  r.rank1_err = read_text(dir + "/err1");
+  fs::remove_all(dir);
+  return r;
+}
+
+TEST(OomRecoveryUnderRlimit, OneRanksLimitSwitchesBothProcessesAtTheSameWindow) {
+  if (kAddressSanitizer)
+    GTEST_SKIP() << "built with AddressSanitizer, which reserves terabytes of address space for its "
+                    "shadow memory at start-up, more than any RLIMIT_AS this test sets";
+  const auto dir = make_temp_dir("oom-two-ranks");
+  // Global batch 16 on two ranks: 8 x 1 per rank. The limit is measured for rank 1 of a two-rank
+  // run (the process group's threads and buffers add ~170 MiB to what one process needs): the
+  // least under which micro-batch 4 trains there, bisected to 20 MiB, plus 50 MiB; micro-batch 8
+  // must then fail under it.
+  const std::string common = kLimited + " --set dist_timeout=20";
+  const std::string plain = common + " --set oom_recovery=false --set max_steps=2 --set output_dir=" + dir + "/probe";
+  int64_t fails = 400 * 1024, fits = 2400 * 1024;
+  ASSERT_EQ(run_two_ranks(plain + " --set per_device_train_batch_size=4", fits).rank1_exit, 0)
+      << "micro-batch 4 did not fit under " << fits << " KiB of address space";
+  while (fits - fails > 20 * 1024) {
+    const int64_t mid = (fits + fails) / 2;
+    if (run_two_ranks(plain + " --set per_device_train_batch_size=4", mid).rank1_exit == 0) {
+      fits = mid;
+    } else {
+      fails = mid;
+    }
+  }
+  const int64_t limit = fits + 50 * 1024;
+  const auto eight = run_two_ranks(plain + " --set per_device_train_batch_size=8", limit);
+  ASSERT_NE(eight.rank1_exit, 0) << "micro-batch 8 fits rank 1 in " << limit << " KiB, so the test proves nothing";
+  EXPECT_NE(eight.rank1_err.find("can't allocate memory"), std::string::npos) << eight.rank1_err;
+
+  const auto recovered =
+      run_two_ranks(common + " --set per_device_train_batch_size=8 --set output_dir=" + dir + "/recovered", limit);
+  ASSERT_EQ(recovered.rank1_exit, 0) << recovered.rank1_err;
+  ASSERT_EQ(recovered.rank0_exit, 0);
+  // Rank 0 had memory to spare; it switched because rank 1 ran out, and says so.
+  EXPECT_NE(recovered.rank0_out.find("out of memory in step 1 at micro-batch 8 x 1"), std::string::npos)
+      << recovered.rank0_out;
+  EXPECT_NE(recovered.rank0_out.find("training the window again as 4 x 2"), std::string::npos) << recovered.rank0_out;
+  EXPECT_EQ(recovered.rank0_out.find("out of memory in step 2"), std::string::npos) << recovered.rank0_out;
+
+  // One process at 4 x 4: the same global batch of 16, the same samples in the same order.
+  const auto reference =
+      support::run_cli(kLimited + " --set per_device_train_batch_size=4 --set output_dir=" + dir + "/one");
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  const auto a = steps_of(dir + "/recovered"), b = steps_of(dir + "/one");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["micro_batch_size"].get<int64_t>(), 4) << i;
+    EXPECT_EQ(a[i]["gradient_accumulation_steps"].get<int64_t>(), 2) << i;
+    EXPECT_EQ(b[i]["gradient_accumulation_steps"].get<int64_t>(), 4) << i;
+    EXPECT_EQ(a[i]["samples"].get<int64_t>(), 16) << i;
+    EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-10 * b[i]["loss"].get<double>()) << i;
+    EXPECT_NEAR(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>(),
+                1e-10 * b[i]["grad_norm"].get<double>())
+        << i;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
