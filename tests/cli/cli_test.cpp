@@ -85,6 +85,39 @@ TEST(CliEndToEnd, WritesConfigMetricsAndSummary) {
   EXPECT_NE(config.find("gradient_accumulation_steps: 4"), std::string::npos);
 }
 
+// How many complete operator events named `name` a Chrome trace holds.
+int64_t trace_events_named(const std::string& path, const std::string& name) {
+  const auto trace = nlohmann::json::parse(read_text(path));
+  int64_t count = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") == "X" && e.value("name", "") == name) ++count;
+  }
+  return count;
+}
+
+TEST(CliEndToEnd, ProfilerTracesTheChosenOptimizerSteps) {
+  // The CNN has two convolutions: 16 x 4 runs 8 aten::conv2d calls per optimizer step.
+  const auto out = make_temp_dir("profiler") + "/run";
+  const auto r = run_cli("train " + kSmallCnn +
+                         " --set dtype=float32 --set max_steps=5 --set data.eval_limit=-1 --set profile_from_step=2 "
+                         "--set profile_steps=2 --set output_dir=" +
+                         out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto trace = out + "/profiler/trace-rank0.json";
+  EXPECT_NE(r.out.find("profiler: optimizer steps 2 to 3 traced to " + trace), std::string::npos) << r.out;
+  EXPECT_EQ(trace_events_named(trace, "aten::conv2d"), 2 * 4 * 2);
+  EXPECT_FALSE(std::filesystem::exists(trace + ".tmp"));
+
+  // A run that ends inside the traced steps writes what it traced: step 5 alone.
+  const auto short_run = make_temp_dir("profiler-end") + "/run";
+  const auto s = run_cli("train " + kSmallCnn +
+                         " --set dtype=float32 --set max_steps=5 --set data.eval_limit=-1 --set profile_from_step=5 "
+                         "--set profile_steps=10 --set output_dir=" +
+                         short_run);
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_EQ(trace_events_named(short_run + "/profiler/trace-rank0.json", "aten::conv2d"), 2 * 4);
+}
+
 TEST(CliEndToEnd, BatchNormWithAccumulationWarns) {
   const auto out = make_temp_dir("bn") + "/run";
   const auto r = run_cli("train " + kSmallCnn + " --set model.norm=batch --set max_steps=1 --set output_dir=" + out);

@@ -54,6 +54,8 @@ struct TrainConfig {
   std::vector<std::string> report_to;  // "tensorboard" (HF's key); empty: none
   std::string logging_dir;             // TensorBoard's event files (resolved: output_dir/runs)
   // Also in trainer.grad_flow_steps (resolved: -1 becomes logging_steps).
+  int64_t profile_from_step = 0;  // > 0: libtorch's profiler over steps K..K+profile_steps-1
+  int64_t profile_steps = 3;
   int64_t dist_timeout_s = 60;         // collectives and rendezvous fail after this
   int64_t ddp_bucket_cap_mb = 25;      // gradient bucket size
   bool sync_each_micro_step = false;   // comparison only: all-reduce every micro-step

@@ -49,10 +49,14 @@ struct RunOptions {
   bool allow_batch_change = false;        // resume with another global batch (not exact)
   int64_t save_total_limit = 0;           // > 0: keep the newest K checkpoints
   int64_t dist_timeout_s = 60;            // a stalled rank is an error after this long
-  int64_t ddp_bucket_cap_mb = 25;         // gradient all-reduce buckets
-  bool sync_each_micro_step = false;      // all-reduce every micro-step (comparison only)
-  int64_t zero_stage = 0;                 // 1: optimizer state sharded across ranks
-  bool items_are_tokens = false;          // the metrics call items tokens (language models) or samples
+  // > 0: libtorch's profiler over optimizer steps K..K+profile_steps-1, each rank's operators
+  // written as a Chrome trace to output_dir/profiler/trace-rank<R>.json.
+  int64_t profile_from_step = 0;
+  int64_t profile_steps = 3;
+  int64_t ddp_bucket_cap_mb = 25;     // gradient all-reduce buckets
+  bool sync_each_micro_step = false;  // all-reduce every micro-step (comparison only)
+  int64_t zero_stage = 0;             // 1: optimizer state sharded across ranks
+  bool items_are_tokens = false;      // the metrics call items tokens (language models) or samples
   // The run's configuration as text: output_dir/config.yaml, stored in every checkpoint, and
   // compared across ranks (they must agree). "" writes no config.yaml.
   std::string description;

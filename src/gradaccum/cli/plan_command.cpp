@@ -61,8 +61,8 @@ PlanCandidate probe(const PlanArgs& args, int64_t b, int64_t n, const fs::path& 
         std::string("global_batch_size=0"), fmt::format("max_steps={}", args.steps), std::string("save_steps=0"),
         std::string("eval_steps=0"), std::string("data.eval_limit=-1"),
         std::string("train_sampling_strategy=longest_first"), std::string("oom_recovery=false"),
-        std::string("report_to=none"), std::string("grad_flow_steps=0"), std::string("sample.prompt="),
-        "output_dir=" + out.string()}) {
+        std::string("report_to=none"), std::string("grad_flow_steps=0"), std::string("profile_from_step=0"),
+        std::string("sample.prompt="), "output_dir=" + out.string()}) {
     command += " --set " + shell_quoted(o);
   }
   command += " > " + shell_quoted((dir / fmt::format("b{}.out", b)).string()) + " 2> " +
@@ -129,7 +129,7 @@ Plan make_plan(const PlanArgs& args, bool quiet) {
       if (!c.error.empty()) {
         fmt::print("{:>6} {:>6} {:>12} {:>12}  failed: {}\n", b, c.accumulation, "-", "-", c.error);
       } else {
-        fmt::print("{:>6} {:>6} {:>12.0f} {:>12.1f}  {}\n", b, c.accumulation, c.peak_mb, c.samples_per_s,
+        fmt::print("{:>6} {:>6} {:>12.0f} {:>12.3g}  {}\n", b, c.accumulation, c.peak_mb, c.samples_per_s,
                    c.fits ? "fits" : "over the limit");
       }
       std::fflush(stdout);

@@ -63,6 +63,8 @@ run::RunOptions run_options(const io::TrainConfig& config, const io::Workload& w
   options.allow_batch_change = config.allow_batch_change;
   options.save_total_limit = config.save_total_limit;
   options.dist_timeout_s = config.dist_timeout_s;
+  options.profile_from_step = config.profile_from_step;
+  options.profile_steps = config.profile_steps;
   options.ddp_bucket_cap_mb = config.ddp_bucket_cap_mb;
   options.sync_each_micro_step = config.sync_each_micro_step;
   options.zero_stage = config.zero_stage;

@@ -1,6 +1,7 @@
 #include "gradaccum/models/chunked_cross_entropy.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -104,6 +105,8 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
                                const torch::Tensor& positions, const torch::Tensor& targets, const torch::Tensor& valid,
                                bool compact, int64_t chunk_tokens, bool need_hidden, bool need_weight) {
+    // Named in profiler traces: a custom Function's forward is not an operator.
+    RECORD_FUNCTION("gradaccum::chunked_cross_entropy", std::vector<c10::IValue>());
     const Precision p = precision_of(hidden, weight);
     // The dtypes are explicit below; autocast must not re-cast them.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);

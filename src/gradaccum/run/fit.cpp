@@ -28,6 +28,7 @@
 #include "gradaccum/models/module_tensors.h"
 #include "gradaccum/run/checkpoint_writer.h"
 #include "gradaccum/run/heap_retention.h"
+#include "gradaccum/run/profiler_trace.h"
 #include "gradaccum/run/progress.h"
 #include "gradaccum/run/runtime.h"
 #include "gradaccum/run/stop_signals.h"
@@ -241,6 +242,19 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
       fmt::print("libtorch: {}\nkernels: {}; custom: {}\n", libtorch_description(), kernels_description(),
                  kernels::custom_kernels_description());
       if (!options.data_description.empty()) fmt::print("data: {}\n", options.data_description);
+    }
+  }
+
+  std::unique_ptr<ProfilerTrace> profiler_trace;
+  if (options.profile_from_step > 0) {
+    profiler_trace =
+        std::make_unique<ProfilerTrace>(options.profile_from_step, options.profile_steps,
+                                        fmt::format("{}/profiler/trace-rank{}.json", options.output_dir, env.rank),
+                                        options.trainer.device.is_cuda(), resumed ? resumed->position.step : -1);
+    observers.add(*profiler_trace);
+    if (rank0 && options.console) {
+      fmt::print("profiler: optimizer steps {} to {} traced to {}\n", options.profile_from_step,
+                 options.profile_from_step + options.profile_steps - 1, profiler_trace->path());
     }
   }
 
