@@ -10,6 +10,7 @@
 //                 [--loss-chunk-tokens K] [--profile] [--custom-kernels all|none|LIST]
 //                 [--bf16-cpu-matmuls auto|float32|libtorch] [--accumulation N]
 //                 [--deterministic-accumulation] [--dropout P] [--dropout-rng per_sample|libtorch]
+//                 [--trace FILE]
 //
 // --shape gpt2-124m-1024 is GPT-2 small at its own context of 1024, 8 × 4 (a GPU's shape).
 // --device cuda (a GRADACCUM_WITH_CUDA build) trains on the first CUDA device; the GEMM probes
@@ -58,10 +59,16 @@
 // optimizer step, to see where the time goes; it is not the measured path.
 // Under bf16 it wraps forward + loss in core::AutocastScope as the Trainer does.
 //
+// --trace FILE records the timed steps with libtorch's profiler (Kineto, CPU operators) and writes
+// them to FILE as a Chrome trace; bench/op_profile.py compares it with the Python peer's trace
+// operator by operator. The profiler slows every operator, so a traced run's speed is not reported
+// as a result.
+//
 // Prints one JSON line; bench/py/lm_throughput.py is the Python peer and
 // bench/compare_lm.py runs both alternately.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Version.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 #ifdef GRADACCUM_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -74,6 +81,7 @@
 #include <chrono>
 #include <exception>
 #include <iostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -131,14 +139,34 @@ class RandomTokens final : public core::Dataset {
   torch::Tensor ids_;
 };
 
+// libtorch's profiler over the timed steps: CPU operators, written as a Chrome trace.
+namespace trace {
+namespace profiler = torch::autograd::profiler;
+
+const torch::profiler::impl::ProfilerConfig& config() {
+  static const torch::profiler::impl::ProfilerConfig c(torch::profiler::impl::ProfilerState::KINETO);
+  return c;
+}
+const std::set<torch::profiler::impl::ActivityType> kCpu{torch::profiler::impl::ActivityType::CPU};
+
+void start() {
+  profiler::prepareProfiler(config(), kCpu);
+  profiler::enableProfiler(config(), kCpu);
+}
+void stop_and_save(const std::string& path) { profiler::disableProfiler()->save(path); }
+}  // namespace trace
+
 class StepClock final : public core::TrainingObserver {
  public:
   void on_step(const core::StepRecord& r) override {
     ends.push_back(Clock::now());
     losses.push_back(r.loss);
+    if (!trace_path.empty() && r.step == trace_after_step) trace::start();
   }
   std::vector<Clock::time_point> ends;
   std::vector<double> losses;
+  std::string trace_path;        // --trace: profile the steps after trace_after_step
+  int64_t trace_after_step = 0;  // the last warm-up step
 };
 
 struct Options {
@@ -151,6 +179,7 @@ struct Options {
   std::string bf16_cpu_matmuls = "auto";
   bool profile = false;
   bool deterministic = false;
+  std::string trace;
   double dropout = 0.0;
   models::DropoutRng dropout_rng = models::DropoutRng::per_sample;
   int64_t accumulation = 0;  // 0: the shape's
@@ -187,6 +216,8 @@ Options parse_options(int argc, char** argv) {
     } else if (key == "--dropout") {
       o.dropout = std::stod(value);
       models::check_dropout_probability("--dropout", o.dropout);
+    } else if (key == "--trace") {
+      o.trace = value;
     } else if (key == "--dropout-rng") {
       o.dropout_rng = models::parse_dropout_rng(value);
     } else if (key == "--loss-chunk-tokens") {
@@ -223,6 +254,8 @@ Options parse_options(int argc, char** argv) {
              "lm_throughput: --profile times with host clocks, which on a GPU measure launches; "
              "it runs on the CPU only");
   }
+  GA_CHECK(o.trace.empty() || (!o.profile && o.device.is_cpu() && o.warmup >= 1),
+           "lm_throughput: --trace needs the Trainer on the CPU (no --profile) and --warmup-steps >= 1");
   GA_CHECK(!(o.profile && o.deterministic),
            "lm_throughput: --profile writes out the plain accumulation; drop --deterministic-accumulation");
   GA_CHECK(o.threads >= 1 && o.warmup >= 0 && o.steps >= 1 && o.loss_chunk_tokens >= 0,
@@ -367,6 +400,8 @@ int main(int argc, char** argv) {
   const int64_t tokens_per_step = m.micro_batch * m.accumulation * m.context;
 
   StepClock clock;
+  clock.trace_path = opts.trace;
+  clock.trace_after_step = warmup;
   Clock::time_point start;
   double t_forward = 0.0, t_backward = 0.0, t_step = 0.0;  // --profile, timed steps only
   if (!profile) {
@@ -378,6 +413,7 @@ int main(int argc, char** argv) {
     core::Trainer trainer(options, model, data, nullptr, clock);
     start = Clock::now();
     trainer.run();
+    if (!opts.trace.empty()) trace::stop_and_save(opts.trace);
   } else {
     // The Trainer's micro-step and step sequence, written out with timers.
     auto params = net->parameters();

@@ -12,7 +12,7 @@ clip_grad_norm_(1.0), AdamW (lr 1e-3, cosine schedule), zero_grad(set_to_none=Tr
 
   /opt/gradaccum/venv/bin/python bench/py/lm_throughput.py [--threads 2] [--warmup-steps 2] [--steps 10]
       [--mixed-precision no|bf16] [--shape small|gpt2-124m|gpt2-124m-1024]
-      [--loop eager|compile|accelerate|fabric] [--device cpu|cuda]
+      [--loop eager|compile|accelerate|fabric] [--device cpu|cuda] [--trace FILE]
 
 --shape: `small` (above) or `gpt2-124m`, GPT-2 small's shape (vocab 50257, 768 wide, 12 layers and
 heads, 124M parameters) with context 256 at micro-batch 2 x N = 8, as bench/lm_throughput.cpp;
@@ -255,12 +255,19 @@ class Fabric(Eager):
         self.fabric.clip_gradients(self.model, self.opt, max_norm=1.0)
 
 
-def run_loop(stack, params, ids_all, total_steps, warmup, peak_lr):
-    """N micro-steps per window through `stack`, then clip, AdamW, zero_grad(set_to_none), schedule."""
+def run_loop(stack, params, ids_all, total_steps, warmup, peak_lr, trace=None):
+    """N micro-steps per window through `stack`, then clip, AdamW, zero_grad(set_to_none), schedule.
+
+    With `trace`, torch.profiler records the steps after the warm-up (CPU operators) and writes them
+    to that file as a Chrome trace, as lm_throughput --trace does."""
     ends, losses = [], []
     t_fwd = t_bwd = t_step = 0.0
+    profiler = None
     for step in range(total_steps):
         timed = step >= warmup
+        if trace and step == warmup:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            profiler.__enter__()
         window_loss = 0.0
         for s in range(ACCUM):
             ids = micro_batch(ids_all, step, s)
@@ -283,6 +290,9 @@ def run_loop(stack, params, ids_all, total_steps, warmup, peak_lr):
         ends.append(time.perf_counter())
         if timed:
             t_step += ends[-1] - t0
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        profiler.export_chrome_trace(trace)
     return ends, losses, t_fwd, t_bwd, t_step
 
 
@@ -295,7 +305,10 @@ def main():
     ap.add_argument("--shape", choices=list(SHAPES), default="small")
     ap.add_argument("--loop", choices=["eager", "compile", "accelerate", "fabric"], default="eager")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--trace", help="write the timed steps' CPU operators to this file (Chrome trace)")
     args = ap.parse_args()
+    if args.trace and (args.device != "cpu" or args.warmup_steps < 1):
+        ap.error("--trace needs --device cpu and --warmup-steps >= 1")
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     if args.loop != "eager" and args.mixed_precision != "no":
         ap.error("--loop other than eager runs fp32 only")
@@ -341,7 +354,8 @@ def main():
         model = torch.compile(model)
     stack = {"eager": Eager, "compile": Eager, "accelerate": Accelerate, "fabric": Fabric}[args.loop](model, opt, bf16, device)
     start = time.perf_counter()
-    ends, losses, t_fwd, t_bwd, t_step = run_loop(stack, params, ids_all, total_steps, args.warmup_steps, peak_lr)
+    ends, losses, t_fwd, t_bwd, t_step = run_loop(stack, params, ids_all, total_steps, args.warmup_steps, peak_lr,
+                                                 args.trace)
 
     # Probed again after training; the peak is the faster probe of the two (the
     # probe's rate is bimodal on this machine, see BENCHMARKS.md).

@@ -104,8 +104,12 @@ def main():
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--data-dir", default=DATA_DIR)
     ap.add_argument("--loop", choices=["eager", "compile", "accelerate", "fabric"], default="eager")
+    ap.add_argument("--trace", help="torch.profiler over the steps after --warmup-steps, written to this file as a "
+                    "Chrome trace (as gradaccum's profile_from_step writes one)")
     args = ap.parse_args()
     assert args.max_steps > args.warmup_steps >= 0
+    assert not args.trace or args.warmup_steps >= 1, "--trace needs --warmup-steps >= 1"
+    profiler = None
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -140,6 +144,9 @@ def main():
         for k in range(windows_per_epoch):
             if step >= args.max_steps:
                 break
+            if args.trace and step == args.warmup_steps:
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                profiler.__enter__()
             idx_window = perm[k * window:(k + 1) * window]
             total = idx_window.shape[0]  # exact normalization: the window's own sample count
             window_loss = torch.zeros((), dtype=torch.float64)
@@ -177,6 +184,9 @@ def main():
             step_samples.append(total)
             step_end_times.append(time.perf_counter() - t0)
         epoch += 1
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        profiler.export_chrome_trace(args.trace)
 
     w = args.warmup_steps
     timed_samples = sum(step_samples[w:])
