@@ -95,27 +95,27 @@ int64_t trace_events_named(const std::string& path, const std::string& name) {
   return count;
 }
 
+// Five float32 steps of the small CNN with the profiler over steps first..first+count-1; returns
+// the trace's path.
+std::string traced_run(int first, int count, std::string* out = nullptr) {
+  const auto dir = make_temp_dir("profiler-" + std::to_string(first)) + "/run";
+  const auto r = run_cli("train " + kSmallCnn + " --set dtype=float32 --set max_steps=5 --set data.eval_limit=-1" +
+                         " --set profile_from_step=" + std::to_string(first) +
+                         " --set profile_steps=" + std::to_string(count) + " --set output_dir=" + dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  if (out != nullptr) *out = r.out;
+  return dir + "/profiler/trace-rank0.json";
+}
+
 TEST(CliEndToEnd, ProfilerTracesTheChosenOptimizerSteps) {
   // The CNN has two convolutions: 16 x 4 runs 8 aten::conv2d calls per optimizer step.
-  const auto out = make_temp_dir("profiler") + "/run";
-  const auto r = run_cli("train " + kSmallCnn +
-                         " --set dtype=float32 --set max_steps=5 --set data.eval_limit=-1 --set profile_from_step=2 "
-                         "--set profile_steps=2 --set output_dir=" +
-                         out);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto trace = out + "/profiler/trace-rank0.json";
-  EXPECT_NE(r.out.find("profiler: optimizer steps 2 to 3 traced to " + trace), std::string::npos) << r.out;
+  std::string out;
+  const auto trace = traced_run(2, 2, &out);
+  EXPECT_NE(out.find("profiler: optimizer steps 2 to 3 traced to " + trace), std::string::npos) << out;
   EXPECT_EQ(trace_events_named(trace, "aten::conv2d"), 2 * 4 * 2);
   EXPECT_FALSE(std::filesystem::exists(trace + ".tmp"));
-
   // A run that ends inside the traced steps writes what it traced: step 5 alone.
-  const auto short_run = make_temp_dir("profiler-end") + "/run";
-  const auto s = run_cli("train " + kSmallCnn +
-                         " --set dtype=float32 --set max_steps=5 --set data.eval_limit=-1 --set profile_from_step=5 "
-                         "--set profile_steps=10 --set output_dir=" +
-                         short_run);
-  ASSERT_EQ(s.exit_code, 0) << s.err;
-  EXPECT_EQ(trace_events_named(short_run + "/profiler/trace-rank0.json", "aten::conv2d"), 2 * 4);
+  EXPECT_EQ(trace_events_named(traced_run(5, 10), "aten::conv2d"), 2 * 4);
 }
 
 TEST(CliEndToEnd, BatchNormWithAccumulationWarns) {
