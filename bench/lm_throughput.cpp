@@ -68,7 +68,6 @@
 // bench/compare_lm.py runs both alternately.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Version.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 #ifdef GRADACCUM_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -81,7 +80,7 @@
 #include <chrono>
 #include <exception>
 #include <iostream>
-#include <set>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,6 +97,7 @@
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/optim/optimizer_factory.h"
 #include "gradaccum/run/heap_retention.h"
+#include "gradaccum/run/profiler_trace.h"
 
 namespace {
 
@@ -139,34 +139,14 @@ class RandomTokens final : public core::Dataset {
   torch::Tensor ids_;
 };
 
-// libtorch's profiler over the timed steps: CPU operators, written as a Chrome trace.
-namespace trace {
-namespace profiler = torch::autograd::profiler;
-
-const torch::profiler::impl::ProfilerConfig& config() {
-  static const torch::profiler::impl::ProfilerConfig c(torch::profiler::impl::ProfilerState::KINETO);
-  return c;
-}
-const std::set<torch::profiler::impl::ActivityType> kCpu{torch::profiler::impl::ActivityType::CPU};
-
-void start() {
-  profiler::prepareProfiler(config(), kCpu);
-  profiler::enableProfiler(config(), kCpu);
-}
-void stop_and_save(const std::string& path) { profiler::disableProfiler()->save(path); }
-}  // namespace trace
-
 class StepClock final : public core::TrainingObserver {
  public:
   void on_step(const core::StepRecord& r) override {
     ends.push_back(Clock::now());
     losses.push_back(r.loss);
-    if (!trace_path.empty() && r.step == trace_after_step) trace::start();
   }
   std::vector<Clock::time_point> ends;
   std::vector<double> losses;
-  std::string trace_path;        // --trace: profile the steps after trace_after_step
-  int64_t trace_after_step = 0;  // the last warm-up step
 };
 
 struct Options {
@@ -400,8 +380,6 @@ int main(int argc, char** argv) {
   const int64_t tokens_per_step = m.micro_batch * m.accumulation * m.context;
 
   StepClock clock;
-  clock.trace_path = opts.trace;
-  clock.trace_after_step = warmup;
   Clock::time_point start;
   double t_forward = 0.0, t_backward = 0.0, t_step = 0.0;  // --profile, timed steps only
   if (!profile) {
@@ -410,10 +388,17 @@ int main(int argc, char** argv) {
     options.mixed_precision = precision;
     options.device = device;
     options.deterministic_accumulation = opts.deterministic;
-    core::Trainer trainer(options, model, data, nullptr, clock);
+    // --trace: the steps after the warm-up, as `gradaccum train` traces with profile_from_step.
+    core::ObserverList observers;
+    observers.add(clock);
+    std::optional<gradaccum::run::ProfilerTrace> trace;
+    if (!opts.trace.empty()) {
+      trace.emplace(warmup + 1, steps, opts.trace, /*cuda=*/false, /*resumed_step=*/-1);
+      observers.add(*trace);
+    }
+    core::Trainer trainer(options, model, data, nullptr, observers);
     start = Clock::now();
     trainer.run();
-    if (!opts.trace.empty()) trace::stop_and_save(opts.trace);
   } else {
     // The Trainer's micro-step and step sequence, written out with timers.
     auto params = net->parameters();

@@ -254,7 +254,7 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
     observers.add(*profiler_trace);
     if (rank0 && options.console) {
       fmt::print("profiler: optimizer steps {} to {} traced to {}\n", options.profile_from_step,
-                 options.profile_from_step + options.profile_steps - 1, profiler_trace->path());
+                 profiler_trace->last_step(), profiler_trace->path());
     }
   }
 

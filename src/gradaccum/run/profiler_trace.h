@@ -24,6 +24,7 @@ class ProfilerTrace final : public core::TrainingObserver {
   void on_end(const core::TrainSummary& summary) override;
 
   const std::string& path() const { return path_; }
+  int64_t last_step() const { return last_; }
 
  private:
   void start();
