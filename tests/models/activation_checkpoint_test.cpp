@@ -525,11 +525,14 @@ TEST(ActivationCheckpointModes, EvalModeAndNoGradRunTheBlocksPlainly) {
       return model->forward(batch.data.ids, batch.data.mask);
     };
 
+    // The same operators on the same inputs. Not asserted bit for bit: two runs of one float64
+    // forward differed once in the last bits under a loaded CI on an Intel Xeon (MKL promises
+    // run-to-run reproducibility only under its CNR mode); the node counts show what ran.
     model->eval();
     const auto plain_eval = forward(false);
     const auto checkpointed_eval = forward(true);
     EXPECT_TRUE(model->transformer->gradient_checkpointing());
-    EXPECT_TRUE(torch::equal(checkpointed_eval, plain_eval));
+    EXPECT_LT(gradaccum::testing::max_relative_difference(checkpointed_eval, plain_eval), 1e-13);
     const auto counts = count_nodes(checkpointed_eval, kNodeKinds);
     EXPECT_EQ(counts[0], 0);
     EXPECT_EQ(counts[1] + counts[2], n_layer(arch));
@@ -538,8 +541,8 @@ TEST(ActivationCheckpointModes, EvalModeAndNoGradRunTheBlocksPlainly) {
     torch::NoGradGuard no_grad;
     const auto plain_no_grad = forward(false);
     const auto checkpointed_no_grad = forward(true);
-    EXPECT_TRUE(torch::equal(checkpointed_no_grad, plain_no_grad));
-    EXPECT_TRUE(torch::equal(checkpointed_no_grad, plain_eval));
+    EXPECT_LT(gradaccum::testing::max_relative_difference(checkpointed_no_grad, plain_no_grad), 1e-13);
+    EXPECT_LT(gradaccum::testing::max_relative_difference(checkpointed_no_grad, plain_eval), 1e-13);
     EXPECT_EQ(checkpointed_no_grad.grad_fn(), nullptr);
   }
 }
