@@ -33,7 +33,7 @@
 #include "test_support.h"
 #include "tiny_decoders.h"
 
-namespace {
+namespace host_reads_test {
 
 using namespace gradaccum;
 
@@ -341,4 +341,4 @@ TEST(HostReads, DataParallelGpt2ReadsNothingOnTheHostOnAnyMicroStep) {
   EXPECT_GT(counter.inside(), 0);
 }
 
-}  // namespace
+}  // namespace host_reads_test

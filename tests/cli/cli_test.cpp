@@ -9,7 +9,7 @@
 
 #include "test_support.h"
 
-namespace {
+namespace cli_test {
 
 using gradaccum::testing::CliResult;
 using gradaccum::testing::make_temp_dir;
@@ -217,9 +217,9 @@ TEST(CliBadInputFiles, CorruptDatasetFileIsNamed) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace cli_test
 
-namespace {
+namespace cli_test {
 
 const std::string kVerify =
     "verify --set model.channels=[4,8] --set model.hidden=[16] --set data.train_limit=256 --set threads=2 "
@@ -245,4 +245,4 @@ TEST(CliVerify, ExactWithGroupNormAndNotWithBatchNorm) {
       "gradaccum: error: --splits: 20x3 is a global batch of 60, 64x1 one of 64: compare splits of the same batch\n");
 }
 
-}  // namespace
+}  // namespace cli_test

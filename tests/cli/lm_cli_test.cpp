@@ -15,7 +15,7 @@
 #include "gradaccum/models/built_model.h"
 #include "test_support.h"
 
-namespace {
+namespace lm_cli_test {
 
 using gradaccum::testing::make_temp_dir;
 using gradaccum::testing::run_cli;
@@ -255,4 +255,4 @@ TEST(LmBadInput, TokenizerAndTextFilesAreNamed) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace lm_cli_test

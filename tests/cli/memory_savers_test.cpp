@@ -10,7 +10,7 @@
 
 #include "test_support.h"
 
-namespace {
+namespace memory_savers_test {
 
 using gradaccum::testing::make_temp_dir;
 using gradaccum::testing::run_cli;
@@ -78,4 +78,4 @@ TEST(MemorySaversConfig, ModelsWithoutBlocksOrLmHeadAreNamed) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace memory_savers_test

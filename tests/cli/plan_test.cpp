@@ -5,7 +5,7 @@
 
 #include "test_support.h"
 
-namespace {
+namespace plan_test {
 
 using gradaccum::testing::make_temp_dir;
 using gradaccum::testing::read_text;
@@ -121,4 +121,4 @@ TEST(Plan, AutoTrainsWithThePlannedDecompositionOfTheGlobalBatch) {
             "global_batch_size; set global_batch_size (> 0)\n");
 }
 
-}  // namespace
+}  // namespace plan_test

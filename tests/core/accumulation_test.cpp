@@ -13,7 +13,7 @@
 #include "gradaccum/models/tasks.h"
 #include "test_support.h"
 
-namespace {
+namespace accumulation_test {
 
 using namespace gradaccum;
 using gradaccum::testing::TensorDataset;
@@ -284,4 +284,4 @@ TEST(Decomposition, SameTrajectoryForEverySplitOfTheGlobalBatch) {
   EXPECT_GT(std::abs(different.loss[1] - reference.loss[1]), 1e-6);
 }
 
-}  // namespace
+}  // namespace accumulation_test

@@ -10,7 +10,7 @@
 #include "gradaccum/core/window_plan.h"
 #include "test_support.h"
 
-namespace {
+namespace carry_test {
 
 using gradaccum::core::BatchGeometry;
 using gradaccum::core::LastWindow;
@@ -129,4 +129,4 @@ TEST(CarryRuns, AResumeAtAWindowAcrossTheEpochBoundaryIsBitIdentical) {
             gradaccum::testing::read_text(dir + "/whole/final/model.safetensors"));
 }
 
-}  // namespace
+}  // namespace carry_test

@@ -13,7 +13,7 @@
 #include "gradaccum/core/window_plan.h"
 #include "test_support.h"
 
-namespace {
+namespace deterministic_accumulation_test {
 
 namespace fs = std::filesystem;
 using gradaccum::core::canonical_sum;
@@ -233,4 +233,4 @@ TEST(DeterministicAccumulation, RefusesWhatItCannotKeepBitIdentical) {
       << zero.err;
 }
 
-}  // namespace
+}  // namespace deterministic_accumulation_test

@@ -11,7 +11,7 @@
 #include "gradaccum/models/tasks.h"
 #include "test_support.h"
 
-namespace {
+namespace grad_flow_test {
 
 using namespace gradaccum;
 
@@ -122,4 +122,4 @@ TEST(GradFlow, ProgramWritesGradFlowJsonl) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace grad_flow_test

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-namespace {
+namespace loss_normalizer_test {
 
 using gradaccum::core::LossNormalization;
 using gradaccum::core::LossNormalizer;
@@ -96,4 +96,4 @@ TEST(LossNormalizer, RestoredTotalsContinueTheWindowExactly) {
   EXPECT_TRUE(torch::equal(second.local_totals(), torch::tensor({9.0, 4.0, 2.5}, torch::kDouble)));
 }
 
-}  // namespace
+}  // namespace loss_normalizer_test

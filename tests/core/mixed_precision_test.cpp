@@ -21,7 +21,7 @@
 #include "gradaccum/optim/loss_scaler.h"
 #include "test_support.h"
 
-namespace {
+namespace mixed_precision_test {
 
 using namespace gradaccum;
 using gradaccum::testing::flat_grads;
@@ -525,8 +525,6 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
   fs::remove_all(dir);
 }
 
-}  // namespace
-
 TEST(MixedPrecisionBf16CpuMatmuls, RouteThroughFloat32OnlyForCpuBf16WhereChosen) {
   const torch::Device cpu(torch::kCPU), cuda(torch::kCUDA);
   using core::MixedPrecision;
@@ -551,3 +549,5 @@ TEST(MixedPrecisionBf16CpuMatmuls, ConfigKeyIsChecked) {
   EXPECT_NE(bad.err.find("bf16_cpu_matmuls"), std::string::npos) << bad.err;
   fs::remove_all(dir);
 }
+
+}  // namespace mixed_precision_test

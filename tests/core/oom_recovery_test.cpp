@@ -23,7 +23,7 @@
 #include "in_process_ranks.h"
 #include "test_support.h"
 
-namespace {
+namespace oom_recovery_test {
 
 namespace fs = std::filesystem;
 namespace core = gradaccum::core;
@@ -396,4 +396,4 @@ TEST(OomRecoveryUnderRlimit, OneRanksLimitSwitchesBothProcessesAtTheSameWindow) 
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace oom_recovery_test

@@ -10,7 +10,7 @@
 #include "gradaccum/optim/lr_schedule.h"
 #include "gradaccum/optim/optimizer_factory.h"
 
-namespace {
+namespace plan_and_schedule_test {
 
 using namespace gradaccum;
 using core::BatchGeometry;
@@ -200,4 +200,4 @@ TEST(Optimizers, NesterovNeedsMomentumAndUnknownNamesAreErrors) {
   EXPECT_THROW(optim::make_optimizer(spec, {w}), Error);
 }
 
-}  // namespace
+}  // namespace plan_and_schedule_test

@@ -11,7 +11,7 @@
 #include "gradaccum/models/tasks.h"
 #include "test_support.h"
 
-namespace {
+namespace seed000_test {
 
 using gradaccum::core::LossNormalization;
 using gradaccum::models::Regressor;
@@ -129,4 +129,4 @@ TEST(Seed000BatchNorm, AccumulationDiffersFromFullBatchAndWarns) {
   EXPECT_EQ(gradaccum::core::batch_dependence_warning(accumulated.module(), 4, 1), "");
 }
 
-}  // namespace
+}  // namespace seed000_test

@@ -8,7 +8,7 @@
 #include "gradaccum/core/window_plan.h"
 #include "test_support.h"
 
-namespace {
+namespace token_budget_test {
 
 using gradaccum::core::BatchGeometry;
 using gradaccum::core::Window;
@@ -87,4 +87,4 @@ TEST(TokenBudget, TrainsAsThePlainCutWithOtherMicroStepsAndLessMemory) {
             "deterministic_accumulation (the number of micro-batches per rank would depend on the world size)\n");
 }
 
-}  // namespace
+}  // namespace token_budget_test

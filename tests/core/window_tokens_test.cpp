@@ -24,7 +24,7 @@
 #include "test_support.h"
 #include "tiny_decoders.h"
 
-namespace {
+namespace window_tokens_test {
 
 namespace core = gradaccum::core;
 namespace data = gradaccum::data;
@@ -383,4 +383,4 @@ TEST(WindowTokensCli, WhatCannotBeCombinedIsNamed) {
             "of tokens need a causal language model's data)\n");
 }
 
-}  // namespace
+}  // namespace window_tokens_test

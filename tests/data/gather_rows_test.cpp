@@ -7,7 +7,7 @@
 
 #include "gradaccum/base/check.h"
 
-namespace {
+namespace gather_rows_test {
 
 using gradaccum::data::gather_rows;
 
@@ -40,4 +40,4 @@ TEST(GatherRows, AnIndexOutOfRangeIsAnErrorNamingIt) {
   EXPECT_THROW(gather_rows(source, torch::tensor({-1}, torch::kLong)), gradaccum::Error);
 }
 
-}  // namespace
+}  // namespace gather_rows_test

@@ -13,7 +13,7 @@
 #include "gradaccum/io/config.h"
 #include "test_support.h"
 
-namespace {
+namespace random_tokens_test {
 
 using gradaccum::data::make_random_tokens_data;
 using gradaccum::data::RandomTokensDataset;
@@ -178,4 +178,4 @@ TEST(RandomTokensTrain, TwoStepsBuildAModelOfTheDataVocabulary) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace random_tokens_test

@@ -28,7 +28,7 @@
 #include "test_support.h"
 
 namespace gradaccum::data {
-namespace {
+namespace text_data_test {
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
@@ -490,5 +490,6 @@ TEST(TextDataKjv, LanguageModelDataPaddedAndPacked) {
   EXPECT_EQ(all.train->tokens(), all_tokens);
 }
 
-}  // namespace
+}  // namespace text_data_test
+
 }  // namespace gradaccum::data

@@ -37,7 +37,7 @@
 #include "test_support.h"
 
 namespace gradaccum::data {
-namespace {
+namespace tokenizer_test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -900,5 +900,6 @@ TEST(TokenizerCli, MissingTokenizerIsAOneLineError) {
   EXPECT_NE(env.err.find(missing + " does not exist: run scripts/setup.sh"), std::string::npos) << env.err;
 }
 
-}  // namespace
+}  // namespace tokenizer_test
+
 }  // namespace gradaccum::data

@@ -8,7 +8,7 @@
 
 #include "in_process_ranks.h"
 
-namespace {
+namespace bucketed_grad_sync_test {
 
 using gradaccum::dist::BucketedGradSync;
 
@@ -91,4 +91,4 @@ TEST(BucketedGradSync, GradientsAreBucketViewsAndHoldTheSumOverRanks) {
   }
 }
 
-}  // namespace
+}  // namespace bucketed_grad_sync_test

@@ -21,7 +21,7 @@
 #include "gradaccum/dist/store_stop_agreement.h"
 #include "test_support.h"
 
-namespace {
+namespace dist_test {
 
 using gradaccum::testing::make_temp_dir;
 using gradaccum::testing::read_text;
@@ -419,4 +419,4 @@ TEST(DataParallelFailures, MismatchedConfigurationsAreRefused) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace dist_test

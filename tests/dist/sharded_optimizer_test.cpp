@@ -9,7 +9,7 @@
 #include "gradaccum/base/check.h"
 #include "in_process_ranks.h"
 
-namespace {
+namespace sharded_optimizer_test {
 
 using gradaccum::dist::ShardedOptimizer;
 using gradaccum::optim::OptimizerSpec;
@@ -154,4 +154,4 @@ TEST(ShardedOptimizer, NoReferenceToTheGradientsOutlivesAStep) {
   }
 }
 
-}  // namespace
+}  // namespace sharded_optimizer_test

@@ -14,7 +14,7 @@
 #include "gradaccum/base/check.h"
 #include "test_support.h"
 
-namespace {
+namespace safetensors_test {
 
 namespace fs = std::filesystem;
 using gradaccum::Error;
@@ -323,4 +323,4 @@ TEST(SafetensorsErrors, LoadNamesThePath) {
   EXPECT_ONE_LINE_ERROR(formats::load_safetensors(dir), dir + ": not a regular file");
 }
 
-}  // namespace
+}  // namespace safetensors_test

@@ -28,7 +28,7 @@
 
 extern char** environ;
 
-namespace {
+namespace checkpoint_test {
 
 using gradaccum::testing::make_temp_dir;
 using gradaccum::testing::read_jsonl;
@@ -466,4 +466,4 @@ TEST(CheckpointPreemption, StopInsideAWindowThenRestoreGivesIdenticalWeights) {
                            gradaccum::testing::flat_params(straight_model->module())));
 }
 
-}  // namespace
+}  // namespace checkpoint_test

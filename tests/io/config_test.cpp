@@ -16,7 +16,7 @@
 #include "gradaccum/models/model_types.h"
 #include "test_support.h"
 
-namespace {
+namespace config_test {
 
 using gradaccum::io::config_keys;
 using gradaccum::io::KeyType;
@@ -167,4 +167,4 @@ TEST(Config, TheReferenceInDocsIsTheTablesOwn) {
   for (const auto& key : config_keys()) EXPECT_NE(reference.find(key.name), std::string::npos) << key.name;
 }
 
-}  // namespace
+}  // namespace config_test

@@ -11,7 +11,7 @@
 
 #include "test_support.h"
 
-namespace {
+namespace metrics_writer_test {
 
 namespace core = gradaccum::core;
 using gradaccum::io::MetricsWriter;
@@ -128,4 +128,4 @@ TEST(MetricsWriter, AResumedRunKeepsTheLinesUpToItsStepAndAppends) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace metrics_writer_test

@@ -14,7 +14,7 @@
 #include "gradaccum/formats/event_file.h"
 #include "test_support.h"
 
-namespace {
+namespace tensorboard_test {
 
 namespace fs = std::filesystem;
 using gradaccum::testing::make_temp_dir;
@@ -226,4 +226,4 @@ TEST(TensorBoardRun, ReportToNamesOnlyKnownIntegrations) {
   EXPECT_NE(both.err.find("'none' cannot be combined"), std::string::npos) << both.err;
 }
 
-}  // namespace
+}  // namespace tensorboard_test

@@ -15,7 +15,7 @@
 #include "gradaccum/models/qkv_attention.h"
 #include "test_support.h"
 
-namespace {
+namespace custom_kernels_test {
 
 using namespace gradaccum;
 using gradaccum::testing::CustomKernelsScope;
@@ -117,4 +117,4 @@ TEST(CustomKernels, TheConfigKeyIsCheckedBeforeAnythingIsWritten) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace custom_kernels_test

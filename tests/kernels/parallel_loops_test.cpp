@@ -6,7 +6,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
-namespace {
+namespace parallel_loops_test {
 
 TEST(ParallelLoops, LibraryLoopsRunOnEveryThreadTheyAreGiven) {
   const int threads = at::get_num_threads();
@@ -17,4 +17,4 @@ TEST(ParallelLoops, LibraryLoopsRunOnEveryThreadTheyAreGiven) {
   at::set_num_threads(threads);
 }
 
-}  // namespace
+}  // namespace parallel_loops_test

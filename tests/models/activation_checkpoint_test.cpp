@@ -25,7 +25,7 @@
 #include "test_support.h"
 #include "tiny_decoders.h"
 
-namespace {
+namespace activation_checkpoint_test {
 
 using gradaccum::testing::tiny_bloom_config;
 using gradaccum::testing::tiny_gpt2_config;
@@ -547,4 +547,4 @@ TEST(ActivationCheckpointModes, EvalModeAndNoGradRunTheBlocksPlainly) {
   }
 }
 
-}  // namespace
+}  // namespace activation_checkpoint_test

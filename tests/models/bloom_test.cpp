@@ -19,7 +19,7 @@
 #include "test_support.h"
 #include "tiny_decoders.h"
 
-namespace {
+namespace bloom_test {
 
 using gradaccum::testing::tiny_bloom_config;
 
@@ -329,4 +329,4 @@ TEST(BloomAccumulation, IgnoredPaddingNaiveMeanOverWeightsShortMicroBatches) {
   EXPECT_GT(naive.loss, naive.full_loss * (1 + 1e-4));
 }
 
-}  // namespace
+}  // namespace bloom_test

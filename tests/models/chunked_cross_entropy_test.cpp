@@ -21,7 +21,7 @@
 #include "test_support.h"
 #include "tiny_decoders.h"
 
-namespace {
+namespace chunked_cross_entropy_test {
 
 using gradaccum::testing::tiny_bloom_config;
 using gradaccum::testing::tiny_gpt2_config;
@@ -420,8 +420,6 @@ TEST_P(ChunkedCrossEntropyModelDtypes, BloomGradientsEqualPlainLoss) {
 INSTANTIATE_TEST_SUITE_P(, ChunkedCrossEntropyModelDtypes, gradaccum::testing::dtype_cases(1e-10, 1e-5),
                          gradaccum::testing::dtype_case_name);
 
-}  // namespace
-
 // loss_chunk_tokens 0 picks the chunk whose float32 logits take ~64 MiB.
 TEST(ChunkedCrossEntropyModel, AutomaticChunkKeepsFloat32LogitsNear64MiB) {
   auto config = tiny_gpt2_config();
@@ -434,3 +432,5 @@ TEST(ChunkedCrossEntropyModel, AutomaticChunkKeepsFloat32LogitsNear64MiB) {
   small_vocab.set_loss_chunk_tokens(7);
   EXPECT_EQ(small_vocab.chunk_tokens(), 7);
 }
+
+}  // namespace chunked_cross_entropy_test

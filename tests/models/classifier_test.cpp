@@ -16,7 +16,7 @@
 #include "padded_batches.h"
 #include "test_support.h"
 
-namespace {
+namespace classifier_test {
 
 using gradaccum::core::LossNormalization;
 using gradaccum::models::as_decoder;
@@ -213,4 +213,4 @@ TEST(ClassifierTask, BadLabelsAreAnErrorNamingThem) {
             "sequence classifier: num_labels must be positive, got 0");
 }
 
-}  // namespace
+}  // namespace classifier_test

@@ -11,7 +11,7 @@
 #include "gradaccum/models/networks.h"
 #include "test_support.h"
 
-namespace {
+namespace gelu_mlp_test {
 
 using gradaccum::models::GeluMlp;
 using gradaccum::testing::max_relative_difference;
@@ -189,4 +189,4 @@ TEST(GeluMlp, NoGraphUnderNoGradAndAClearErrorForASecondDerivative) {
   }
 }
 
-}  // namespace
+}  // namespace gelu_mlp_test

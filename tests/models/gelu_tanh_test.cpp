@@ -8,7 +8,7 @@
 
 #include "test_support.h"
 
-namespace {
+namespace gelu_tanh_test {
 
 using gradaccum::models::gelu_tanh;
 using gradaccum::models::gelu_tanh_fuses;
@@ -79,4 +79,4 @@ TEST(GeluTanh, FusedPathIsOneNodeAndRefusesSecondOrderGradients) {
               HasSubstr("gelu_tanh: the fused CPU path is not twice differentiable"));
 }
 
-}  // namespace
+}  // namespace gelu_tanh_test

@@ -20,7 +20,7 @@
 #include "test_support.h"
 #include "tiny_decoders.h"
 
-namespace {
+namespace gpt2_test {
 
 using gradaccum::testing::tiny_gpt2_config;
 
@@ -418,4 +418,4 @@ TEST(Gpt2CausalLmLoss, UntiedHeadHasItsOwnWeightAndGradients) {
   EXPECT_GT(fused.model()->lm_head->weight.grad().abs().sum(1).gt(0).sum().item<int64_t>(), config.vocab_size / 2);
 }
 
-}  // namespace
+}  // namespace gpt2_test

@@ -19,7 +19,7 @@
 #include "gradaccum/models/sequence_classifier.h"
 #include "test_support.h"
 
-namespace {
+namespace hf_checkpoint_test {
 
 namespace fs = std::filesystem;
 using gradaccum::Error;
@@ -505,4 +505,4 @@ TEST(HfCheckpointErrors, DirectoryFilesMissingOrCorrupt) {
                         "sharded checkpoints (model.safetensors.index.json) are not supported");
 }
 
-}  // namespace
+}  // namespace hf_checkpoint_test

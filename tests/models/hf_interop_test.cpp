@@ -35,7 +35,7 @@
 #include "gradaccum/models/sequence_classifier.h"
 #include "test_support.h"
 
-namespace {
+namespace hf_interop_test {
 
 namespace fs = std::filesystem;
 using namespace gradaccum;
@@ -442,4 +442,4 @@ TEST(HfEval, GradaccumEvalGivesTransformersPerplexity) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace hf_interop_test

@@ -10,7 +10,7 @@
 #include "gradaccum/models/decoder.h"
 #include "test_support.h"
 
-namespace {
+namespace qkv_attention_test {
 
 using gradaccum::models::causal_attention_allowed;
 using gradaccum::models::qkv_attention;
@@ -153,4 +153,4 @@ TEST(QkvAttention, RefusesBadShapesAndSecondOrderGradients) {
               HasSubstr("not twice differentiable"));
 }
 
-}  // namespace
+}  // namespace qkv_attention_test

@@ -16,7 +16,7 @@
 #include "test_support.h"
 #include "tiny_decoders.h"
 
-namespace {
+namespace sample_dropout_test {
 
 namespace core = gradaccum::core;
 namespace models = gradaccum::models;
@@ -247,4 +247,4 @@ TEST(SampleDropoutRuns, TheConfigNamesTheMisplacedKey) {
       "gradaccum: error: key 'model.resid_pdrop': must be in [0, 1), or -1 for the checkpoint's (else 0), got 1\n");
 }
 
-}  // namespace
+}  // namespace sample_dropout_test

@@ -12,7 +12,7 @@
 
 #include "test_support.h"
 
-namespace {
+namespace softmax_cross_entropy_test {
 
 using gradaccum::models::softmax_cross_entropy_;
 using gradaccum::models::softmax_cross_entropy_supports;
@@ -164,4 +164,4 @@ TEST(SoftmaxCrossEntropy, RefusesWhatItDoesNotTake) {
   EXPECT_EQ(logits.abs().sum().item<float>(), 0.0f);
 }
 
-}  // namespace
+}  // namespace softmax_cross_entropy_test

@@ -9,7 +9,7 @@
 #include "gradaccum/optim/optimizer_factory.h"
 #include "test_support.h"
 
-namespace {
+namespace fused_adamw_test {
 
 using gradaccum::optim::FusedAdamW;
 using gradaccum::testing::max_relative_difference;
@@ -94,8 +94,6 @@ TEST(FusedAdamW, NonContiguousParametersAndSparseGradients) {
   EXPECT_THROW(fused.step(), c10::Error);
 }
 
-}  // namespace
-
 // Weight decay reaches matrices and embeddings, not biases and gains (HF Trainer's split for
 // GPT-2/BLOOM): with zero gradients AdamW's only move is the decay, p ← p·(1 − lr·wd). SGD
 // too; the flags a sharded optimizer passes override the dimension rule.
@@ -123,3 +121,5 @@ TEST(MakeOptimizer, WeightDecaySkipsBiasesAndNormGains) {
   EXPECT_EQ(gradaccum::optim::make_optimizer(plain, {torch::zeros({2, 2}), torch::zeros({2})})->param_groups().size(),
             1u);
 }
+
+}  // namespace fused_adamw_test

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-namespace {
+namespace grad_clip_test {
 
 using gradaccum::optim::clip_grad_norm;
 using gradaccum::optim::global_weight_norm;
@@ -63,4 +63,4 @@ TEST(GradClip, ClipScalesEveryGradientByMaxNormOverTheNorm) {
   EXPECT_NEAR(unclipped.norm_after.item<double>(), unclipped.norm_before.item<double>(), 0.0);
 }
 
-}  // namespace
+}  // namespace grad_clip_test

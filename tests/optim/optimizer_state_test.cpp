@@ -12,7 +12,7 @@
 #include "gradaccum/formats/safetensors.h"
 #include "gradaccum/optim/optimizer_factory.h"
 
-namespace {
+namespace optimizer_state_test {
 
 using gradaccum::optim::load_optimizer_state;
 using gradaccum::optim::optimizer_state;
@@ -137,4 +137,4 @@ TEST(OptimizerState, StateThatDoesNotFitIsAOneLineErrorNamingIt) {
             "of an AdamW state");
 }
 
-}  // namespace
+}  // namespace optimizer_state_test

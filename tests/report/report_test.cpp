@@ -15,7 +15,7 @@
 #include "png_pixels.h"
 #include "test_support.h"
 
-namespace {
+namespace report_test {
 
 namespace fs = std::filesystem;
 using gradaccum::testing::make_temp_dir;
@@ -274,4 +274,4 @@ TEST(ReportInBrowser, ChromiumShowsEveryFigure) {
   EXPECT_EQ(lines, 14) << "a figure is missing from the screenshot " << shot;
 }
 
-}  // namespace
+}  // namespace report_test

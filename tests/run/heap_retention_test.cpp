@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace {
+namespace heap_retention_test {
 
 // Keeps the compiler from eliding a malloc/free pair whose block is never read.
 void escape(void* p) { asm volatile("" : : "g"(p) : "memory"); }
@@ -34,4 +34,4 @@ TEST(HeapRetention, ActivationSizedBlockComesFromTheHeapAndIsNotTrimmed) {
                                      << " bytes returned to the kernel";
 }
 
-}  // namespace
+}  // namespace heap_retention_test

@@ -10,7 +10,7 @@
 
 #include "test_support.h"
 
-namespace {
+namespace install_test {
 
 namespace fs = std::filesystem;
 using gradaccum::testing::read_text;
@@ -70,4 +70,4 @@ TEST(InstalledPackage, AnOutsideProjectBuildsOnItAndTrainsAlikeOnTwoRanks) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace install_test
