@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# Quick start 2: install what is needed, build, and run the whole test suite.
+# Quick start 2: install what is needed, build, and run the whole test suite (what CI runs).
+# Each stage's time is printed at the end, also when a stage fails, so that a CI log's tail shows
+# where its minutes went (the budget: 60 of CI's 90 minutes on 2 cores; docs/development.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-bash scripts/build.sh
-ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 900
-# The GPU path, compiled and linked, not run (no GPU here): the library, the CLI and the tests
-# against libtorch's CUDA libraries with NCCL (GRADACCUM_WITH_NCCL), so that code cannot rot.
-# Its GPU tests (tests/gpu/gpu_test.cpp) and the GPU benchmark run where a GPU is visible:
-# scripts/gpu_check.sh build-cuda.
 start=$(date +%s)
+stage_times=()
+report() {
+  local status=$?
+  echo "test.sh: stage times: ${stage_times[*]:-none}; total $(($(date +%s) - start)) s (exit status $status)"
+}
+trap report EXIT
+# stage NAME COMMAND...: runs the command and records how long it took.
+stage() {
+  local name=$1 t0
+  shift
+  t0=$(date +%s)
+  "$@"
+  stage_times+=("$name $(($(date +%s) - t0)) s;")
+}
+
+stage setup bash scripts/setup.sh
+stage build bash scripts/build.sh
+stage ctest ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 900
+# The GPU path, compiled and linked, not run (no GPU here): the library, the CLI, the GPU tests and
+# the GPU benchmark against libtorch's CUDA libraries with NCCL (GRADACCUM_WITH_NCCL), so that code
+# cannot rot. The CPU suite holds no CUDA code, so it is not compiled twice. The GPU tests and the
+# benchmark run where a GPU is visible: scripts/gpu_check.sh build-cuda.
 BUILD_DIR=build-cuda CMAKE_ARGS="-DGRADACCUM_WITH_NCCL=ON" \
-  bash scripts/build.sh gradaccum_cli gradaccum_tests gradaccum_gpu_tests float32_cpu_matmuls_check lm_throughput
-echo "test.sh: CUDA + NCCL build (compile and link only) took $(($(date +%s) - start)) s"
-# libFuzzer targets (config, safetensors, tokenizer, tokenizer.json), a bounded
-# number of inputs each (~4 min).
-bash scripts/fuzz.sh
-# The suite again, built with ASan + UBSan (-O1, unity build, ccache off; the
-# default filter of scripts/sanitize.sh, in one GoogleTest shard per core). On a
-# clean clone on 25 Nov 2026 (libtorch 2.15) its build took 620 s and its tests
-# 124 s; the whole of .ci/run took 36 min (docs/development.md, "CI time").
-bash scripts/sanitize.sh
+  stage cuda-build bash scripts/build.sh gradaccum_cli gradaccum_gpu_tests lm_throughput
+# libFuzzer targets (config, safetensors, tokenizer, tokenizer.json), a bounded number of inputs
+# each.
+stage fuzz bash scripts/fuzz.sh
+# The library, the CLI and the unit tests again, built with ASan + UBSan (-O1, unity build, ccache
+# off), the suite's default filter in one GoogleTest shard per core (scripts/sanitize.sh).
+stage sanitize bash scripts/sanitize.sh
