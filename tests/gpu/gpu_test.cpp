@@ -5,6 +5,9 @@
 // (configure with -DGRADACCUM_WITH_CUDA=ON). CI compiles this file in both builds.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#ifdef GRADACCUM_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <chrono>
 #include <filesystem>
@@ -13,10 +16,13 @@
 #include <string>
 #include <thread>
 
+#include "gradaccum/core/trainer.h"
 #include "gradaccum/dist/process_group.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
+#include "gradaccum/models/networks.h"
 #include "gradaccum/models/sample_dropout.h"
+#include "gradaccum/models/tasks.h"
 #include "padded_batches.h"
 #include "test_support.h"
 #include "tiny_decoders.h"
@@ -278,6 +284,145 @@ TEST(GpuNccl, TwoRanksAllReduce) {
   EXPECT_EQ(sums[0], 4 * 3.0);
   EXPECT_EQ(sums[1], 4 * 3.0);
 #endif
+}
+
+#ifdef GRADACCUM_WITH_CUDA
+// Seed 000's MLP whose every micro-step also holds 64 MiB of CUDA memory per sample, as a large
+// activation would, so that the caching allocator itself runs out of memory under a cap.
+class ActivationHeavy final : public core::Trainable {
+ public:
+  static constexpr int64_t kBytesPerSample = int64_t{64} << 20;
+  explicit ActivationHeavy(core::Trainable& inner) : inner_(inner) {}
+  core::LossSum loss(const core::Batch& batch) override {
+    const auto device = inner_.module().parameters().front().device();
+    const auto activation = torch::empty({batch.samples, kBytesPerSample}, torch::dtype(torch::kByte).device(device));
+    return inner_.loss(batch);
+  }
+  core::EvalSums evaluate(const core::Batch& batch) override { return inner_.evaluate(batch); }
+  torch::nn::Module& module() override { return inner_.module(); }
+
+ private:
+  core::Trainable& inner_;
+};
+
+struct HeavyRun {
+  std::vector<double> loss;
+  std::vector<int64_t> micro_batch;
+  std::vector<core::MicroBatchChange> changes;
+  torch::Tensor weights;
+};
+
+// 6 steps of b × n over 96 samples in float64 on cuda:0.
+HeavyRun train_heavy(int64_t b, int64_t n) {
+  torch::manual_seed(0);
+  auto x = torch::randn({96, 16}, torch::kDouble);
+  auto y = torch::randn({96, 1}, torch::kDouble);
+  gradaccum::testing::TensorDataset data(x, y);
+  torch::manual_seed(1);
+  models::Regressor net(models::seed000_mlp());
+  ActivationHeavy model(net);
+  core::TrainerOptions o;
+  o.per_device_train_batch_size = b;
+  o.gradient_accumulation_steps = n;
+  o.max_steps = 6;
+  o.optimizer.learning_rate = 1e-2;
+  o.max_grad_norm = 0.5;
+  o.dtype = torch::kDouble;
+  o.device = torch::Device(torch::kCUDA, 0);
+  struct Collect final : core::TrainingObserver {
+    void on_step(const core::StepRecord& r) override {
+      run.loss.push_back(r.loss);
+      run.micro_batch.push_back(r.micro_batch_size);
+    }
+    void on_micro_batch_change(const core::MicroBatchChange& c) override { run.changes.push_back(c); }
+    HeavyRun run;
+  } collect;
+  core::Trainer trainer(o, model, data, nullptr, collect, nullptr);
+  trainer.run();
+  collect.run.weights = gradaccum::testing::flat_params(net.module()).cpu();
+  return collect.run;
+}
+#endif
+
+// OOM recovery on a GPU: with the caching allocator capped at 1000 MiB above what this process
+// holds after a first run, micro-batch 16 asks for 1 GiB at once and fails with CUDA's own
+// out-of-memory error; the window is trained again at 8 × 4, which fits, and the run equals the
+// first run, configured 8 × 4 from the start. The cap counts from what the first run leaves
+// reserved: on an H100 (torch 2.11) one 546 MiB segment, held by cuBLAS's workspace (65 MiB stay
+// allocated in it), which emptyCache cannot return.
+TEST(GpuOom, TheAllocatorsOutOfMemoryHalvesTheMicroBatchAndKeepsTheTrajectory) {
+  SKIP_WITHOUT_CUDA();
+#ifdef GRADACCUM_WITH_CUDA
+  const auto reference = train_heavy(8, 4);
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  const auto held = stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  const double cap = static_cast<double>(held) + 1000.0 * (1 << 20);
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(cap / static_cast<double>(total_bytes), 0);
+  HeavyRun recovered;
+  try {
+    recovered = train_heavy(16, 2);
+  } catch (...) {
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, 0);
+    throw;
+  }
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, 0);
+  std::cout << "held before the capped run: " << (held >> 20) << " MiB\n";
+  for (const auto& c : recovered.changes) {
+    std::cout << "step " << c.step << ": " << c.from_micro_batch << " x " << c.from_accumulation << " -> "
+              << c.to_micro_batch << " x " << c.to_accumulation << " (asked for " << c.requested_bytes << " bytes)\n";
+  }
+  ASSERT_EQ(recovered.changes.size(), 1u);
+  EXPECT_EQ(recovered.changes[0].step, 1);
+  EXPECT_EQ(recovered.changes[0].from_micro_batch, 16);
+  EXPECT_EQ(recovered.changes[0].to_micro_batch, 8);
+  EXPECT_EQ(recovered.changes[0].to_accumulation, 4);
+  EXPECT_EQ(recovered.changes[0].requested_bytes, 16 * ActivationHeavy::kBytesPerSample);
+  EXPECT_EQ(recovered.micro_batch, std::vector<int64_t>(6, 8));
+  ASSERT_EQ(recovered.loss.size(), reference.loss.size());
+  for (size_t i = 0; i < reference.loss.size(); ++i) {
+    EXPECT_LE(relative_difference(recovered.loss[i], reference.loss[i]), 1e-12) << "step " << i + 1;
+  }
+  EXPECT_LE(gradaccum::testing::max_relative_difference(recovered.weights, reference.weights), 1e-12);
+#endif
+}
+
+// `gradaccum plan` with device: cuda measures each micro-batch's peak in the caching allocator
+// (exact and the same in every process); under a limit between micro-batch 8's and 16's peaks it
+// keeps the global batch and picks a micro-batch that fits.
+TEST(GpuCli, PlanMeasuresTheAllocatorsPeakAndKeepsTheGlobalBatch) {
+  SKIP_WITHOUT_CUDA();
+  const auto dir = gradaccum::testing::make_temp_dir("gpu-plan");
+  const std::string plan =
+      "plan " + tiny_gpt_run(dir) + " --set device=cuda --set model.n_embd=128 --global-batch 16 --steps 2 --json";
+  const auto parse = [](const gradaccum::testing::CliResult& r) {
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  };
+  const auto free_run = parse(gradaccum::testing::run_cli(plan + " --memory 60000"));
+  ASSERT_TRUE(free_run.is_object());
+  EXPECT_EQ(free_run["memory"], "CUDA peak allocated");
+  const auto& candidates = free_run["candidates"];
+  ASSERT_EQ(candidates.size(), 5u);  // 1, 2, 4, 8, 16
+  for (size_t i = 1; i < candidates.size(); ++i) {
+    EXPECT_GE(candidates[i]["peak_mb"].get<double>(), candidates[i - 1]["peak_mb"].get<double>()) << i;
+  }
+  const double p8 = candidates[3]["peak_mb"].get<double>(), p16 = candidates[4]["peak_mb"].get<double>();
+  ASSERT_GT(p16, p8);
+  const auto limited = parse(gradaccum::testing::run_cli(plan + fmt::format(" --memory {:.3f}", (p8 + p16) / 2)));
+  ASSERT_TRUE(limited.is_object());
+  EXPECT_EQ(limited["global_batch"].get<int64_t>(), 16);
+  EXPECT_FALSE(limited["candidates"][4]["fits"].get<bool>());
+  EXPECT_TRUE(limited["candidates"][3]["fits"].get<bool>());
+  const int64_t b = limited["choice"]["per_device_train_batch_size"].get<int64_t>();
+  EXPECT_LE(b, 8);
+  EXPECT_EQ(b * limited["choice"]["gradient_accumulation_steps"].get<int64_t>(), 16);
+  std::cout << "CUDA peaks (MB) for b = 1, 2, 4, 8, 16:";
+  for (const auto& c : candidates) std::cout << " " << c["peak_mb"];
+  std::cout << "\n";
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
