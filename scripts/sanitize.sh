@@ -65,6 +65,11 @@ default_filter+=":MixedPrecisionCurves.*:CheckpointSignals.SigtermToOneRank*:Hea
 # AddressSanitizer reserves terabytes of address space for its shadow, so the RLIMIT_AS tests
 # cannot run under it; plan's probes train the KJV GPT-2 a dozen times (as LmEndToEnd.Kjv*).
 default_filter+=":OomRecoveryUnderRlimit.*:Plan.*"
+# Whole training runs through the CLI, 45-63 s each under the sanitizers (2026-11-27): the runs of
+# window_tokens, sample_dropout and token_budget, whose units (the plans, the masks, the cuts) the
+# kept tests of those files check.
+default_filter+=":WindowTokensCli.ARunCounts*:SampleDropoutRuns.VerifyPasses*:SampleDropoutRuns.WithLibtorchs*"
+default_filter+=":TokenBudget.TrainsAsThePlainCut*"
 filter="${1:-${SANITIZE_FILTER:-$default_filter}}"
 # One gtest process per core, each running every shards-th test (GoogleTest's own sharding): most
 # tests use one thread, and separate processes per test would pay libtorch's start-up under ASan
