@@ -101,6 +101,17 @@ CliResult run_cli(const std::string& args, const std::string& cwd, const std::st
   return r;
 }
 
+core::TrainerOptions seed000_options(int64_t b, int64_t n, int64_t steps) {
+  core::TrainerOptions o;
+  o.per_device_train_batch_size = b;
+  o.gradient_accumulation_steps = n;
+  o.max_steps = steps;
+  o.optimizer.learning_rate = 1e-2;
+  o.max_grad_norm = 0.5;
+  o.dtype = torch::kDouble;
+  return o;
+}
+
 Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t steps, const torch::Device& device,
                              const c10::intrusive_ptr<c10d::Backend>& group, int64_t bucket_bytes) {
   torch::manual_seed(0);
@@ -109,14 +120,8 @@ Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t step
   TensorDataset data(x, y);
   torch::manual_seed(1);
   models::Regressor model(models::seed000_mlp());
-  core::TrainerOptions o;
-  o.per_device_train_batch_size = b;
-  o.gradient_accumulation_steps = n;
-  o.max_steps = steps;
-  o.optimizer.learning_rate = 1e-2;
-  o.max_grad_norm = 0.5;
+  auto o = seed000_options(b, n, steps);
   o.warmup_steps = 2;
-  o.dtype = torch::kDouble;
   o.device = device;
   struct Collect final : core::TrainingObserver {
     void on_step(const core::StepRecord& r) override {

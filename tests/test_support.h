@@ -15,6 +15,7 @@
 #include "gradaccum/base/check.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/trainable.h"
+#include "gradaccum/core/trainer.h"
 #include "gradaccum/kernels/custom_kernels.h"
 
 namespace gradaccum::testing {
@@ -173,6 +174,10 @@ struct Trajectory {
   int64_t allreduce_calls = 0;  // of the last window, when trained through a process group
   int64_t buckets = 0;          // the gradient buckets of that group's sync
 };
+
+// The options seed 000's MLP trains with here: b × n for `steps` optimizer steps in float64, AdamW
+// at lr 1e-2, clipping at 0.5 (so the first steps are clipped).
+core::TrainerOptions seed000_options(int64_t b, int64_t n, int64_t steps);
 
 // Seed 000's MLP (16 → 32 → GELU → 1) trained by core::Trainer in float64 on `device` with
 // b × n on `samples` fixed random samples for `steps` optimizer steps (AdamW, lr 1e-2, 2 warm-up

@@ -111,13 +111,7 @@ TrainedRun train(int64_t b, int64_t n, int64_t max_rows, const c10::intrusive_pt
   models::Regressor net(models::seed000_mlp());
   lock.unlock();
   MemoryCapped model(net, max_rows);
-  core::TrainerOptions o;
-  o.per_device_train_batch_size = b;
-  o.gradient_accumulation_steps = n;
-  o.max_steps = 6;
-  o.optimizer.learning_rate = 1e-2;
-  o.max_grad_norm = 0.5;
-  o.dtype = torch::kDouble;
+  const auto o = support::seed000_options(b, n, 6);
   struct Collect final : core::TrainingObserver {
     void on_step(const core::StepRecord& r) override {
       run.loss.push_back(r.loss);

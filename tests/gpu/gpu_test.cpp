@@ -321,13 +321,7 @@ HeavyRun train_heavy(int64_t b, int64_t n) {
   torch::manual_seed(1);
   models::Regressor net(models::seed000_mlp());
   ActivationHeavy model(net);
-  core::TrainerOptions o;
-  o.per_device_train_batch_size = b;
-  o.gradient_accumulation_steps = n;
-  o.max_steps = 6;
-  o.optimizer.learning_rate = 1e-2;
-  o.max_grad_norm = 0.5;
-  o.dtype = torch::kDouble;
+  auto o = gradaccum::testing::seed000_options(b, n, 6);
   o.device = torch::Device(torch::kCUDA, 0);
   struct Collect final : core::TrainingObserver {
     void on_step(const core::StepRecord& r) override {
