@@ -12,7 +12,9 @@ Before timing anything it checks that the Python peer draws the same data order 
 engine (bench/window_order prints the engine's epoch permutations).
 
 `--peers eager,compile,accelerate,fabric` adds the same loop under torch.compile, HF Accelerate
-and Lightning Fabric (bench/py/train_fmnist.py --loop) as further programs in the rotation.
+and Lightning Fabric (bench/py/train_fmnist.py --loop) as further programs in the rotation;
+`eager:channels_last` is the eager loop in PyTorch's channels-last recipe. `--engine-formats
+auto,contiguous` runs gradaccum in each model.memory_format (ratios against the first).
 
   /opt/gradaccum/venv/bin/python bench/compare_fmnist.py [--build build-bench] [--runs 5] [--max-steps 40]
       [--peers eager]
@@ -97,10 +99,11 @@ def run_engine(args, b, n, out_dir, extra=()):
     }
 
 
-def run_python(args, b, n, loop="eager"):
+def run_python(args, b, n, loop="eager", memory_format="contiguous"):
     cmd = ["flock", LOCK, sys.executable, os.path.join(HERE, "py", "train_fmnist.py"),
            "--micro-batch", str(b), "--accum", str(n), "--max-steps", str(args.max_steps),
-           "--threads", str(args.threads), "--warmup-steps", str(args.warmup_steps), "--loop", loop]
+           "--threads", str(args.threads), "--warmup-steps", str(args.warmup_steps), "--loop", loop,
+           "--memory-format", memory_format]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -114,7 +117,10 @@ def main():
     ap.add_argument("--warmup-steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="also write every run's figures to this file")
-    ap.add_argument("--peers", default="eager", help="Python loops: eager, compile, accelerate, fabric")
+    ap.add_argument("--peers", default="eager", help="Python loops: eager, compile, accelerate, fabric; LOOP:channels_last "
+                    "runs that loop in PyTorch's channels-last recipe")
+    ap.add_argument("--engine-formats", default="auto", help="model.memory_format of the gradaccum runs (the first is "
+                    "the one the ratios use): auto, channels_last, contiguous")
     args = ap.parse_args()
     # Both programs on the CPU kernels gradaccum would pick (bench/cpu_kernels.py).
     kernels = match_cpu_kernels(os.path.join(args.build, "gradaccum"))
@@ -124,7 +130,8 @@ def main():
     check_data_order(args.build)
     splits = [tuple(int(v) for v in s.split("x")) for s in args.splits.split(",")]
     peers = ["python" if p == "eager" else "python-" + p for p in args.peers.split(",")]
-    programs = ["gradaccum"] + peers
+    engines = ["gradaccum" if f == "auto" else "gradaccum:" + f for f in args.engine_formats.split(",")]
+    programs = engines + peers
     results = {s: {p: [] for p in programs} for s in splits}
     work = tempfile.mkdtemp(prefix="gradaccum-bench-")
     for r in range(args.runs):
@@ -132,13 +139,15 @@ def main():
             # Rotate which program goes first, so drifts of the machine hit all alike.
             order = programs[r % len(programs):] + programs[:r % len(programs)]
             for program in order:
-                if program == "gradaccum":
-                    res = child_usage(lambda: run_engine(args, b, n, os.path.join(work, f"run-{b}x{n}-{r}")))
+                if program.startswith("gradaccum"):
+                    fmt = program.partition(":")[2] or "auto"
+                    res = child_usage(lambda: run_engine(args, b, n, os.path.join(work, f"run-{b}x{n}-{r}"),
+                                                         ("--set", f"model.memory_format={fmt}")))
                 else:
-                    loop = "eager" if program == "python" else program[len("python-"):]
-                    res = child_usage(lambda: run_python(args, b, n, loop))
+                    loop, _, fmt = ("eager" if program == "python" else program[len("python-"):]).partition(":")
+                    res = child_usage(lambda: run_python(args, b, n, loop or "eager", fmt or "contiguous"))
                 results[(b, n)][program].append(res)
-                print(f"run {r + 1}/{args.runs} {b}x{n} {program:9s}: {res['samples_per_s']:8.1f} samples/s, "
+                print(f"run {r + 1}/{args.runs} {b}x{n} {program:22s}: {res['samples_per_s']:8.1f} samples/s, "
                       f"peak RSS {res['peak_rss_mb']:6.1f} MB, loss {res['first_loss']:.4f} -> "
                       f"{res['final_loss']:.4f}, {res['minor_faults']} minor faults, sys {res['sys_s']:.2f} s",
                       flush=True)
@@ -148,14 +157,15 @@ def main():
     print(f"\nmedians over {args.runs} processes each; {args.max_steps} steps of 64 samples, throughput after "
           f"{args.warmup_steps} warm-up steps; threads {args.threads}")
     # One row per split and peer: samples/s, peak RSS and the ratios gradaccum / peer.
+    print(f"ratios are {engines[0]} / peer")
     print("| b x N | peer | gradaccum samples/s | peer samples/s | ratio | gradaccum peak RSS MB "
           "| peer peak RSS MB | RSS ratio | gradaccum / peer minor faults (process) |")
     print("|" + "---|" * 9)
     rows = []
     for b, n in splits:
-        e = results[(b, n)]["gradaccum"]
+        e = results[(b, n)][engines[0]]
         es, er, ef = (med([x[k] for x in e]) for k in ("samples_per_s", "peak_rss_mb", "minor_faults"))
-        for peer in peers:
+        for peer in engines[1:] + peers:
             p = results[(b, n)][peer]
             ps, pr, pf = (med([x[k] for x in p]) for k in ("samples_per_s", "peak_rss_mb", "minor_faults"))
             print(f"| {b} x {n} | {peer} | {es:.1f} | {ps:.1f} | {es / ps:.2f} | {er:.0f} | {pr:.0f} | {er / pr:.2f} "

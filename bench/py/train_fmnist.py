@@ -22,6 +22,8 @@ windows, which are all a run of --max-steps < 938 sees):
               accelerator.backward(mean loss) (which divides by N), accelerator.clip_grad_norm_
   fabric      Lightning Fabric's: `with fabric.no_backward_sync(model, enabled=not last)`,
               fabric.backward(mean loss / N), fabric.clip_gradients
+--memory-format channels_last: the same with PyTorch's channels-last recipe (gradaccum's
+model.memory_format: auto does the same on the CPU).
 """
 import argparse
 import gzip
@@ -104,6 +106,9 @@ def main():
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--data-dir", default=DATA_DIR)
     ap.add_argument("--loop", choices=["eager", "compile", "accelerate", "fabric"], default="eager")
+    ap.add_argument("--memory-format", choices=["contiguous", "channels_last"], default="contiguous",
+                    help="channels_last: PyTorch's recipe, model.to(memory_format=torch.channels_last) and each "
+                    "input batch .contiguous(memory_format=torch.channels_last)")
     ap.add_argument("--trace", help="torch.profiler over the steps after --warmup-steps, written to this file as a "
                     "Chrome trace (as gradaccum's profile_from_step writes one)")
     args = ap.parse_args()
@@ -121,6 +126,8 @@ def main():
 
     model = small_cnn()
     model.train()
+    memory_format = torch.channels_last if args.memory_format == "channels_last" else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cosine_lr(args.lr, 0, args.max_steps), betas=(0.9, 0.999),
                             eps=1e-8, weight_decay=0.0)
@@ -153,6 +160,7 @@ def main():
             for s in range(0, total, b):
                 idx = idx_window[s:s + b]
                 x = images.index_select(0, idx).float().sub_(MEAN * 255.0).div_(STD * 255.0)
+                x = x.contiguous(memory_format=memory_format)
                 y = labels.index_select(0, idx)
                 if accelerator is not None:
                     with accelerator.accumulate(model):
@@ -192,7 +200,7 @@ def main():
     timed_samples = sum(step_samples[w:])
     timed_s = step_end_times[-1] - (step_end_times[w - 1] if w > 0 else 0.0)
     print(json.dumps({
-        "program": "python-" + args.loop, "loop": args.loop, "cpu_kernels": loaded_kernels(),
+        "program": "python-" + args.loop, "loop": args.loop, "memory_format": args.memory_format, "cpu_kernels": loaded_kernels(),
         "micro_batch": b, "accum": accum, "steps": step, "threads": args.threads,
         "warmup_steps": w,
         "samples_per_s": timed_samples / timed_s,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gradaccum/core/trainable.h"
+#include "gradaccum/models/memory_format.h"
 #include "gradaccum/models/norm.h"
 #include "gradaccum/models/sample_dropout.h"
 
@@ -15,8 +16,9 @@ struct ModelConfig {
   std::string type = "cnn";  // a name of models/model_types.h
   std::string norm = "group";
   int64_t norm_groups = 8;
-  std::vector<int64_t> channels = {32, 64};  // cnn and resnet
-  std::vector<int64_t> hidden = {256, 128};  // mlp; the cnn uses hidden[0] for its dense layer
+  std::vector<int64_t> channels = {32, 64};              // cnn and resnet
+  MemoryFormat memory_format = MemoryFormat::automatic;  // cnn and resnet
+  std::vector<int64_t> hidden = {256, 128};              // mlp; the cnn uses hidden[0] for its dense layer
   // Language models (HF's GPT2Config names; BLOOM's hidden_size is n_embd).
   int64_t n_layer = 4;
   int64_t n_embd = 128;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gradaccum/models/gelu_mlp.h"
+#include "gradaccum/models/memory_format.h"
 #include "gradaccum/models/norm.h"
 #include "gradaccum/models/sample_dropout.h"
 
@@ -27,12 +28,15 @@ torch::nn::Sequential image_mlp(int64_t in_features, const std::vector<int64_t>&
 // Small CNN for 28×28 grey images: per entry of `channels`, a 3×3 conv → norm →
 // ReLU → 2×2 max-pool; then flatten → Linear(hidden) → ReLU → Linear(classes). With `dropout`
 // > 0, dropout (sample_dropout.h, site 0) after the dense layer's ReLU, as module drop_fc.
+// The activations are laid out by `format` (memory_format.h; module "memory_format" first).
 torch::nn::Sequential small_cnn(const std::vector<int64_t>& channels, int64_t hidden, int64_t classes, NormKind norm,
-                                int64_t groups, double dropout = 0.0, DropoutRng dropout_rng = DropoutRng::per_sample);
+                                int64_t groups, double dropout = 0.0, DropoutRng dropout_rng = DropoutRng::per_sample,
+                                MemoryFormat format = MemoryFormat::automatic);
 
 // Small ResNet: 3×3 stem conv, one basic residual block per entry of
-// `channels` (stride 2 from the second on), global average pool, Linear(classes).
-torch::nn::Sequential small_resnet(const std::vector<int64_t>& channels, int64_t classes, NormKind norm,
-                                   int64_t groups);
+// `channels` (stride 2 from the second on), global average pool, Linear(classes); activations
+// laid out by `format`, as in small_cnn.
+torch::nn::Sequential small_resnet(const std::vector<int64_t>& channels, int64_t classes, NormKind norm, int64_t groups,
+                                   MemoryFormat format = MemoryFormat::automatic);
 
 }  // namespace gradaccum::models

@@ -39,13 +39,15 @@ std::unique_ptr<core::Trainable> make_cnn(const ModelConfig& config, int64_t cla
            "model.channels: the cnn takes 1 to 4 conv widths, got {}", config.channels.size());
   GA_CHECK(!config.hidden.empty(), "model.hidden: the cnn needs one dense width");
   return std::make_unique<Classifier>(small_cnn(config.channels, config.hidden.front(), classes, norm,
-                                                config.norm_groups, config.dropout, config.dropout_rng));
+                                                config.norm_groups, config.dropout, config.dropout_rng,
+                                                config.memory_format));
 }
 
 std::unique_ptr<core::Trainable> make_resnet(const ModelConfig& config, int64_t classes) {
   const auto norm = checked_image_config(config);
   GA_CHECK(!config.channels.empty(), "model.channels: the resnet needs at least one block width");
-  return std::make_unique<Classifier>(small_resnet(config.channels, classes, norm, config.norm_groups));
+  return std::make_unique<Classifier>(
+      small_resnet(config.channels, classes, norm, config.norm_groups, config.memory_format));
 }
 
 }  // namespace gradaccum::models

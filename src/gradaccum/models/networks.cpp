@@ -36,8 +36,9 @@ nn::Sequential image_mlp(int64_t in_features, const std::vector<int64_t>& hidden
 }
 
 nn::Sequential small_cnn(const std::vector<int64_t>& channels, int64_t hidden, int64_t classes, NormKind norm,
-                         int64_t groups, double dropout, DropoutRng dropout_rng) {
+                         int64_t groups, double dropout, DropoutRng dropout_rng, MemoryFormat format) {
   nn::Sequential net;
+  if (format != MemoryFormat::contiguous) net->push_back("memory_format", MemoryFormatLayer(format));
   int64_t in = 1;
   int64_t side = 28;
   for (size_t i = 0; i < channels.size(); ++i) {
@@ -89,8 +90,10 @@ class BasicBlockImpl : public nn::Module {
 TORCH_MODULE(BasicBlock);
 }  // namespace
 
-nn::Sequential small_resnet(const std::vector<int64_t>& channels, int64_t classes, NormKind norm, int64_t groups) {
+nn::Sequential small_resnet(const std::vector<int64_t>& channels, int64_t classes, NormKind norm, int64_t groups,
+                            MemoryFormat format) {
   nn::Sequential net;
+  if (format != MemoryFormat::contiguous) net->push_back("memory_format", MemoryFormatLayer(format));
   const int64_t stem = channels.empty() ? 16 : channels.front();
   net->push_back("stem", nn::Conv2d(nn::Conv2dOptions(1, stem, 3).padding(1).bias(norm == NormKind::none)));
   net->push_back("stem_norm", make_norm2d(norm, stem, groups));

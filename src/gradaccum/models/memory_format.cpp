@@ -1,0 +1,38 @@
+#include "gradaccum/models/memory_format.h"
+
+#include <array>
+
+#include "gradaccum/base/check.h"
+
+namespace gradaccum::models {
+
+std::string to_string(MemoryFormat format) {
+  switch (format) {
+    case MemoryFormat::automatic:
+      return "auto";
+    case MemoryFormat::channels_last:
+      return "channels_last";
+    case MemoryFormat::contiguous:
+      return "contiguous";
+  }
+  return "?";
+}
+
+MemoryFormat parse_memory_format(const std::string& name) {
+  for (auto format : {MemoryFormat::automatic, MemoryFormat::channels_last, MemoryFormat::contiguous}) {
+    if (name == to_string(format)) return format;
+  }
+  throw Error(fmt::format("model.memory_format: unknown format '{}' (auto | channels_last | contiguous)", name));
+}
+
+torch::Tensor MemoryFormatLayerImpl::forward(const torch::Tensor& x) {
+  const bool channels_last =
+      format_ == MemoryFormat::channels_last || (format_ == MemoryFormat::automatic && x.is_cpu());
+  if (!channels_last || x.dim() != 4) return x;
+  const int64_t c = x.size(1), w = x.size(3);
+  const auto wanted = std::array<int64_t, 4>{x.size(2) * w * c, 1, w * c, c};
+  if (x.strides() == c10::IntArrayRef(wanted)) return x;
+  return torch::empty_strided(x.sizes(), wanted, x.options()).copy_(x);
+}
+
+}  // namespace gradaccum::models
