@@ -16,7 +16,12 @@ measures that).
 
   bench/op_profile.py [--build build] [--workload lm|cnn] [--shape small|gpt2-124m] [--split 4x16]
       [--peer eager|compile|accelerate|fabric] [--threads 2] [--warmup-steps 2] [--steps 5] [--runs 1]
-      [--top 25] [--keep DIR]
+      [--top 25] [--keep DIR] [--gemm-shapes] [--engine-set K=V ...] [--peer-set K=V ...]
+
+--gemm-shapes adds a table of every matmul shape (operands' sizes, N/T for row- or column-major)
+with its time per step and rate on both sides: the GEMMs at the model's own shapes against the
+rate bench/lm_throughput's probe reaches. --peer gradaccum --peer-set model.memory_format=contiguous
+(--workload cnn) compares the engine with itself under another configuration.
 
 With --runs R > 1 both programs run R times, alternating, and each number is the median over runs.
 """
@@ -70,6 +75,52 @@ def self_times(path):
     return self_us, last - first
 
 
+def gemm_flops(name, dims):
+    """FLOPs of one matmul call from its input dims (mm, addmm, bmm, baddbmm), else None."""
+    try:
+        if name in ("aten::mm",):
+            (m, k), (_, n) = dims[0], dims[1]
+            return 2 * m * k * n
+        if name in ("aten::addmm", "aten::_addmm_activation"):
+            (m, k), (_, n) = dims[1], dims[2]
+            return 2 * m * k * n
+        if name == "aten::bmm":
+            (b, m, k), (_, _, n) = dims[0], dims[1]
+            return 2 * b * m * k * n
+        if name == "aten::baddbmm":
+            (b, m, k), (_, _, n) = dims[1], dims[2]
+            return 2 * b * m * k * n
+    except (ValueError, IndexError, TypeError):
+        return None
+    return None
+
+
+def gemm_shapes(path):
+    """{(operator, operand shapes with N/T for row-/column-major operands): [µs, FLOPs, calls]} of a
+    trace recorded with input shapes (both sides' --trace do)."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    shapes = collections.defaultdict(lambda: [0.0, 0, 0])
+    for e in events:
+        if e.get("ph") != "X" or e.get("name") not in GEMMS:
+            continue
+        args = e.get("args", {})
+        dims, strides = args.get("Input Dims"), args.get("Input Strides")
+        flops = gemm_flops(e["name"], dims) if dims else None
+        if flops is None:
+            continue
+        first = 1 if e["name"] in ("aten::addmm", "aten::_addmm_activation", "aten::baddbmm") else 0
+        parts = []
+        for d, st in zip(dims[first:first + 2], (strides or [[]] * len(dims))[first:first + 2]):
+            order = "N" if not st or st[-1] == 1 else "T"
+            parts.append("x".join(str(v) for v in d) + order)
+        key = (e["name"].split("::")[-1], " @ ".join(parts))
+        shapes[key][0] += e["dur"]
+        shapes[key][1] += flops
+        shapes[key][2] += 1
+    return shapes
+
+
 def name_of(raw):
     """Backward nodes as "backward: <node>" (MmBackward0, FusedQkvAttention), the rest as recorded."""
     node = raw[len(BACKWARD_PREFIX):] if raw.startswith(BACKWARD_PREFIX) else raw
@@ -105,13 +156,20 @@ def main():
     ap.add_argument("--workload", choices=["lm", "cnn"], default="lm")
     ap.add_argument("--shape", choices=["small", "gpt2-124m"], default="small", help="--workload lm")
     ap.add_argument("--split", default="4x16", help="--workload cnn: b x N of the global batch 64")
-    ap.add_argument("--peer", choices=["eager", "compile", "accelerate", "fabric"], default="eager")
+    ap.add_argument("--peer", choices=["eager", "compile", "accelerate", "fabric", "gradaccum"], default="eager",
+                    help="gradaccum: the engine against itself, with --peer-set (--workload cnn)")
+    ap.add_argument("--engine-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="--workload cnn: a config key for the engine run (repeatable)")
+    ap.add_argument("--peer-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="--workload cnn, --peer gradaccum: a config key for the peer engine run (repeatable)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--keep", help="keep the traces in this directory")
+    ap.add_argument("--gemm-shapes", action="store_true",
+                    help="also print each matmul shape's time per step and GFLOP/s on both sides")
     args = ap.parse_args()
     if args.warmup_steps < 1 or args.steps < 1 or args.runs < 1:
         ap.error("--warmup-steps, --steps and --runs must be >= 1")
@@ -133,16 +191,22 @@ def main():
         peer = [sys.executable, os.path.join(HERE, "py", "train_fmnist.py"), "--loop", args.peer, "--micro-batch",
                 str(b), "--accum", str(n), "--max-steps", str(total), "--warmup-steps", str(args.warmup_steps),
                 "--threads", str(args.threads)]
+        if args.peer == "gradaccum":
+            peer = engine_command + [a for kv in args.peer_set for a in ("--set", kv)]
+        engine_command += [a for kv in args.engine_set for a in ("--set", kv)]
         what = f"CNN {b}x{n}"
     if not os.access(engine, os.X_OK):
         sys.exit(f"op_profile: {engine} is missing: build it (scripts/build.sh)")
     sys.path.insert(0, HERE)
     from cpu_kernels import match_cpu_kernels  # both sides on the CPU kernels gradaccum picks
     match_cpu_kernels(os.path.join(args.build, "gradaccum"))
-    programs = {"gradaccum": engine_command, args.peer: peer}
+    if args.workload == "lm" and args.peer == "gradaccum":
+        ap.error("--peer gradaccum needs --workload cnn")
+    programs = {"gradaccum": engine_command, args.peer if args.peer != "gradaccum" else "gradaccum'": peer}
     directory = args.keep or tempfile.mkdtemp(prefix="op_profile-")
     os.makedirs(directory, exist_ok=True)
     per_run = {name: [] for name in programs}
+    per_run_gemms = {name: [] for name in programs}
     for r in range(args.runs):
         order = list(programs) if r % 2 == 0 else list(reversed(programs))
         for name in order:
@@ -150,6 +214,7 @@ def main():
             described = run(programs[name], trace)
             ops, wall = self_times(trace)
             per_run[name].append((ops, wall, described))
+            per_run_gemms[name].append(gemm_shapes(trace))
             print(f"run {r} {name}: {described}", flush=True)
             if not args.keep:
                 os.remove(trace)
@@ -179,6 +244,27 @@ def main():
     print(f"{'GEMMs (' + ', '.join(sorted(GEMMS)) + ')':<58}"[:58] + f" {gx:10.2f} {gy:10.2f} {gx - gy:+11.2f}")
     print(f"{'everything but GEMMs':<58} {wall[a] - gx:10.2f} {wall[b] - gy:10.2f} {wall[a] - gx - wall[b] + gy:+11.2f}")
     print(f"{'traced wall time':<58} {wall[a]:10.2f} {wall[b]:10.2f} {wall[a] - wall[b]:+11.2f}")
+    if args.gemm_shapes:
+        print_gemm_shapes(per_run_gemms, names, args.steps, args.top)
+
+
+def print_gemm_shapes(per_run_gemms, names, steps, top):
+    """Each matmul shape (N/T: an operand row- or column-major): ms per step and GFLOP/s per side,
+    medians over runs; the rate is the shape's FLOPs over its calls' inclusive time."""
+    def stat(name, key):
+        runs = per_run_gemms[name]
+        us = statistics.median(r.get(key, [0.0, 0, 0])[0] for r in runs)
+        flops = statistics.median(r.get(key, [0.0, 0, 0])[1] for r in runs)
+        return us / 1e3 / steps, (flops / (us * 1e3) if us > 0 else 0.0)
+
+    keys = set().union(*(r.keys() for runs in per_run_gemms.values() for r in runs))
+    keys = sorted(keys, key=lambda k: -max(stat(n, k)[0] for n in names))
+    a, b = names
+    print(f"\nmatmuls by shape, ms per optimizer step and GFLOP/s:")
+    print(f"{'operator and operands':<58} {a:>10} {'GFLOP/s':>8} {b:>10} {'GFLOP/s':>8}")
+    for key in keys[:top]:
+        (ta, ra), (tb, rb) = stat(a, key), stat(b, key)
+        print(f"{(key[0] + ' ' + key[1])[:58]:<58} {ta:10.2f} {ra:8.1f} {tb:10.2f} {rb:8.1f}")
 
 
 if __name__ == "__main__":

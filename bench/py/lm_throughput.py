@@ -266,7 +266,7 @@ def run_loop(stack, params, ids_all, total_steps, warmup, peak_lr, trace=None):
     for step in range(total_steps):
         timed = step >= warmup
         if trace and step == warmup:
-            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
             profiler.__enter__()
         window_loss = 0.0
         for s in range(ACCUM):

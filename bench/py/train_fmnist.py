@@ -152,7 +152,7 @@ def main():
             if step >= args.max_steps:
                 break
             if args.trace and step == args.warmup_steps:
-                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
                 profiler.__enter__()
             idx_window = perm[k * window:(k + 1) * window]
             total = idx_window.shape[0]  # exact normalization: the window's own sample count

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "test_support.h"
@@ -114,6 +115,17 @@ TEST(CliEndToEnd, ProfilerTracesTheChosenOptimizerSteps) {
   EXPECT_NE(out.find("profiler: optimizer steps 2 to 3 traced to " + trace), std::string::npos) << out;
   EXPECT_EQ(trace_events_named(trace, "aten::conv2d"), 2 * 4 * 2);
   EXPECT_FALSE(std::filesystem::exists(trace + ".tmp"));
+  // Operators carry their input shapes: the first convolution sees the 16 images and conv0's
+  // 4 one-channel 3 × 3 kernels, the dense layer's addmm the flattened 8 × 7 × 7 features.
+  const auto events = nlohmann::json::parse(read_text(trace))["traceEvents"];
+  std::set<std::string> conv_inputs, addmm_inputs;
+  for (const auto& e : events) {
+    if (e.value("ph", "") != "X" || !e.contains("args") || !e["args"].contains("Input Dims")) continue;
+    if (e["name"] == "aten::conv2d") conv_inputs.insert(e["args"]["Input Dims"].dump());
+    if (e["name"] == "aten::addmm") addmm_inputs.insert(e["args"]["Input Dims"].dump());
+  }
+  EXPECT_EQ(conv_inputs.count("[[16,1,28,28],[4,1,3,3],[],[],[],[],[]]"), 1u) << ::testing::PrintToString(conv_inputs);
+  EXPECT_EQ(addmm_inputs.count("[[16],[16,392],[392,16],[],[]]"), 1u) << ::testing::PrintToString(addmm_inputs);
   // A run that ends inside the traced steps writes what it traced: step 5 alone.
   EXPECT_EQ(trace_events_named(traced_run(5, 10), "aten::conv2d"), 2 * 4);
 }

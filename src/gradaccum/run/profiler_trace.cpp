@@ -25,7 +25,9 @@ ProfilerTrace::~ProfilerTrace() {
 void ProfilerTrace::start() {
   std::set<ActivityType> activities{ActivityType::CPU};
   if (cuda_) activities.insert(ActivityType::CUDA);
-  const ProfilerConfig config(ProfilerState::KINETO);
+  // With input shapes: a matmul's event names its operands, so the GEMMs of one layer can be
+  // told from another's and each one's rate read off (bench/op_profile.py --gemm-shapes).
+  const ProfilerConfig config(ProfilerState::KINETO, /*report_input_shapes=*/true);
   profiler::prepareProfiler(config, activities);
   profiler::enableProfiler(config, activities);
   running_ = true;
