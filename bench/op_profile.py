@@ -28,6 +28,7 @@ With --runs R > 1 both programs run R times, alternating, and each number is the
 import argparse
 import collections
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -40,10 +41,14 @@ GEMMS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 
 
-def self_times(path):
-    """{operator name: self time in µs} and the traced wall time (µs) of a Chrome trace."""
+def trace_events(path):
+    """The events of a Chrome trace."""
     with open(path) as f:
-        events = json.load(f)["traceEvents"]
+        return json.load(f)["traceEvents"]
+
+
+def self_times(events, path):
+    """{operator name: self time in µs} and the traced wall time (µs) of a Chrome trace's events."""
     ops = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
     if not ops:
         sys.exit(f"op_profile: {path} has no CPU operator events")
@@ -75,46 +80,27 @@ def self_times(path):
     return self_us, last - first
 
 
-def gemm_flops(name, dims):
-    """FLOPs of one matmul call from its input dims (mm, addmm, bmm, baddbmm), else None."""
-    try:
-        if name in ("aten::mm",):
-            (m, k), (_, n) = dims[0], dims[1]
-            return 2 * m * k * n
-        if name in ("aten::addmm", "aten::_addmm_activation"):
-            (m, k), (_, n) = dims[1], dims[2]
-            return 2 * m * k * n
-        if name == "aten::bmm":
-            (b, m, k), (_, _, n) = dims[0], dims[1]
-            return 2 * b * m * k * n
-        if name == "aten::baddbmm":
-            (b, m, k), (_, _, n) = dims[1], dims[2]
-            return 2 * b * m * k * n
-    except (ValueError, IndexError, TypeError):
-        return None
-    return None
+# Operators whose first input is the added term (addmm's bias), not a factor.
+GEMMS_WITH_ADDEND = {"aten::addmm", "aten::_addmm_activation", "aten::baddbmm"}
 
 
-def gemm_shapes(path):
+def gemm_shapes(events):
     """{(operator, operand shapes with N/T for row-/column-major operands): [µs, FLOPs, calls]} of a
-    trace recorded with input shapes (both sides' --trace do)."""
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
+    trace recorded with input shapes (both sides' --trace do). A call's FLOPs are 2 × the first
+    factor's elements × the second's columns: 2mkn for [m, k] @ [k, n], 2bmkn batched."""
     shapes = collections.defaultdict(lambda: [0.0, 0, 0])
     for e in events:
         if e.get("ph") != "X" or e.get("name") not in GEMMS:
             continue
         args = e.get("args", {})
-        dims, strides = args.get("Input Dims"), args.get("Input Strides")
-        flops = gemm_flops(e["name"], dims) if dims else None
-        if flops is None:
+        first = 1 if e["name"] in GEMMS_WITH_ADDEND else 0
+        factors = (args.get("Input Dims") or [])[first:first + 2]
+        strides = (args.get("Input Strides") or [[], [], []])[first:first + 2]
+        if len(factors) != 2 or not factors[0] or not factors[1]:
             continue
-        first = 1 if e["name"] in ("aten::addmm", "aten::_addmm_activation", "aten::baddbmm") else 0
-        parts = []
-        for d, st in zip(dims[first:first + 2], (strides or [[]] * len(dims))[first:first + 2]):
-            order = "N" if not st or st[-1] == 1 else "T"
-            parts.append("x".join(str(v) for v in d) + order)
-        key = (e["name"].split("::")[-1], " @ ".join(parts))
+        flops = 2 * math.prod(factors[0]) * factors[1][-1]
+        operands = ["x".join(map(str, d)) + ("N" if not st or st[-1] == 1 else "T") for d, st in zip(factors, strides)]
+        key = (e["name"].split("::")[-1], " @ ".join(operands))
         shapes[key][0] += e["dur"]
         shapes[key][1] += flops
         shapes[key][2] += 1
@@ -173,6 +159,8 @@ def main():
     args = ap.parse_args()
     if args.warmup_steps < 1 or args.steps < 1 or args.runs < 1:
         ap.error("--warmup-steps, --steps and --runs must be >= 1")
+    if args.workload == "lm" and (args.peer == "gradaccum" or args.engine_set or args.peer_set):
+        ap.error("--peer gradaccum, --engine-set and --peer-set need --workload cnn")
     if args.workload == "lm":
         common = ["--threads", str(args.threads), "--warmup-steps", str(args.warmup_steps), "--steps",
                   str(args.steps), "--shape", args.shape]
@@ -200,8 +188,6 @@ def main():
     sys.path.insert(0, HERE)
     from cpu_kernels import match_cpu_kernels  # both sides on the CPU kernels gradaccum picks
     match_cpu_kernels(os.path.join(args.build, "gradaccum"))
-    if args.workload == "lm" and args.peer == "gradaccum":
-        ap.error("--peer gradaccum needs --workload cnn")
     programs = {"gradaccum": engine_command, args.peer if args.peer != "gradaccum" else "gradaccum'": peer}
     directory = args.keep or tempfile.mkdtemp(prefix="op_profile-")
     os.makedirs(directory, exist_ok=True)
@@ -212,9 +198,11 @@ def main():
         for name in order:
             trace = os.path.join(directory, f"{name}-{r}.json")
             described = run(programs[name], trace)
-            ops, wall = self_times(trace)
+            events = trace_events(trace)
+            ops, wall = self_times(events, trace)
             per_run[name].append((ops, wall, described))
-            per_run_gemms[name].append(gemm_shapes(trace))
+            if args.gemm_shapes:
+                per_run_gemms[name].append(gemm_shapes(events))
             print(f"run {r} {name}: {described}", flush=True)
             if not args.keep:
                 os.remove(trace)
