@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "gradaccum/core/grad_flow.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
@@ -89,6 +90,38 @@ TEST(GradFlow, PerParameterStatisticsAreTheFullBatchGradientsForEveryDecompositi
       }
     }
   }
+}
+
+// The statistics themselves: exact on small known gradients, float32-accurate on a large one,
+// one row per parameter whatever its dtype, and 0, 0, 1 for a parameter without a gradient.
+TEST(GradFlow, StatisticsOfKnownGradientsInEveryDtype) {
+  auto known = torch::zeros({4}, torch::kDouble).requires_grad_();
+  known.mutable_grad() = torch::tensor({0.0, -3.0, 1.0, 0.0}, torch::kDouble);
+  auto half = torch::zeros({2, 2}, torch::kBFloat16).requires_grad_();
+  half.mutable_grad() = torch::tensor({{0.5, 0.0}, {-2.0, 0.0}}).to(torch::kBFloat16);
+  auto none = torch::zeros({3}).requires_grad_();
+  torch::manual_seed(3);
+  auto large = torch::zeros({1 << 20}).requires_grad_();
+  large.mutable_grad() = torch::randn({1 << 20});
+  large.mutable_grad().narrow(0, 0, 1000).zero_();
+
+  const auto s = core::grad_flow_statistics({known, half, none, large});
+  ASSERT_EQ(s.sizes(), (std::vector<int64_t>{4, 3}));
+  ASSERT_EQ(s.scalar_type(), torch::kDouble);
+  const auto r = core::grad_flow_record(7, {"known", "half", "none", "large"}, s);
+  EXPECT_EQ(r.mean_abs[0], 1.0);
+  EXPECT_EQ(r.max_abs[0], 3.0);
+  EXPECT_EQ(r.zero_fraction[0], 0.5);
+  EXPECT_EQ(r.mean_abs[1], 0.625);
+  EXPECT_EQ(r.max_abs[1], 2.0);
+  EXPECT_EQ(r.zero_fraction[1], 0.5);
+  EXPECT_EQ(r.mean_abs[2], 0.0);
+  EXPECT_EQ(r.max_abs[2], 0.0);
+  EXPECT_EQ(r.zero_fraction[2], 1.0);
+  const auto g = large.grad().to(torch::kDouble).abs();
+  EXPECT_LE(gradaccum::testing::relative_difference(r.mean_abs[3], g.mean().item<double>()), 1e-7);
+  EXPECT_EQ(r.max_abs[3], g.max().item<double>());
+  EXPECT_EQ(r.zero_fraction[3], 1000.0 / (1 << 20));
 }
 
 // The program writes grad_flow.jsonl at every grad_flow_steps-th step (default logging_steps),

@@ -16,7 +16,7 @@
 namespace gradaccum::models {
 
 enum class MemoryFormat {
-  automatic,      // channels_last on the CPU (measured there), contiguous elsewhere (not measured)
+  automatic,      // channels_last for CPU micro-batches of 2 or more images (measured there), else contiguous
   channels_last,  // [N, C, H, W] stored as N, H, W, C
   contiguous,     // libtorch's default layout
 };

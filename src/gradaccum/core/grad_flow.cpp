@@ -7,21 +7,37 @@ namespace gradaccum::core {
 torch::Tensor grad_flow_statistics(const std::vector<torch::Tensor>& params) {
   GA_CHECK(!params.empty(), "gradient flow of no parameters");
   const auto options = torch::TensorOptions(torch::kDouble).device(params.front().device());
-  std::vector<torch::Tensor> rows;
-  rows.reserve(params.size());
-  for (const auto& p : params) {
-    const auto& g = p.grad();
-    if (!g.defined() || g.numel() == 0) {
-      rows.push_back(torch::tensor({0.0, 0.0, 1.0}, options));
-      continue;
+  std::vector<torch::Tensor> grads;
+  std::vector<int64_t> rows_of_grads;
+  grads.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& g = params[i].grad();
+    if (g.defined() && g.numel() > 0) {
+      grads.push_back(g.detach());
+      rows_of_grads.push_back(static_cast<int64_t>(i));
     }
-    // Sums accumulate in float64 without a float64 copy of the gradient.
-    const auto magnitude = g.detach().abs();
-    const double n = static_cast<double>(g.numel());
-    rows.push_back(torch::stack({magnitude.sum(torch::kDouble) / n, magnitude.max().to(torch::kDouble),
-                                 (magnitude == 0).sum(torch::kDouble) / n}));
   }
-  return torch::stack(rows);
+  // A parameter without a gradient reads 0, 0 and all zeros.
+  auto rows = torch::tensor({0.0, 0.0, 1.0}, options).repeat({static_cast<int64_t>(params.size()), 1});
+  if (grads.empty()) return rows;
+  // No float64 copy of a gradient: |g| is summed in its own dtype by ATen's cascaded sum
+  // (float32-accurate, unlike its 1-norm kernel), the largest |g| comes from one min-max pass,
+  // and count_nonzero counts without a boolean tensor. The float64 copies cost the CNN's
+  // default run 7% of its step (bench/op_profile.py --workload cnn --split 16x4).
+  std::vector<torch::Tensor> l1, max, nonzero;
+  std::vector<double> numel;
+  for (const auto& g : grads) {
+    l1.push_back(g.abs().sum().to(torch::kDouble));
+    const auto [lo, hi] = torch::aminmax(g);
+    max.push_back(torch::maximum(-lo, hi).to(torch::kDouble));
+    nonzero.push_back(torch::count_nonzero(g));
+    numel.push_back(static_cast<double>(g.numel()));
+  }
+  const auto n = torch::tensor(numel, options);
+  const auto zero_fraction = (n - torch::stack(nonzero).to(torch::kDouble)) / n;  // exact counts
+  const auto index = torch::tensor(rows_of_grads, torch::TensorOptions(torch::kLong).device(options.device()));
+  rows.index_copy_(0, index, torch::stack({torch::stack(l1) / n, torch::stack(max), zero_fraction}, 1));
+  return rows;
 }
 
 GradFlowRecord grad_flow_record(int64_t step, const std::vector<std::string>& names, const torch::Tensor& statistics) {
