@@ -180,6 +180,42 @@ TEST(ClassifierAccumulation, BatchOneBySixteenEqualsBatchSixteen) {
   }
 }
 
+// After a window's first micro-step the token lookup hands back its rows sparsely and autograd
+// adds them into the table's gradient in place: that gradient keeps its storage, stays dense and
+// equals the dense lookup's (each micro-step's gradient computed apart and added). Without the
+// sparse rows every micro-step's lookup gradient would arrive dense.
+TEST(ClassifierAccumulation, LaterMicroStepsAddTheLookedUpRowsIntoTheTablesGradient) {
+  const auto rows = make_rows({3, 4, 11, 12, 5, 6}, /*seed=*/23);
+  const auto data = pad(rows.sequences, false);
+  for (const auto& architecture : kArchitectures) {
+    const std::string name = architecture == "gpt2" ? "transformer.wte.weight" : "transformer.word_embeddings.weight";
+    auto in_place = make_classifier(architecture, torch::kDouble);
+    auto apart = make_classifier(architecture, torch::kDouble);
+    auto table = in_place.module().named_parameters()[name];
+    auto reference = apart.module().named_parameters()[name];
+    std::vector<bool> arrived_sparse;
+    table.register_hook([&arrived_sparse](const torch::Tensor& g) { arrived_sparse.push_back(g.is_sparse()); });
+    const void* storage = nullptr;
+    for (int64_t k = 0; k < 3; ++k) {
+      gradaccum::core::Batch batch{data.ids.slice(0, 2 * k, 2 * k + 2), rows.labels.slice(0, 2 * k, 2 * k + 2),
+                                   data.mask.slice(0, 2 * k, 2 * k + 2), 2};
+      in_place.loss(batch).sum.backward();
+      ASSERT_TRUE(table.grad().defined());
+      EXPECT_FALSE(table.grad().is_sparse()) << architecture;
+      if (k == 0) storage = table.grad().data_ptr();
+      EXPECT_EQ(table.grad().data_ptr(), storage) << architecture << " micro-step " << k;
+
+      const auto held = reference.grad().defined() ? reference.grad().clone() : torch::Tensor();
+      reference.mutable_grad() = torch::Tensor();  // a dense lookup gradient, as at a window's start
+      apart.loss(batch).sum.backward();
+      if (held.defined()) reference.mutable_grad() = reference.grad() + held;
+    }
+    EXPECT_EQ(arrived_sparse, (std::vector<bool>{false, true, true})) << architecture;
+    EXPECT_LE(max_relative_difference(table.grad(), reference.grad()), 1e-15) << architecture;
+    EXPECT_GT(reference.grad().abs().max().item<double>(), 1e-3) << architecture;
+  }
+}
+
 TEST(ClassifierTask, EvaluateSumsLossRowsAndCorrect) {
   const auto rows = make_rows({3, 8, 5, 6, 2, 7});
   const auto data = pad(rows.sequences, true);

@@ -19,9 +19,11 @@ namespace gradaccum::models {
 // How the token lookup hands back the gradient of the embedding table.
 //  dense:  a [vocab, hidden] tensor, zero outside the looked-up rows (libtorch's
 //          default for nn::Embedding).
-//  sparse: the looked-up rows only. Valid only when the same backward also adds
-//          a dense gradient of the table (a tied LM head's loss), so that the
-//          parameter's .grad is dense again. For a tied head this saves the
+//  sparse: the looked-up rows only. Valid only when the parameter's .grad ends
+//          dense: the same backward also adds a dense gradient of the table (a
+//          tied LM head's loss), or the table already holds a dense .grad that
+//          autograd adds the rows into in place (a sequence classifier after a
+//          window's first micro-step). For a tied head this saves the
 //          dense lookup gradient's [vocab, hidden] zero fill per micro-step
 //          (6 MB for a vocabulary of 8192 and width 192; 154 MB for GPT-2
 //          small). libtorch 1.13 also added the sparse part into the dense one

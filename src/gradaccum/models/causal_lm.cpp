@@ -69,11 +69,15 @@ core::LossSum CausalLm::loss(const core::Batch& batch) {
   // so the lookup may return its rows sparsely (decoder.h, TokenEmbeddingGrad). Only on
   // the CPU: adding a sparse gradient coalesces it, and on a GPU coalescing reads its
   // size on the host, a synchronization per micro-step (base/host_reads.h).
-  // An untied head leaves the lookup as the table's only gradient: dense then.
+  // An untied head leaves the lookup as the table's only gradient: dense then, until the
+  // table holds a dense gradient of the window's earlier micro-steps to add the rows into.
   dropout_sites_.set_keys(batch.keys);
   auto& transformer = model_->transformer;
   const auto head = model_->head_weight();
-  const auto lookup_grad = model_->tied() && head.is_cpu() ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense;
+  const auto& table = transformer->token_embedding();
+  const bool dense_grad_held = table.grad().defined() && !table.grad().is_sparse();
+  const auto lookup_grad =
+      (model_->tied() || dense_grad_held) && head.is_cpu() ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense;
   return chunked_causal_lm_loss(transformer->hidden_states(batch.input, batch.attention_mask, lookup_grad), head,
                                 batch.target, chunk_tokens());
 }
