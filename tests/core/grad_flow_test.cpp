@@ -1,12 +1,13 @@
 // Gradient flow (core/grad_flow.h): the per-parameter statistics the Trainer reports are those
 // of the full batch's gradient whatever the decomposition, and the program writes them to
 // grad_flow.jsonl.
+#include "gradaccum/core/grad_flow.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 
-#include "gradaccum/core/grad_flow.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"

@@ -115,8 +115,10 @@ TEST(MemoryFormat, AWindowsGradientDoesNotDependOnItsCutInChannelsLast) {
   const auto x = torch::randn({16, 1, 28, 28}, torch::kDouble);
   const auto y = torch::randint(10, {16});
   // auto mixes layouts inside a window: its 1 of 1 + 3 + 5 + 7 runs in NCHW.
-  for (const auto& [type, format] : std::vector<std::pair<std::string, MemoryFormat>>{
-           {"cnn", MemoryFormat::channels_last}, {"resnet", MemoryFormat::channels_last}, {"cnn", MemoryFormat::automatic}}) {
+  for (const auto& [type, format] :
+       std::vector<std::pair<std::string, MemoryFormat>>{{"cnn", MemoryFormat::channels_last},
+                                                         {"resnet", MemoryFormat::channels_last},
+                                                         {"cnn", MemoryFormat::automatic}}) {
     Classifier model(network(type, format));
     const double full_loss = accumulate_window(model, x, y, {16}, LossNormalization::window, 1);
     const auto full = flat_grads(model.module());

@@ -34,8 +34,9 @@ torch::Tensor SequenceClassificationModelImpl::forward(const torch::Tensor& inpu
   // at BLOOM-560m's 250880 × 1024. Only on the CPU (causal_lm.cpp says why).
   const auto& table = transformer->token_embedding();
   const bool rows_only = is_training() && table.is_cpu() && table.grad().defined() && !table.grad().is_sparse();
-  auto hidden = transformer->hidden_states(input_ids, attention_mask,
-                                           rows_only ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense);  // [B, T, C]
+  auto hidden =
+      transformer->hidden_states(input_ids, attention_mask,
+                                 rows_only ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense);  // [B, T, C]
   const int64_t rows = hidden.size(0), time = hidden.size(1);
   auto last = attention_mask.defined()
                   ? last_real_token(attention_mask)
