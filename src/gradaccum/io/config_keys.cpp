@@ -136,7 +136,7 @@ std::vector<ConfigKey> make_keys() {
       integer_list("model.channels", "[32, 64]", "cnn and resnet: conv widths",
                    [](TrainConfig& c, const std::vector<int64_t>& v) { c.model.channels = v; }),
       choice("model.memory_format", "auto", {"auto", "channels_last", "contiguous"},
-             "cnn and resnet: activation layout (auto: channels_last on the CPU)",
+             "cnn and resnet: activation layout (auto: channels_last for CPU micro-batches of 2+ images)",
              [](TrainConfig& c, const std::string& v) { c.model.memory_format = models::parse_memory_format(v); }),
       integer_list("model.hidden", "[128]", "mlp: dense widths; cnn: its dense layer (the first)",
                    [](TrainConfig& c, const std::vector<int64_t>& v) { c.model.hidden = v; }),
