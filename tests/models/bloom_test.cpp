@@ -173,6 +173,26 @@ TEST(BloomModel, GeluIsHfsBloomGelu) {
   EXPECT_LT(to_torch, 1e-9);
 }
 
+// Its gradient is HF's bloom_gelu_back term for term, the expression's derivative to rounding,
+// and the whole GELU is one autograd node.
+TEST(BloomModel, GeluGradientIsHfsBloomGeluBack) {
+  auto x = torch::linspace(-6, 6, 1201, torch::kDouble).requires_grad_();
+  const auto g = torch::randn({1201}, torch::kDouble);
+  auto y = gradaccum::models::bloom_gelu(x);
+  EXPECT_EQ(y.grad_fn()->next_edges().size(), 1u);
+  y.backward(g);
+  const auto v = x.detach();
+  const auto tanh_out = torch::tanh(0.79788456 * v * (1 + 0.044715 * v * v));
+  const auto hf = (0.5 * v * ((1 - tanh_out * tanh_out) * (0.79788456 + 0.1070322243 * v * v)) + 0.5 * (1 + tanh_out)) * g;
+  EXPECT_TRUE(torch::equal(x.grad(), hf));
+  auto z = x.detach().clone().requires_grad_();
+  (z * 0.5 * (1.0 + torch::tanh(0.79788456 * z * (1.0 + 0.044715 * z * z)))).backward(g);
+  const double to_autograd = (x.grad() - z.grad()).abs().max().item<double>();
+  std::printf("[ measured ] bloom_gelu's gradient vs autograd of the expression: %.3e\n", to_autograd);
+  EXPECT_LE(to_autograd, 1e-9);  // 0.1070322243 is 3 · 0.044715 · 0.79788456 to 10 digits
+  EXPECT_GT(x.grad().abs().max().item<double>(), 0.5);
+}
+
 // The logits of an independent plain-torch BLOOM forward (float64), for a
 // 6-head model with random LayerNorms, padded on the right and on the left.
 TEST(BloomModel, MatchesGoldenLogits) {

@@ -97,8 +97,9 @@ class BloomAttentionImpl : public torch::nn::Module {
 TORCH_MODULE(BloomAttention);
 
 // HF's bloom_gelu_forward: x/2 · (1 + tanh(0.79788456 · x · (1 + 0.044715 x²))),
-// the tanh approximation of GELU with BLOOM's literal for √(2/π). Autograd
-// differentiates it (HF's hand-written backward is the same derivative).
+// the tanh approximation of GELU with BLOOM's literal for √(2/π). Its gradient is
+// HF's hand-written bloom_gelu_back (what HF trains with), computed from the saved
+// input alone.
 torch::Tensor bloom_gelu(const torch::Tensor& x);
 
 // Linear(C, 4C) → bloom_gelu → Linear(4C, C).

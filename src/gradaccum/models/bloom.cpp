@@ -1,6 +1,7 @@
 #include "gradaccum/models/bloom.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <memory>
@@ -94,8 +95,33 @@ torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::T
   return hidden_dropout->forward(linear(dense, y.transpose(1, 2).reshape({batch, time, channels})));
 }
 
-torch::Tensor bloom_gelu(const torch::Tensor& x) {
+namespace {
+
+torch::Tensor bloom_gelu_value(const torch::Tensor& x) {
   return x * 0.5 * (1.0 + torch::tanh(0.79788456 * x * (1.0 + 0.044715 * x * x)));
+}
+
+// Saves the input only. Autograd on the expression would keep six [T, 4C] intermediates of it
+// per block: 48 MB a layer at 512 tokens, a GB of BLOOM-560m's peak (BENCHMARKS.md).
+struct BloomGeluFunction : torch::autograd::Function<BloomGeluFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
+    ctx->save_for_backward({x});
+    return bloom_gelu_value(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto x = ctx->get_saved_variables()[0];
+    // HF's bloom_gelu_back, term for term.
+    const auto tanh_out = torch::tanh(0.79788456 * x * (1 + 0.044715 * x * x));
+    const auto ff = 0.5 * x * ((1 - tanh_out * tanh_out) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + tanh_out);
+    return {ff * grads[0]};
+  }
+};
+
+}  // namespace
+
+torch::Tensor bloom_gelu(const torch::Tensor& x) {
+  return x.requires_grad() && torch::GradMode::is_enabled() ? BloomGeluFunction::apply(x) : bloom_gelu_value(x);
 }
 
 BloomMlpImpl::BloomMlpImpl(const BloomConfig& config, int64_t layer) {
