@@ -183,7 +183,8 @@ TEST(BloomModel, GeluGradientIsHfsBloomGeluBack) {
   y.backward(g);
   const auto v = x.detach();
   const auto tanh_out = torch::tanh(0.79788456 * v * (1 + 0.044715 * v * v));
-  const auto hf = (0.5 * v * ((1 - tanh_out * tanh_out) * (0.79788456 + 0.1070322243 * v * v)) + 0.5 * (1 + tanh_out)) * g;
+  const auto hf =
+      (0.5 * v * ((1 - tanh_out * tanh_out) * (0.79788456 + 0.1070322243 * v * v)) + 0.5 * (1 + tanh_out)) * g;
   EXPECT_TRUE(torch::equal(x.grad(), hf));
   auto z = x.detach().clone().requires_grad_();
   (z * 0.5 * (1.0 + torch::tanh(0.79788456 * z * (1.0 + 0.044715 * z * z)))).backward(g);
