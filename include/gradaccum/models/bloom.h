@@ -77,14 +77,18 @@ torch::Tensor bloom_alibi_slopes(int64_t n_head);
 // attention_mask is undefined (then B = 1).
 torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int64_t n_head, torch::ScalarType dtype,
                           torch::Device device = torch::kCPU);
+// The attention's additive bias [B or 1, H, T, T]: alibi where `allowed` ([B or 1, 1, T, T]),
+// the dtype's lowest value elsewhere. Built once per forward and shared by every block; adding
+// scores to the lowest value leaves it, so masking the scores afterwards changes nothing.
+torch::Tensor bloom_attention_bias(const torch::Tensor& alibi, const torch::Tensor& allowed);
 
 // Self-attention with the fused, per-head-interleaved query_key_value.
 class BloomAttentionImpl : public torch::nn::Module {
  public:
   // `layer`: the block's index (numbers its dropout sites).
   BloomAttentionImpl(const BloomConfig& config, int64_t layer);
-  // x [B, T, C]; alibi [B or 1, H, 1, T]; allowed [B or 1, 1, T, T] bool.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& alibi, const torch::Tensor& allowed);
+  // x [B, T, C]; bias [B or 1, H, T, T] (bloom_attention_bias); allowed [B or 1, 1, T, T] bool.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& allowed);
 
   torch::nn::Linear query_key_value{nullptr};
   torch::nn::Linear dense{nullptr};
@@ -119,7 +123,7 @@ TORCH_MODULE(BloomMlp);
 class BloomBlockImpl : public torch::nn::Module {
  public:
   BloomBlockImpl(const BloomConfig& config, int64_t layer);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& alibi, const torch::Tensor& allowed);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& allowed);
 
   torch::nn::LayerNorm input_layernorm{nullptr};
   BloomAttention self_attention{nullptr};
