@@ -70,8 +70,9 @@ torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int
 }
 
 torch::Tensor bloom_attention_bias(const torch::Tensor& alibi, const torch::Tensor& allowed) {
-  const double lowest = alibi.scalar_type() == torch::kDouble ? std::numeric_limits<double>::lowest()
-                                                              : static_cast<double>(std::numeric_limits<float>::lowest());
+  const double lowest = alibi.scalar_type() == torch::kDouble
+                            ? std::numeric_limits<double>::lowest()
+                            : static_cast<double>(std::numeric_limits<float>::lowest());
   return torch::where(allowed, alibi, torch::scalar_tensor(lowest, alibi.options()));
 }
 
@@ -160,8 +161,7 @@ BloomBlockImpl::BloomBlockImpl(const BloomConfig& config, int64_t layer) {
   mlp = register_module("mlp", BloomMlp(config, layer));
 }
 
-torch::Tensor BloomBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& bias,
-                                      const torch::Tensor& allowed) {
+torch::Tensor BloomBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& allowed) {
   auto hidden = x + self_attention->forward(input_layernorm->forward(x), bias, allowed);
   return hidden + mlp->forward(post_attention_layernorm->forward(hidden));
 }
