@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -158,6 +159,55 @@ TEST(BloomAlibi, KeyPositionsComeFromTheMask) {
   EXPECT_TRUE(torch::equal(alibi[1][7][0], torch::tensor({0.0, 1.0, 2.0, 0.0, 0.0}, torch::kDouble) / 256));
   auto unmasked = gradaccum::models::bloom_alibi({}, 3, 8, torch::kDouble);
   EXPECT_TRUE(torch::equal(unmasked[0][1][0], torch::tensor({0.0, 0.25, 0.5}, torch::kDouble)));
+}
+
+// The bias puts alibi where attending is allowed and the lowest value elsewhere; the fused
+// attention that reads it gives the expression's output and gradients (HF's order: bias +
+// q·kᵀ/√D, masked, softmax, · v) in float64. A padding query attends to nothing: both give it
+// the uniform average, but the expression's masking stops its gradient and the bias does not,
+// so the gradient flowing back into padding positions is zero here, as it is in the models
+// (no real position reads a padding one, and no loss does).
+TEST(BloomAlibi, TheFusedAttentionWithTheBiasIsTheExpression) {
+  auto mask = torch::tensor({{0, 0, 1, 1, 1}, {1, 1, 1, 0, 0}}, torch::kLong);
+  const auto ids = torch::zeros({2, 5}, torch::kLong);
+  const auto allowed = gradaccum::models::causal_attention_allowed(ids, mask);
+  const auto alibi = gradaccum::models::bloom_alibi(mask, 5, 8, torch::kDouble);
+  const auto bias = gradaccum::models::bloom_attention_bias(alibi, allowed);
+  ASSERT_EQ(bias.sizes().vec(), (std::vector<int64_t>{2, 8, 5, 5}));
+  const double lowest = std::numeric_limits<double>::lowest();
+  EXPECT_TRUE(torch::equal(bias.masked_select(allowed.logical_not().expand({2, 8, 5, 5})),
+                           torch::full({bias.masked_select(allowed.logical_not().expand({2, 8, 5, 5})).numel()}, lowest,
+                                       torch::kDouble)));
+  EXPECT_TRUE(torch::equal(bias.masked_select(allowed.expand({2, 8, 5, 5})),
+                           alibi.expand({2, 8, 5, 5}).masked_select(allowed.expand({2, 8, 5, 5}))));
+
+  BloomConfig config = tiny_bloom_config();
+  config.n_head = 8;
+  config.hidden_size = 32;
+  gradaccum::models::BloomAttention attention(config, 0);
+  attention->to(torch::kDouble);
+  attention->train();
+  torch::manual_seed(2);
+  auto x = torch::randn({2, 5, 32}, torch::kDouble).requires_grad_();
+  const auto g = torch::randn({2, 5, 32}, torch::kDouble) * mask.unsqueeze(-1).to(torch::kDouble);
+  const auto fused = attention->forward(x, bias, allowed);
+  const auto fused_grads = torch::autograd::grad({fused}, {x, attention->query_key_value->weight}, {g});
+
+  auto by_hand = [&](const torch::Tensor& in) {
+    auto qkv = torch::nn::functional::linear(in, attention->query_key_value->weight, attention->query_key_value->bias)
+                   .view({2, 5, 8, 3, 4});
+    auto q = qkv.select(3, 0).transpose(1, 2), k = qkv.select(3, 1).transpose(1, 2), v = qkv.select(3, 2).transpose(1, 2);
+    auto scores = alibi + torch::matmul(q, k.transpose(-2, -1)) * 0.5;
+    auto p = torch::softmax(scores.masked_fill(allowed.logical_not(), lowest), -1);
+    auto y = torch::matmul(p, v).transpose(1, 2).reshape({2, 5, 32});
+    return torch::nn::functional::linear(y, attention->dense->weight, attention->dense->bias);
+  };
+  const auto expected = by_hand(x);
+  const auto expected_grads = torch::autograd::grad({expected}, {x, attention->query_key_value->weight}, {g});
+  EXPECT_LE(max_relative_difference(fused, expected), 1e-14);
+  EXPECT_LE(max_relative_difference(fused_grads[0], expected_grads[0]), 1e-13);
+  EXPECT_LE(max_relative_difference(fused_grads[1], expected_grads[1]), 1e-13);
+  EXPECT_GT(expected_grads[1].abs().max().item<double>(), 1e-3);
 }
 
 // HF's BLOOM GELU: torch's tanh GELU up to the literal 0.79788456 for √(2/π)
