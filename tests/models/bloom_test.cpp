@@ -175,9 +175,9 @@ TEST(BloomAlibi, TheFusedAttentionWithTheBiasIsTheExpression) {
   const auto bias = gradaccum::models::bloom_attention_bias(alibi, allowed);
   ASSERT_EQ(bias.sizes().vec(), (std::vector<int64_t>{2, 8, 5, 5}));
   const double lowest = std::numeric_limits<double>::lowest();
-  EXPECT_TRUE(torch::equal(bias.masked_select(allowed.logical_not().expand({2, 8, 5, 5})),
-                           torch::full({bias.masked_select(allowed.logical_not().expand({2, 8, 5, 5})).numel()}, lowest,
-                                       torch::kDouble)));
+  EXPECT_TRUE(torch::equal(
+      bias.masked_select(allowed.logical_not().expand({2, 8, 5, 5})),
+      torch::full({bias.masked_select(allowed.logical_not().expand({2, 8, 5, 5})).numel()}, lowest, torch::kDouble)));
   EXPECT_TRUE(torch::equal(bias.masked_select(allowed.expand({2, 8, 5, 5})),
                            alibi.expand({2, 8, 5, 5}).masked_select(allowed.expand({2, 8, 5, 5}))));
 
@@ -196,7 +196,8 @@ TEST(BloomAlibi, TheFusedAttentionWithTheBiasIsTheExpression) {
   auto by_hand = [&](const torch::Tensor& in) {
     auto qkv = torch::nn::functional::linear(in, attention->query_key_value->weight, attention->query_key_value->bias)
                    .view({2, 5, 8, 3, 4});
-    auto q = qkv.select(3, 0).transpose(1, 2), k = qkv.select(3, 1).transpose(1, 2), v = qkv.select(3, 2).transpose(1, 2);
+    auto q = qkv.select(3, 0).transpose(1, 2), k = qkv.select(3, 1).transpose(1, 2),
+         v = qkv.select(3, 2).transpose(1, 2);
     auto scores = alibi + torch::matmul(q, k.transpose(-2, -1)) * 0.5;
     auto p = torch::softmax(scores.masked_fill(allowed.logical_not(), lowest), -1);
     auto y = torch::matmul(p, v).transpose(1, 2).reshape({2, 5, 32});
