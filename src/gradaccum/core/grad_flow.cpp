@@ -23,8 +23,8 @@ torch::Tensor grad_flow_statistics(const std::vector<torch::Tensor>& params) {
   // No copy of a whole gradient: |g| is summed in its own dtype by ATen's cascaded sum
   // (float32-accurate, unlike its 1-norm kernel) over cache-sized slices, the largest |g| comes
   // from one min-max pass, and count_nonzero counts without a boolean tensor. Float64 copies
-  // cost the CNN's default run 7% of its step (bench/op_profile.py --workload cnn --split 16x4)
-  // and BLOOM-560m's 3 GB of peak memory.
+  // cost the CNN's default run 7% of its step (bench/op_profile.py --workload cnn --split 16x4);
+  // an unsliced |g| of BLOOM-560m's embedding was 0.6 GB of its peak (BENCHMARKS.md).
   constexpr int64_t kSlice = int64_t{1} << 16;
   std::vector<torch::Tensor> l1, max, nonzero;
   std::vector<double> numel;

@@ -102,9 +102,11 @@ torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::T
   if (!dropout && (q.scalar_type() == torch::kFloat || q.scalar_type() == torch::kDouble)) {
     // libtorch's fused attention (flash on the CPU) with the bias as its additive mask keeps
     // each row's log-sum-exp for backward, not the [B, H, T, T] probabilities: 16 MB a layer
-    // less at 512 tokens, and forward + backward in half the time of the expression below
-    // (BENCHMARKS.md, BLOOM-560m). Not for 16-bit inputs: the bias's float32 lowest has no
-    // 16-bit value, and the expression normalizes those in float32.
+    // less at 512 tokens (BLOOM-560m's peak fell by 1.4 GB, BENCHMARKS.md), and half the time
+    // of the expression below in a Python timing. Not for 16-bit inputs: the bias's float32
+    // lowest has no 16-bit value, and the expression normalizes those in float32. Padding
+    // queries, which attend to nothing, get the same uniform average either way; only the
+    // expression's masking would stop a gradient into them, and the models send none.
     y = at::scaled_dot_product_attention(q, k, v, bias, /*dropout_p=*/0.0, /*is_causal=*/false, inv_norm);
   } else {
     // bias + q·kᵀ / √D, in HF's order (baddbmm with alpha = 1/√D).
@@ -120,8 +122,8 @@ torch::Tensor bloom_gelu_value(const torch::Tensor& x) {
   return x * 0.5 * (1.0 + torch::tanh(0.79788456 * x * (1.0 + 0.044715 * x * x)));
 }
 
-// Saves the input only. Autograd on the expression would keep six [T, 4C] intermediates of it
-// per block: 48 MB a layer at 512 tokens, a GB of BLOOM-560m's peak (BENCHMARKS.md).
+// Saves the input only. Autograd on the expression kept six [T, 4C] intermediates of it per
+// block: 38 MB a layer measured at up to 512 tokens, ~1 GB of BLOOM-560m's peak (BENCHMARKS.md).
 struct BloomGeluFunction : torch::autograd::Function<BloomGeluFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
     ctx->save_for_backward({x});
