@@ -366,9 +366,11 @@ LmBatch lm_batch() {
 }
 
 // How many nodes of the autograd graph behind `t` have each name (unqualified:
-// CheckpointFunction matches gradaccum::models::(anonymous namespace)::CheckpointFunction).
-// The checkpoint nodes, then the two kinds of attention node.
-const std::vector<std::string> kNodeKinds = {"CheckpointFunction", "SoftmaxBackward0", "FusedQkvAttention"};
+// CheckpointFunction matches gradaccum::models::(anonymous namespace)::CheckpointFunction;
+// a name may also begin with the needle: ScaledDotProduct matches every backend of libtorch's
+// fused attention). The checkpoint nodes, then the three kinds of attention node.
+const std::vector<std::string> kNodeKinds = {"CheckpointFunction", "SoftmaxBackward0", "FusedQkvAttention",
+                                             "ScaledDotProduct"};
 
 std::vector<int> count_nodes(const torch::Tensor& t, const std::vector<std::string>& needles) {
   std::vector<int> counts(needles.size(), 0);
@@ -381,7 +383,7 @@ std::vector<int> count_nodes(const torch::Tensor& t, const std::vector<std::stri
     if (!seen.insert(node).second) continue;
     const std::string name = node->name();
     for (size_t i = 0; i < needles.size(); ++i)
-      if (name == needles[i] || name.find("::" + needles[i]) != std::string::npos) ++counts[i];
+      if (name.rfind(needles[i], 0) == 0 || name.find("::" + needles[i]) != std::string::npos) ++counts[i];
     for (const auto& edge : node->next_edges())
       if (edge.function) stack.push_back(edge.function.get());
   }
@@ -392,8 +394,8 @@ struct LmRun {
   torch::Tensor loss;  // the token-mean loss, detached
   std::vector<std::pair<std::string, torch::Tensor>> grads;
   int checkpoint_nodes = 0;
-  // Attention nodes: one per block in a plain graph (BLOOM's softmax; GPT-2's attention is
-  // one node on the CPU, models/qkv_attention.h).
+  // Attention nodes: one per block in a plain graph (BLOOM's fused attention, or its softmax
+  // under dropout; GPT-2's attention is one node on the CPU, models/qkv_attention.h).
   int attention_nodes = 0;
 };
 
@@ -411,7 +413,7 @@ LmRun lm_step(
   LmRun run;
   const auto counts = count_nodes(objective, kNodeKinds);
   run.checkpoint_nodes = counts[0];
-  run.attention_nodes = counts[1] + counts[2];
+  run.attention_nodes = counts[1] + counts[2] + counts[3];
   before_backward();
   objective.backward();
   run.loss = objective.detach();
@@ -535,7 +537,7 @@ TEST(ActivationCheckpointModes, EvalModeAndNoGradRunTheBlocksPlainly) {
     EXPECT_LT(gradaccum::testing::max_relative_difference(checkpointed_eval, plain_eval), 1e-13);
     const auto counts = count_nodes(checkpointed_eval, kNodeKinds);
     EXPECT_EQ(counts[0], 0);
-    EXPECT_EQ(counts[1] + counts[2], n_layer(arch));
+    EXPECT_EQ(counts[1] + counts[2] + counts[3], n_layer(arch));
 
     model->train();
     torch::NoGradGuard no_grad;
