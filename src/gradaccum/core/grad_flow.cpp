@@ -29,13 +29,9 @@ torch::Tensor grad_flow_statistics(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> l1, max, nonzero;
   std::vector<double> numel;
   for (const auto& g : grads) {
-    if (g.numel() <= kSlice) {
-      l1.push_back(g.abs().sum().to(torch::kDouble));
-    } else {
-      std::vector<torch::Tensor> partial;
-      for (const auto& slice : g.reshape(-1).split(kSlice)) partial.push_back(slice.abs().sum());
-      l1.push_back(torch::stack(partial).to(torch::kDouble).sum());
-    }
+    std::vector<torch::Tensor> partial;  // one slice for most parameters
+    for (const auto& slice : g.reshape(-1).split(kSlice)) partial.push_back(slice.abs().sum());
+    l1.push_back(torch::stack(partial).to(torch::kDouble).sum());
     const auto [lo, hi] = torch::aminmax(g);
     max.push_back(torch::maximum(-lo, hi).to(torch::kDouble));
     nonzero.push_back(torch::count_nonzero(g));
