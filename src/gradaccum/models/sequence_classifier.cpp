@@ -33,7 +33,7 @@ torch::Tensor SequenceClassificationModelImpl::forward(const torch::Tensor& inpu
   // instead of zero-filling and adding a [vocab, hidden] tensor: 1 GB and 0.4 s per micro-step
   // at BLOOM-560m's 250880 × 1024. Only on the CPU (causal_lm.cpp says why).
   const auto& table = transformer->token_embedding();
-  const bool rows_only = is_training() && table.is_cpu() && table.grad().defined() && !table.grad().is_sparse();
+  const bool rows_only = is_training() && table.is_cpu() && holds_dense_grad(table);
   auto hidden =
       transformer->hidden_states(input_ids, attention_mask,
                                  rows_only ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense);  // [B, T, C]
