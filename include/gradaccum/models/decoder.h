@@ -33,9 +33,7 @@ enum class TokenEmbeddingGrad { dense, sparse };
 
 // Whether `table` already holds a dense .grad that a sparse lookup gradient is
 // added into in place (the window's earlier micro-steps left it there).
-inline bool holds_dense_grad(const torch::Tensor& table) {
-  return table.grad().defined() && !table.grad().is_sparse();
-}
+inline bool holds_dense_grad(const torch::Tensor& table) { return table.grad().defined() && !table.grad().is_sparse(); }
 
 class DecoderImpl : public torch::nn::Module {
  public:

@@ -75,8 +75,8 @@ core::LossSum CausalLm::loss(const core::Batch& batch) {
   auto& transformer = model_->transformer;
   const auto head = model_->head_weight();
   const auto& table = transformer->token_embedding();
-  const auto lookup_grad =
-      (model_->tied() || holds_dense_grad(table)) && head.is_cpu() ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense;
+  const auto lookup_grad = (model_->tied() || holds_dense_grad(table)) && head.is_cpu() ? TokenEmbeddingGrad::sparse
+                                                                                        : TokenEmbeddingGrad::dense;
   return chunked_causal_lm_loss(transformer->hidden_states(batch.input, batch.attention_mask, lookup_grad), head,
                                 batch.target, chunk_tokens());
 }
