@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "gradaccum/core/grad_flow.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/dist/process_group.h"
 #include "gradaccum/models/causal_lm.h"
@@ -119,6 +120,41 @@ TEST(GpuPinnedCopies, PinnedNonBlockingCopiesArriveIntact) {
   ASSERT_TRUE(host.is_pinned());
   const auto device = host.to(torch::kCUDA, /*non_blocking=*/true);
   EXPECT_TRUE(torch::equal(device.cpu(), host));
+}
+
+// Gradient-flow statistics (core/grad_flow.h) of CUDA gradients equal the CPU's: a gradient
+// of 2^25 + 5 elements crosses the device's 2^24-element slices (three of them), a bf16 one
+// reads exactly, and the counts are exact.
+TEST(GpuGradFlow, StatisticsOnCudaEqualTheCpus) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(11);
+  auto large = torch::zeros({(1 << 25) + 5}).requires_grad_();
+  large.mutable_grad() = torch::randn({(1 << 25) + 5});
+  large.mutable_grad().narrow(0, 1 << 24, 4096).zero_();
+  auto half = torch::zeros({2, 2}, torch::kBFloat16).requires_grad_();
+  half.mutable_grad() = torch::tensor({{0.5, 0.0}, {-2.0, 0.0}}).to(torch::kBFloat16);
+  auto none = torch::zeros({3}).requires_grad_();
+  std::vector<torch::Tensor> cuda;
+  for (const auto& p : {large, half, none}) {
+    auto q = p.detach().to(torch::kCUDA).requires_grad_();
+    if (p.grad().defined()) q.mutable_grad() = p.grad().to(torch::kCUDA);
+    cuda.push_back(q);
+  }
+  const auto on_cpu = core::grad_flow_statistics({large, half, none});
+  const auto on_cuda = core::grad_flow_statistics(cuda);
+  ASSERT_TRUE(on_cuda.is_cuda());
+  const auto c = core::grad_flow_record(1, {"large", "half", "none"}, on_cpu);
+  const auto g = core::grad_flow_record(1, {"large", "half", "none"}, on_cuda.cpu());
+  const auto exact = large.grad().to(torch::kDouble).abs();
+  EXPECT_LE(relative_difference(g.mean_abs[0], exact.mean().item<double>()), 1e-6);
+  EXPECT_LE(relative_difference(g.mean_abs[0], c.mean_abs[0]), 1e-6);
+  EXPECT_EQ(g.max_abs[0], c.max_abs[0]);
+  EXPECT_EQ(g.zero_fraction[0], 4096.0 / ((1 << 25) + 5));
+  EXPECT_EQ(g.mean_abs[1], 0.625);
+  EXPECT_EQ(g.max_abs[1], 2.0);
+  EXPECT_EQ(g.zero_fraction[1], 0.5);
+  EXPECT_EQ(g.mean_abs[2], 0.0);
+  EXPECT_EQ(g.zero_fraction[2], 1.0);
 }
 
 // NCCL with one rank, so one GPU suffices: the bucketed reducer's gradient views, its launches

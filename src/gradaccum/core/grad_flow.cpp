@@ -24,13 +24,15 @@ torch::Tensor grad_flow_statistics(const std::vector<torch::Tensor>& params) {
   // (float32-accurate, unlike its 1-norm kernel) over cache-sized slices, the largest |g| comes
   // from one min-max pass, and count_nonzero counts without a boolean tensor. Float64 copies
   // cost the CNN's default run 7% of its step (bench/op_profile.py --workload cnn --split 16x4);
-  // an unsliced |g| of BLOOM-560m's embedding was 0.6 GB of its peak (BENCHMARKS.md).
-  constexpr int64_t kSlice = int64_t{1} << 16;
+  // an unsliced |g| of BLOOM-560m's embedding was 0.6 GB of its peak (BENCHMARKS.md). On the
+  // CPU a slice fits in cache; elsewhere every slice costs two kernel launches (GPT-2 small's
+  // gradients are 1900 slices of 64K), so it is as large as a 64 MB float32 |g| allows.
+  const int64_t slice_numel = params.front().is_cpu() ? int64_t{1} << 16 : int64_t{1} << 24;
   std::vector<torch::Tensor> l1, max, nonzero;
   std::vector<double> numel;
   for (const auto& g : grads) {
     std::vector<torch::Tensor> partial;  // one slice for most parameters
-    for (const auto& slice : g.reshape(-1).split(kSlice)) partial.push_back(slice.abs().sum());
+    for (const auto& slice : g.reshape(-1).split(slice_numel)) partial.push_back(slice.abs().sum());
     l1.push_back(torch::stack(partial).to(torch::kDouble).sum());
     const auto [lo, hi] = torch::aminmax(g);
     max.push_back(torch::maximum(-lo, hi).to(torch::kDouble));
