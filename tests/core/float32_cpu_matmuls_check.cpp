@@ -6,6 +6,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <iostream>
+#include <string>
+#include <vector>
+
 #include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/models/causal_lm.h"
@@ -113,6 +121,89 @@ TEST_F(Float32Bf16Matmuls, GradientsAreThoseOfTheExplicitCasts) {
   EXPECT_TRUE(torch::equal(b.grad(), b2.grad()));
   EXPECT_GT(w.grad().abs().max().item<double>(), 1.0);
 }
+
+// The routed linear keeps 16-bit copies for its backward (and rounds the weight again there);
+// its outputs and gradients are still those of the explicit casts, bit for bit, for 2-D and
+// contiguous 3-D inputs with and without a bias, a bfloat16 input, a float16 region, and a
+// transposed input (which takes the generic route).
+TEST_F(Float32Bf16Matmuls, LinearGradientsInEveryInputShapeAreThoseOfTheExplicitCasts) {
+  torch::manual_seed(8);
+  struct Case {
+    std::string name;
+    torch::Tensor x;
+    bool bias;
+    MixedPrecision precision;
+  };
+  const std::vector<Case> cases = {
+      {"2-D", torch::randn({12, 32}), true, MixedPrecision::bf16},
+      {"3-D", torch::randn({3, 5, 32}), true, MixedPrecision::bf16},
+      {"3-D, no bias", torch::randn({3, 5, 32}), false, MixedPrecision::bf16},
+      {"bfloat16 input", torch::randn({3, 5, 32}).to(torch::kBFloat16), true, MixedPrecision::bf16},
+      {"transposed", torch::randn({5, 3, 32}).transpose(0, 1), true, MixedPrecision::bf16},
+      {"float16", torch::randn({3, 5, 32}), true, MixedPrecision::fp16},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto lower = c.precision == MixedPrecision::bf16 ? torch::kBFloat16 : torch::kHalf;
+    auto cast = [lower](const torch::Tensor& t) { return t.to(lower).to(torch::kFloat); };
+    const auto w0 = torch::randn({10, 32}), b0 = torch::randn({10});
+    const auto weights = torch::randn({10}).to(lower).to(torch::kFloat);  // a gradient per output
+    auto run = [&](bool routed) {
+      auto x = c.x.detach().clone(torch::MemoryFormat::Preserve).requires_grad_(true);
+      auto w = w0.clone().requires_grad_(true);
+      auto b = b0.clone().requires_grad_(true);
+      torch::Tensor y;
+      if (routed) {
+        AutocastScope autocast(c.precision, kCpu);
+        y = c.bias ? torch::linear(x, w, b) : torch::linear(x, w);
+      } else {
+        y = (c.bias ? torch::linear(cast(x), cast(w), cast(b)) : torch::linear(cast(x), cast(w))).to(lower);
+      }
+      (y.to(torch::kFloat) * weights).sum().backward();
+      return std::vector<torch::Tensor>{y, x.grad(), w.grad(), c.bias ? b.grad() : torch::zeros({1})};
+    };
+    const auto routed = run(true), expected = run(false);
+    EXPECT_EQ(routed[0].scalar_type(), lower);
+    EXPECT_EQ(routed[1].scalar_type(), c.x.scalar_type());
+    for (size_t i = 0; i < routed.size(); ++i) EXPECT_TRUE(torch::equal(routed[i], expected[i])) << "output " << i;
+    EXPECT_GT(routed[2].abs().max().item<double>(), 0.1);
+  }
+}
+
+#if defined(__GLIBC__)
+// What the routed linear holds from its forward to its backward: the bfloat16 input, not a
+// float32 copy of the rounded weight (16 MB here), which the explicit casts' graph holds.
+TEST_F(Float32Bf16Matmuls, LinearHoldsNoFloat32CopyOfItsWeightForTheBackward) {
+  const auto in_use = [] {
+    const auto m = mallinfo2();
+    return static_cast<int64_t>(m.uordblks + m.hblkhd);
+  };
+  const auto x = torch::randn({2, 8, 2048}).requires_grad_(true);
+  const auto w = torch::randn({2048, 2048}).requires_grad_(true);  // 16 MB in float32
+  const int64_t weight_bytes = w.numel() * 4;
+  int64_t routed_held = 0, explicit_held = 0;
+  // Twice: the first round's numbers include what BLAS allocates and keeps on its first GEMMs.
+  for (int round = 0; round < 2; ++round) {
+    const auto before = in_use();
+    torch::Tensor y;
+    {
+      AutocastScope autocast(MixedPrecision::bf16, kCpu);
+      y = torch::linear(x, w);
+    }
+    routed_held = in_use() - before;
+    y.to(torch::kFloat).sum().backward();
+    const auto before_explicit = in_use();
+    const auto y2 = torch::linear(rounded(x), rounded(w)).to(torch::kBFloat16);
+    explicit_held = in_use() - before_explicit;
+    y2.to(torch::kFloat).sum().backward();
+  }
+  std::cout << "held from forward to backward: routed " << routed_held << " B, explicit casts " << explicit_held
+            << " B\n";
+  EXPECT_LT(routed_held, weight_bytes / 4);
+  EXPECT_GE(explicit_held, weight_bytes);
+  EXPECT_TRUE(w.grad().defined());
+}
+#endif
 
 // The fused LM-head loss runs its own projections with autocast excluded; routed, they
 // must compute what the routed linear + causal_lm_loss compute.
