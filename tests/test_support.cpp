@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/data/tokenizer.h"
@@ -66,10 +68,41 @@ int rank_pid(int launcher, int rank) {
   return -1;
 }
 
+namespace {
+
+// The directories make_temp_dir made in this process, removed when it exits (each test runs in
+// a process of its own under ctest), so that test runs do not fill the temp dir.
+// GRADACCUM_KEEP_TEST_DIRS=1 keeps them for a look after a failure.
+class TempDirs {
+ public:
+  void add(const std::filesystem::path& dir) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dirs_.push_back(dir);
+  }
+  ~TempDirs() {
+    const char* keep = std::getenv("GRADACCUM_KEEP_TEST_DIRS");
+    if (keep != nullptr && *keep != '\0' && std::string(keep) != "0") return;
+    std::error_code ignored;
+    for (const auto& dir : dirs_) std::filesystem::remove_all(dir, ignored);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::filesystem::path> dirs_;
+};
+
+TempDirs& temp_dirs() {
+  static TempDirs dirs;
+  return dirs;
+}
+
+}  // namespace
+
 std::string make_temp_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("gradaccum-test-" + std::to_string(getpid()) + "-" + name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  temp_dirs().add(dir);
   return dir.string();
 }
 

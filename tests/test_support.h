@@ -122,7 +122,8 @@ struct CliResult {
 // command `before` (e.g. "ulimit -v 600000") when given.
 CliResult run_cli(const std::string& args, const std::string& cwd = "", const std::string& before = "");
 
-// A fresh empty directory under the system temp dir.
+// A fresh empty directory under the system temp dir, removed when the test process exits
+// (kept with GRADACCUM_KEEP_TEST_DIRS=1).
 std::string make_temp_dir(const std::string& name);
 
 // A program of the project's Python venv (scripts/setup.sh): $GRADACCUM_VENV/bin/<name>,

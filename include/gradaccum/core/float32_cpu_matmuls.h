@@ -19,7 +19,10 @@
 // would be 16-bit (a float16 weight gradient overflows to inf or flushes to
 // zero exactly there: what fp16's loss scaler exists for), and runs its
 // products in float32 too. Results equal 16-bit hardware's up to the float32
-// summation order.
+// summation order. The linear keeps only its 16-bit input and a reference to
+// the weight for the backward (which rounds the weight again), not float32
+// copies of both: a float32 copy of every weight would live from a layer's
+// forward to its backward.
 //
 // Why hand-written: PyTorch has no switch for this. The routing replaces those
 // ops' AutocastCPU kernels in libtorch's dispatcher, process-wide and for the
