@@ -75,6 +75,8 @@ TEST_F(Float32Bf16Matmuls, EveryRoutedOpMatchesItsFloat32Expression) {
   const auto image = torch::randn({2, 3, 9, 9}), kernel = torch::randn({4, 3, 3, 3});
   const auto signal = torch::randn({2, 3, 11}), kernel1d = torch::randn({4, 3, 3});
   const auto cbias = torch::randn({4});
+  const auto q = torch::randn({2, 3, 6, 8}), k = torch::randn({2, 3, 6, 8}), v = torch::randn({2, 3, 6, 8});
+  const auto mask = torch::randn({2, 1, 6, 6});  // an additive float mask, as BLOOM's ALiBi bias
   const std::vector<int64_t> stride2{2}, pad0{0};
   std::vector<torch::Tensor> routed;
   {
@@ -85,17 +87,20 @@ TEST_F(Float32Bf16Matmuls, EveryRoutedOpMatchesItsFloat32Expression) {
               torch::bmm(batch1, batch2),
               torch::baddbmm(add, batch1, batch2, 0.5, 2.0),
               torch::conv2d(image, kernel, cbias, 1, 1),
-              torch::conv1d(signal, kernel1d, cbias, at::IntArrayRef(stride2), at::IntArrayRef(pad0))};
+              torch::conv1d(signal, kernel1d, cbias, at::IntArrayRef(stride2), at::IntArrayRef(pad0)),
+              at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 0.3)};
   }
   // Without autocast: float32 on the rounded operands, the result rounded.
-  const std::vector<torch::Tensor> expected = {torch::linear(rounded(x), rounded(w), rounded(bias)),
-                                               torch::matmul(rounded(x), rounded(w).t()),
-                                               torch::addmm(rounded(m), rounded(x[0]), rounded(w).t(), 0.5, 2.0),
-                                               torch::bmm(rounded(batch1), rounded(batch2)),
-                                               torch::baddbmm(rounded(add), rounded(batch1), rounded(batch2), 0.5, 2.0),
-                                               torch::conv2d(rounded(image), rounded(kernel), rounded(cbias), 1, 1),
-                                               torch::conv1d(rounded(signal), rounded(kernel1d), rounded(cbias),
-                                                             at::IntArrayRef(stride2), at::IntArrayRef(pad0))};
+  const std::vector<torch::Tensor> expected = {
+      torch::linear(rounded(x), rounded(w), rounded(bias)),
+      torch::matmul(rounded(x), rounded(w).t()),
+      torch::addmm(rounded(m), rounded(x[0]), rounded(w).t(), 0.5, 2.0),
+      torch::bmm(rounded(batch1), rounded(batch2)),
+      torch::baddbmm(rounded(add), rounded(batch1), rounded(batch2), 0.5, 2.0),
+      torch::conv2d(rounded(image), rounded(kernel), rounded(cbias), 1, 1),
+      torch::conv1d(rounded(signal), rounded(kernel1d), rounded(cbias), at::IntArrayRef(stride2),
+                    at::IntArrayRef(pad0)),
+      at::scaled_dot_product_attention(rounded(q), rounded(k), rounded(v), rounded(mask), 0.0, false, 0.3)};
   for (size_t i = 0; i < routed.size(); ++i) {
     EXPECT_EQ(routed[i].scalar_type(), torch::kBFloat16) << "op " << i;
     EXPECT_TRUE(torch::equal(routed[i], expected[i].to(torch::kBFloat16))) << "op " << i;

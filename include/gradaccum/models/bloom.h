@@ -38,6 +38,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/decoder.h"
@@ -77,10 +78,14 @@ torch::Tensor bloom_alibi_slopes(int64_t n_head);
 // attention_mask is undefined (then B = 1).
 torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int64_t n_head, torch::ScalarType dtype,
                           torch::Device device = torch::kCPU);
-// The attention's additive bias [B or 1, H, T, T]: alibi where `allowed` ([B or 1, 1, T, T]),
-// the dtype's lowest value elsewhere. Built once per forward and shared by every block; adding
-// scores to the lowest value leaves it, so masking the scores afterwards changes nothing.
-torch::Tensor bloom_attention_bias(const torch::Tensor& alibi, const torch::Tensor& allowed);
+// The attention's additive bias [B or 1, H, T, T] in alibi's dtype: alibi where `allowed`
+// ([B or 1, 1, T, T]), elsewhere the lowest value of `scores_dtype` (default: alibi's dtype), the
+// dtype the attention computes in. Built once per forward and shared by every block; adding
+// scores to the lowest value leaves it, so masking the scores afterwards changes nothing. Under
+// 16-bit autocast the scores are 16-bit: float32's lowest has no bfloat16 or float16 value, and
+// would round to -inf (a fully masked row's softmax would be NaN).
+torch::Tensor bloom_attention_bias(const torch::Tensor& alibi, const torch::Tensor& allowed,
+                                   std::optional<torch::ScalarType> scores_dtype = std::nullopt);
 
 // Self-attention with the fused, per-head-interleaved query_key_value.
 class BloomAttentionImpl : public torch::nn::Module {

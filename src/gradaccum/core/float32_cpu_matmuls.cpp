@@ -128,6 +128,8 @@ at::Tensor routed_linear(const at::Tensor& x, const at::Tensor& weight, const c1
 }
 
 using TwoOperands = at::Tensor(const at::Tensor&, const at::Tensor&);
+using Attention = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                             double, bool, std::optional<double>, bool);
 using AddProduct = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Scalar&,
                               const at::Scalar&);
 using Convolution = at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, at::IntArrayRef,
@@ -219,6 +221,8 @@ void route_cpu_autocast_matmuls_through_float32() {
     library->impl("baddbmm", TORCH_FN((Routed<AddProduct, &at::baddbmm>::call)));
     library->impl("conv1d", TORCH_FN((Routed<Convolution, &at::conv1d>::call)));
     library->impl("conv2d", TORCH_FN((Routed<Convolution, &at::conv2d>::call)));
+    library->impl("scaled_dot_product_attention",
+                  TORCH_FN((Routed<Attention, &at::scaled_dot_product_attention>::call)));
     g_installed = true;
   });
 }

@@ -1,6 +1,7 @@
 #include "gradaccum/models/bloom.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
@@ -69,10 +70,22 @@ torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int
   return (slopes.view({1, n_head, 1, 1}) * positions.unsqueeze(1).unsqueeze(1)).to(dtype);
 }
 
-torch::Tensor bloom_attention_bias(const torch::Tensor& alibi, const torch::Tensor& allowed) {
-  const double lowest = alibi.scalar_type() == torch::kDouble
-                            ? std::numeric_limits<double>::lowest()
-                            : static_cast<double>(std::numeric_limits<float>::lowest());
+torch::Tensor bloom_attention_bias(const torch::Tensor& alibi, const torch::Tensor& allowed,
+                                   std::optional<torch::ScalarType> scores_dtype) {
+  double lowest = static_cast<double>(std::numeric_limits<float>::lowest());
+  switch (scores_dtype.value_or(alibi.scalar_type())) {
+    case torch::kDouble:
+      lowest = std::numeric_limits<double>::lowest();
+      break;
+    case torch::kBFloat16:
+      lowest = static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
+      break;
+    case torch::kHalf:
+      lowest = static_cast<double>(std::numeric_limits<c10::Half>::lowest());
+      break;
+    default:
+      break;
+  }
   return torch::where(allowed, alibi, torch::scalar_tensor(lowest, alibi.options()));
 }
 
@@ -99,14 +112,15 @@ torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::T
   const double inv_norm = 1.0 / std::sqrt(static_cast<double>(head_dim));
   torch::Tensor y;  // [B, H, T, D]
   const bool dropout = attention_dropout->p() > 0.0 && is_training();
-  if (!dropout && (q.scalar_type() == torch::kFloat || q.scalar_type() == torch::kDouble)) {
+  if (!dropout) {
     // libtorch's fused attention (flash on the CPU) with the bias as its additive mask keeps
     // each row's log-sum-exp for backward, not the [B, H, T, T] probabilities: 16 MB a layer
-    // less at 512 tokens (BLOOM-560m's peak fell by 1.4 GB, BENCHMARKS.md), and half the time
-    // of the expression below in a Python timing. Not for 16-bit inputs: the bias's float32
-    // lowest has no 16-bit value, and the expression normalizes those in float32. Padding
-    // queries, which attend to nothing, get the same uniform average either way; only the
-    // expression's masking would stop a gradient into them, and the models send none.
+    // less at 512 tokens (BLOOM-560m's peak fell by 1.4 GB in float32 and by 1 GB under bf16,
+    // BENCHMARKS.md), and half the time of the expression below in a Python timing. Under
+    // 16-bit autocast it runs as autocast runs it (16-bit inputs, float32 softmax), with the
+    // bias's masked value finite in 16 bits. Padding queries, which attend to nothing, get a
+    // uniform average (in float16 an average weighted by their scores); only the expression's
+    // masking would stop a gradient into them, and the models send none.
     y = at::scaled_dot_product_attention(q, k, v, bias, /*dropout_p=*/0.0, /*is_causal=*/false, inv_norm);
   } else {
     // bias + q·kᵀ / √D, in HF's order (baddbmm with alpha = 1/√D).
@@ -192,8 +206,14 @@ torch::Tensor BloomModelImpl::hidden_states(const torch::Tensor& input_ids, cons
   check_decoder_inputs("BLOOM", input_ids, attention_mask, config_.vocab_size, 0);
   auto x = word_embeddings_layernorm->forward(lookup_tokens(word_embeddings->weight, input_ids, embedding_grad));
   auto allowed = causal_attention_allowed(input_ids, attention_mask);
-  auto bias = bloom_attention_bias(
-      bloom_alibi(attention_mask, input_ids.size(1), config_.n_head, x.scalar_type(), x.device()), allowed);
+  // Under 16-bit autocast the attention's scores are 16-bit (bloom_attention_bias says why that matters).
+  const auto device_type = x.device().type();
+  const auto scores_dtype = at::autocast::is_autocast_enabled(device_type) && x.scalar_type() == torch::kFloat
+                                ? at::autocast::get_autocast_dtype(device_type)
+                                : x.scalar_type();
+  auto bias =
+      bloom_attention_bias(bloom_alibi(attention_mask, input_ids.size(1), config_.n_head, x.scalar_type(), x.device()),
+                           allowed, scores_dtype);
   const bool checkpointed = checkpoint_blocks();
   for (const auto& module : *h) {
     auto block = std::static_pointer_cast<BloomBlockImpl>(module);
