@@ -12,9 +12,10 @@
 //
 // route_cpu_autocast_matmuls_through_float32() makes CPU autocast do that for the
 // ops that it runs in 16 bits (linear, matmul, mm, addmm, bmm, baddbmm, conv1d,
-// conv2d, scaled_dot_product_attention): each floating operand is rounded to autocast's dtype (bfloat16 or
-// float16, whichever the region has) as autocast would, the op runs in float32
-// on those values, and the result is rounded to that dtype. Autograd records
+// conv2d, scaled_dot_product_attention): each floating operand is rounded to
+// autocast's dtype (bfloat16 or float16, whichever the region has) as autocast
+// would, the op runs in float32 on those values, and the result is rounded to
+// that dtype. Autograd records
 // the casts, so the backward rounds the gradients to 16 bits where autocast's
 // would be 16-bit (a float16 weight gradient overflows to inf or flushes to
 // zero exactly there: what fp16's loss scaler exists for), and runs its
