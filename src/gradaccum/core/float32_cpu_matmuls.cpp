@@ -61,6 +61,8 @@ struct Routed<at::Tensor(Args...), Op> {
   }
 };
 
+using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&);
+
 // Linear, routed, keeping 16-bit copies for its backward. Through the generic route above,
 // autograd saves the float32 copies of the rounded operands: per layer a float32 copy of the
 // whole weight, alive from the forward to the backward (1.2 GB for BLOOM-560m's blocks), and
@@ -73,8 +75,8 @@ struct RoundedLinear : torch::autograd::Function<RoundedLinear> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, bool has_bias, at::ScalarType lower) {
     auto x16 = x.to(lower);
-    auto y = at::linear(x16.to(at::kFloat), weight.to(lower).to(at::kFloat),
-                        has_bias ? c10::optional<at::Tensor>(bias.to(lower).to(at::kFloat)) : c10::nullopt);
+    auto y = at::linear(x16.to(at::kFloat), rounded_values(weight, lower),
+                        has_bias ? c10::optional<at::Tensor>(rounded_values(bias, lower)) : c10::nullopt);
     ctx->save_for_backward({x16, weight});
     ctx->saved_data["lower"] = static_cast<int64_t>(lower);
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
@@ -98,7 +100,7 @@ struct RoundedLinear : torch::autograd::Function<RoundedLinear> {
     const auto g2 = g.reshape({-1, g.size(-1)});
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
-      dx = through_casts(g2.mm(weight.to(lower).to(at::kFloat)).view(x16.sizes()), saved_dtype("x_dtype"));
+      dx = through_casts(g2.mm(rounded_values(weight, lower)).view(x16.sizes()), saved_dtype("x_dtype"));
     }
     if (ctx->needs_input_grad(1)) {
       dw = through_casts(g2.t().mm(x16.to(at::kFloat).reshape({-1, x16.size(-1)})), weight.scalar_type());
@@ -114,17 +116,16 @@ bool rounds_to_16_bits(const at::Tensor& t) {
 }
 
 at::Tensor routed_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  const auto lower = at::autocast::get_autocast_dtype(at::kCPU);
-  c10::impl::ExcludeDispatchKeyGuard below_autocast(c10::DispatchKey::AutocastCPU);
   const bool has_bias = bias.has_value() && bias->defined();
   const bool one_product = x.dim() == 2 || (x.dim() == 3 && x.is_contiguous());
-  if (one_product && weight.dim() == 2 && rounds_to_16_bits(x) && rounds_to_16_bits(weight) &&
-      (!has_bias || rounds_to_16_bits(*bias))) {
-    // Without a bias an empty tensor stands in: a custom function's inputs must be defined.
-    return RoundedLinear::apply(x, weight, has_bias ? *bias : at::empty({0}, weight.options()), has_bias, lower);
+  if (!one_product || weight.dim() != 2 || !rounds_to_16_bits(x) || !rounds_to_16_bits(weight) ||
+      (has_bias && !rounds_to_16_bits(*bias))) {
+    return Routed<Linear, &at::linear>::call(x, weight, bias);
   }
-  return as_lower(at::linear(rounded_values(x, lower), rounded_values(weight, lower), rounded_values(bias, lower)),
-                  lower);
+  const auto lower = at::autocast::get_autocast_dtype(at::kCPU);
+  c10::impl::ExcludeDispatchKeyGuard below_autocast(c10::DispatchKey::AutocastCPU);
+  // Without a bias an empty tensor stands in: a custom function's inputs must be defined.
+  return RoundedLinear::apply(x, weight, has_bias ? *bias : at::empty({0}, weight.options()), has_bias, lower);
 }
 
 using TwoOperands = at::Tensor(const at::Tensor&, const at::Tensor&);
