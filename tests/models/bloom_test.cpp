@@ -284,6 +284,44 @@ TEST(BloomModel, GeluGradientIsHfsBloomGeluBack) {
   EXPECT_GT(x.grad().abs().max().item<double>(), 0.5);
 }
 
+// In float32 it runs as models/gelu_tanh's fused node: BLOOM's 0.79788456 and √(2/π) round to
+// the same float, so values and gradients are HF's bloom_gelu_forward and bloom_gelu_back to
+// float32 rounding (measured against both in float64). custom_kernels without gelu_tanh
+// brings back the operator chain.
+TEST(BloomModel, Float32GeluIsTheFusedTanhGeluToFloat32Rounding) {
+  EXPECT_EQ(static_cast<float>(0.79788456), static_cast<float>(std::sqrt(2.0 / M_PI)));
+  const auto x64 = torch::cat({torch::linspace(-8, 8, 1601, torch::kDouble),
+                               3.0 * torch::randn({4096}, torch::TensorOptions().dtype(torch::kDouble))});
+  const auto g64 = torch::randn_like(x64);
+  const auto tanh_out = torch::tanh(0.79788456 * x64 * (1 + 0.044715 * x64 * x64));
+  const auto hf_value = x64 * 0.5 * (1.0 + tanh_out);
+  const auto hf_grad =
+      (0.5 * x64 * ((1 - tanh_out * tanh_out) * (0.79788456 + 0.1070322243 * x64 * x64)) + 0.5 * (1 + tanh_out)) * g64;
+  auto run = [&](const std::string& kernels) {
+    gradaccum::testing::CustomKernelsScope scope(kernels);
+    auto x = x64.to(torch::kFloat).requires_grad_();
+    auto y = gradaccum::models::bloom_gelu(x);
+    y.backward(g64.to(torch::kFloat));
+    return std::make_tuple(y.grad_fn()->name(), y.detach().to(torch::kDouble), x.grad().to(torch::kDouble));
+  };
+  const auto [fused_node, fused_value, fused_grad] = run("all");
+  const auto [chain_node, chain_value, chain_grad] = run("none");
+  EXPECT_NE(fused_node.find("FusedGeluTanh"), std::string::npos) << fused_node;
+  EXPECT_NE(chain_node.find("BloomGeluFunction"), std::string::npos) << chain_node;
+  // |y| ≤ 8 and |dy/dx| ≤ 1.13: a few float32 ulps of the larger values.
+  const double value_error = (fused_value - hf_value).abs().max().item<double>();
+  const double grad_error = ((fused_grad - hf_grad).abs() / (1.0 + g64.abs())).max().item<double>();
+  const double chain_value_error = (chain_value - hf_value).abs().max().item<double>();
+  std::printf(
+      "[ measured ] float32 bloom_gelu vs HF's in float64: fused value %.3e, gradient %.3e; "
+      "operator chain value %.3e\n",
+      value_error, grad_error, chain_value_error);
+  EXPECT_LT(value_error, 4e-6);
+  EXPECT_LT(grad_error, 1e-6);
+  EXPECT_LT(chain_value_error, 4e-6);
+  EXPECT_GT(value_error, 0.0);  // float32, not a float64 path in disguise
+}
+
 // The logits of an independent plain-torch BLOOM forward (float64), for a
 // 6-head model with random LayerNorms, padded on the right and on the left.
 TEST(BloomModel, MatchesGoldenLogits) {

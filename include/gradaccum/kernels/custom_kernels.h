@@ -19,7 +19,7 @@ namespace gradaccum::kernels {
 
 enum class CustomKernel {
   qkv_attention,          // models/qkv_attention.h: attention's forward and backward
-  gelu_tanh,              // models/gelu_tanh.h: GPT-2's GELU
+  gelu_tanh,              // models/gelu_tanh.h: GPT-2's and BLOOM's GELU
   softmax_cross_entropy,  // models/softmax_cross_entropy.h: the LM head's loss rows
   gelu_mlp,               // models/gelu_mlp.h: seed 000's Linear → GELU → Linear as one node
   heap_retention,         // run/heap_retention.h: glibc keeps freed activations

@@ -108,7 +108,10 @@ TORCH_MODULE(BloomAttention);
 // HF's bloom_gelu_forward: x/2 · (1 + tanh(0.79788456 · x · (1 + 0.044715 x²))),
 // the tanh approximation of GELU with BLOOM's literal for √(2/π). Its gradient is
 // HF's hand-written bloom_gelu_back (what HF trains with), computed from the saved
-// input alone.
+// input alone. Where gelu_tanh_fuses(x) (contiguous float32 or bfloat16 on the CPU) it is
+// models/gelu_tanh's fused kernel: in float32 the literal and √(2/π) are the same float,
+// and HF's chain of ATen operators was the largest cost after the GEMMs and attention in
+// a traced BLOOM-560m step (BENCHMARKS.md).
 torch::Tensor bloom_gelu(const torch::Tensor& x);
 
 // Linear(C, 4C) → bloom_gelu → Linear(4C, C).

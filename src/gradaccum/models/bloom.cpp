@@ -11,6 +11,7 @@
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/models/activation_checkpoint.h"
+#include "gradaccum/models/gelu_tanh.h"
 #include "gradaccum/models/linear.h"
 
 namespace gradaccum::models {
@@ -156,6 +157,7 @@ struct BloomGeluFunction : torch::autograd::Function<BloomGeluFunction> {
 }  // namespace
 
 torch::Tensor bloom_gelu(const torch::Tensor& x) {
+  if (gelu_tanh_fuses(x)) return gelu_tanh(x);
   return x.requires_grad() && torch::GradMode::is_enabled() ? BloomGeluFunction::apply(x) : bloom_gelu_value(x);
 }
 
