@@ -1,4 +1,4 @@
-// GPT-2's GELU, the tanh approximation (HF's "gelu_new"), as one autograd node
+// The tanh GELU of GPT-2 (HF's "gelu_new") and BLOOM, as one autograd node
 // with its own vectorized forward and backward on the CPU:
 //   gelu(x) = x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))
 //
@@ -14,7 +14,9 @@
 // 2.15's torch::gelu (custom_kernels without gelu_tanh) the GPT benchmark is
 // 5.8% faster with it (medians of 11 alternating processes each; its fastest
 // steps only 2.3%): just above the 5% a kernel must win to stay
-// (bench/custom_kernels.py, BENCHMARKS.md).
+// (bench/custom_kernels.py, BENCHMARKS.md). BLOOM's GELU (models/bloom.h) runs
+// through it too, where it replaces HF's chain of elementwise operators: 6.4%
+// off BLOOM-560m's fp32 step on the Xeon (docs/benchmarks-history.md).
 #pragma once
 
 #include <torch/torch.h>
