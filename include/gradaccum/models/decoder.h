@@ -94,6 +94,11 @@ void check_decoder_inputs(const std::string& model, const torch::Tensor& input_i
 // mask, the key is a real token. [B or 1, 1, T, T] bool.
 torch::Tensor causal_attention_allowed(const torch::Tensor& input_ids, const torch::Tensor& attention_mask);
 
+// The most negative finite value of `dtype` (double, float, bfloat16, half; float's
+// for any other): what attention masks fill where a key is not allowed, since -inf
+// would make a row without any allowed key NaN.
+double lowest_finite(torch::ScalarType dtype);
+
 // Softmax over the last dimension of `scores` where `allowed`, as HF does it:
 // disallowed scores become the dtype's lowest finite value, not -inf, so a
 // query that sees no real key (a pad query under left padding) gets a uniform

@@ -5,7 +5,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
-#include <limits>
 #include <memory>
 #include <string>
 
@@ -73,20 +72,7 @@ torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int
 
 torch::Tensor bloom_attention_bias(const torch::Tensor& alibi, const torch::Tensor& allowed,
                                    std::optional<torch::ScalarType> scores_dtype) {
-  double lowest = static_cast<double>(std::numeric_limits<float>::lowest());
-  switch (scores_dtype.value_or(alibi.scalar_type())) {
-    case torch::kDouble:
-      lowest = std::numeric_limits<double>::lowest();
-      break;
-    case torch::kBFloat16:
-      lowest = static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
-      break;
-    case torch::kHalf:
-      lowest = static_cast<double>(std::numeric_limits<c10::Half>::lowest());
-      break;
-    default:
-      break;
-  }
+  const double lowest = lowest_finite(scores_dtype.value_or(alibi.scalar_type()));
   return torch::where(allowed, alibi, torch::scalar_tensor(lowest, alibi.options()));
 }
 

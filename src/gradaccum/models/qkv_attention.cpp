@@ -315,12 +315,8 @@ torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const
   // An additive mask holding the dtype's lowest value where a key is not allowed, not a
   // boolean one: a row without any allowed key then attends uniformly (the convention
   // above), where a boolean mask would make it NaN or zero depending on the backend.
-  const auto dtype = qkv.scalar_type();
-  const double lowest = dtype == torch::kDouble     ? std::numeric_limits<double>::lowest()
-                        : dtype == torch::kBFloat16 ? static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest())
-                        : dtype == torch::kHalf     ? static_cast<double>(std::numeric_limits<c10::Half>::lowest())
-                                                    : static_cast<double>(std::numeric_limits<float>::lowest());
-  const auto bias = torch::zeros(allowed.sizes(), qkv.options()).masked_fill_(allowed.logical_not(), lowest);
+  const auto bias = torch::zeros(allowed.sizes(), qkv.options())
+                        .masked_fill_(allowed.logical_not(), lowest_finite(qkv.scalar_type()));
   return merge_heads(at::scaled_dot_product_attention(q, k, v, bias));
 }
 
