@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <unordered_set>
 #include <vector>
 
 #include "gradaccum/core/trainer.h"
@@ -179,6 +180,24 @@ Trajectory train_seed000_mlp(int64_t b, int64_t n, int64_t samples, int64_t step
     collect.t.buckets = sync->buckets();
   }
   return collect.t;
+}
+
+std::vector<int> count_autograd_nodes(const torch::Tensor& t, const std::vector<std::string>& names) {
+  std::vector<int> counts(names.size(), 0);
+  std::unordered_set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> stack;
+  if (t.grad_fn()) stack.push_back(t.grad_fn().get());
+  while (!stack.empty()) {
+    auto* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    const std::string name = node->name();
+    for (size_t i = 0; i < names.size(); ++i)
+      if (name.rfind(names[i], 0) == 0 || name.find("::" + names[i]) != std::string::npos) ++counts[i];
+    for (const auto& edge : node->next_edges())
+      if (edge.function) stack.push_back(edge.function.get());
+  }
+  return counts;
 }
 
 }  // namespace gradaccum::testing

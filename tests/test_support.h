@@ -153,7 +153,11 @@ int rank_pid(int launcher, int rank);
 // |a - b| / |b| (b = 0 counts as a tiny number, so a difference still shows).
 inline double relative_difference(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
 
-// Per-step loss and grad norm, and the final weights (on the CPU), of one training run.
+// How many nodes of the autograd graph behind `t` have each name, unqualified
+// (CheckpointFunction matches gradaccum::models::(anonymous namespace)::CheckpointFunction) or
+// as a prefix (ScaledDotProduct matches ScaledDotProductFlashAttentionForCpuBackward0).
+std::vector<int> count_autograd_nodes(const torch::Tensor& t, const std::vector<std::string>& names);
+
 // Sets the process-wide custom kernel switch (kernels/custom_kernels.h) to `spec` for its
 // lifetime and restores the previous setting after.
 class CustomKernelsScope {
@@ -169,6 +173,7 @@ class CustomKernelsScope {
   std::string previous_;
 };
 
+// Per-step loss and grad norm, and the final weights (on the CPU), of one training run.
 struct Trajectory {
   std::vector<double> loss, grad_norm;
   torch::Tensor weights;

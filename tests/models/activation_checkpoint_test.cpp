@@ -14,7 +14,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -365,30 +364,10 @@ LmBatch lm_batch() {
   return {data, labels};
 }
 
-// How many nodes of the autograd graph behind `t` have each name (unqualified:
-// CheckpointFunction matches gradaccum::models::(anonymous namespace)::CheckpointFunction;
-// a name may also begin with the needle: ScaledDotProduct matches every backend of libtorch's
-// fused attention). The checkpoint nodes, then the three kinds of attention node.
+// For count_autograd_nodes: the checkpoint nodes, then the three kinds of attention node
+// (ScaledDotProduct matches every backend of libtorch's fused attention).
 const std::vector<std::string> kNodeKinds = {"CheckpointFunction", "SoftmaxBackward0", "FusedQkvAttention",
                                              "ScaledDotProduct"};
-
-std::vector<int> count_nodes(const torch::Tensor& t, const std::vector<std::string>& needles) {
-  std::vector<int> counts(needles.size(), 0);
-  std::unordered_set<torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> stack;
-  if (t.grad_fn()) stack.push_back(t.grad_fn().get());
-  while (!stack.empty()) {
-    auto* node = stack.back();
-    stack.pop_back();
-    if (!seen.insert(node).second) continue;
-    const std::string name = node->name();
-    for (size_t i = 0; i < needles.size(); ++i)
-      if (name.rfind(needles[i], 0) == 0 || name.find("::" + needles[i]) != std::string::npos) ++counts[i];
-    for (const auto& edge : node->next_edges())
-      if (edge.function) stack.push_back(edge.function.get());
-  }
-  return counts;
-}
 
 struct LmRun {
   torch::Tensor loss;  // the token-mean loss, detached
@@ -411,7 +390,7 @@ LmRun lm_step(
   auto loss = gradaccum::models::causal_lm_loss(logits, batch.labels);
   auto objective = loss.sum / loss.count;
   LmRun run;
-  const auto counts = count_nodes(objective, kNodeKinds);
+  const auto counts = gradaccum::testing::count_autograd_nodes(objective, kNodeKinds);
   run.checkpoint_nodes = counts[0];
   run.attention_nodes = counts[1] + counts[2] + counts[3];
   before_backward();
@@ -535,7 +514,7 @@ TEST(ActivationCheckpointModes, EvalModeAndNoGradRunTheBlocksPlainly) {
     const auto checkpointed_eval = forward(true);
     EXPECT_TRUE(model->transformer->gradient_checkpointing());
     EXPECT_LT(gradaccum::testing::max_relative_difference(checkpointed_eval, plain_eval), 1e-13);
-    const auto counts = count_nodes(checkpointed_eval, kNodeKinds);
+    const auto counts = gradaccum::testing::count_autograd_nodes(checkpointed_eval, kNodeKinds);
     EXPECT_EQ(counts[0], 0);
     EXPECT_EQ(counts[1] + counts[2] + counts[3], n_layer(arch));
 

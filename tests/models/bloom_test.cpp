@@ -162,13 +162,14 @@ TEST(BloomAlibi, KeyPositionsComeFromTheMask) {
   EXPECT_TRUE(torch::equal(unmasked[0][1][0], torch::tensor({0.0, 0.25, 0.5}, torch::kDouble)));
 }
 
-// The bias puts alibi where attending is allowed and the lowest value elsewhere; the fused
-// attention that reads it gives the expression's output and gradients (HF's order: bias +
-// q·kᵀ/√D, masked, softmax, · v) in float64. A padding query attends to nothing: both give it
-// the uniform average, but the expression's masking stops its gradient and the bias does not,
-// so the gradient flowing back into padding positions is zero here, as it is in the models
-// (no real position reads a padding one, and no loss does).
-TEST(BloomAlibi, TheFusedAttentionWithTheBiasIsTheExpression) {
+// The bias puts alibi where attending is allowed and the lowest value elsewhere. The attention,
+// which reads alibi as qkv_attention's key bias, gives the expression's output and gradients
+// (HF's order: bias + q·kᵀ/√D, masked, softmax, · v) in float64, as one fused node and through
+// libtorch's attention (custom_kernels none). A padding query attends to nothing: each gives it
+// the uniform average, but libtorch's attention passes a gradient back through it where the
+// expression's masking does not, so the gradient flowing back into padding positions is zero
+// here, as it is in the models (no real position reads a padding one, and no loss does).
+TEST(BloomAlibi, TheAttentionWithAlibiAsKeyBiasIsTheExpression) {
   auto mask = torch::tensor({{0, 0, 1, 1, 1}, {1, 1, 1, 0, 0}}, torch::kLong);
   const auto ids = torch::zeros({2, 5}, torch::kLong);
   const auto allowed = gradaccum::models::causal_attention_allowed(ids, mask);
@@ -191,7 +192,9 @@ TEST(BloomAlibi, TheFusedAttentionWithTheBiasIsTheExpression) {
   torch::manual_seed(2);
   auto x = torch::randn({2, 5, 32}, torch::kDouble).requires_grad_();
   const auto g = torch::randn({2, 5, 32}, torch::kDouble) * mask.unsqueeze(-1).to(torch::kDouble);
-  const auto fused = attention->forward(x, bias, allowed);
+  const auto fused = attention->forward(x, alibi, allowed);
+  const std::vector<std::string> attention_nodes = {"FusedQkvAttention", "ScaledDotProduct"};
+  EXPECT_EQ(gradaccum::testing::count_autograd_nodes(fused, attention_nodes), (std::vector<int>{1, 0}));
   const auto fused_grads = torch::autograd::grad({fused}, {x, attention->query_key_value->weight}, {g});
 
   auto by_hand = [&](const torch::Tensor& in) {
@@ -210,6 +213,14 @@ TEST(BloomAlibi, TheFusedAttentionWithTheBiasIsTheExpression) {
   EXPECT_LE(max_relative_difference(fused_grads[0], expected_grads[0]), 1e-13);
   EXPECT_LE(max_relative_difference(fused_grads[1], expected_grads[1]), 1e-13);
   EXPECT_GT(expected_grads[1].abs().max().item<double>(), 1e-3);
+
+  gradaccum::testing::CustomKernelsScope sdpa("none");
+  const auto unfused = attention->forward(x, alibi, allowed);
+  EXPECT_EQ(gradaccum::testing::count_autograd_nodes(unfused, attention_nodes), (std::vector<int>{0, 1}));
+  const auto unfused_grads = torch::autograd::grad({unfused}, {x, attention->query_key_value->weight}, {g});
+  EXPECT_LE(max_relative_difference(unfused, expected), 1e-14);
+  EXPECT_LE(max_relative_difference(unfused_grads[0], expected_grads[0]), 1e-13);
+  EXPECT_LE(max_relative_difference(unfused_grads[1], expected_grads[1]), 1e-13);
 }
 
 // Under bf16 autocast the attention's scores are bfloat16, and float32's lowest would round to

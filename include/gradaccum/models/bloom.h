@@ -80,7 +80,7 @@ torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int
                           torch::Device device = torch::kCPU);
 // The attention's additive bias [B or 1, H, T, T] in alibi's dtype: alibi where `allowed`
 // ([B or 1, 1, T, T]), elsewhere the lowest value of `scores_dtype` (default: alibi's dtype), the
-// dtype the attention computes in. Built once per forward and shared by every block; adding
+// dtype the attention computes in; what the attention adds to its scores under dropout. Adding
 // scores to the lowest value leaves it, so masking the scores afterwards changes nothing. Under
 // 16-bit autocast the scores are 16-bit: float32's lowest has no bfloat16 or float16 value, and
 // would round to -inf (a fully masked row's softmax would be NaN).
@@ -92,8 +92,8 @@ class BloomAttentionImpl : public torch::nn::Module {
  public:
   // `layer`: the block's index (numbers its dropout sites).
   BloomAttentionImpl(const BloomConfig& config, int64_t layer);
-  // x [B, T, C]; bias [B or 1, H, T, T] (bloom_attention_bias); allowed [B or 1, 1, T, T] bool.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& allowed);
+  // x [B, T, C]; alibi [B or 1, H, 1, T] (bloom_alibi); allowed [B or 1, 1, T, T] bool.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& alibi, const torch::Tensor& allowed);
 
   torch::nn::Linear query_key_value{nullptr};
   torch::nn::Linear dense{nullptr};
@@ -131,7 +131,8 @@ TORCH_MODULE(BloomMlp);
 class BloomBlockImpl : public torch::nn::Module {
  public:
   BloomBlockImpl(const BloomConfig& config, int64_t layer);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& allowed);
+  // As BloomAttentionImpl::forward.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& alibi, const torch::Tensor& allowed);
 
   torch::nn::LayerNorm input_layernorm{nullptr};
   BloomAttention self_attention{nullptr};

@@ -1,6 +1,6 @@
 // Multi-head scaled dot-product attention from a fused query-key-value
-// projection (GPT-2's c_attn output), with its own forward and backward on
-// the CPU.
+// projection (GPT-2's c_attn, BLOOM's query_key_value with its ALiBi bias),
+// with its own forward and backward on the CPU.
 //
 // libtorch runs attention as ~12 operators per layer and direction: the split,
 // head transposes, two batched matmuls, the scaling, masked_fill, softmax, and
@@ -16,11 +16,19 @@
 // probabilities are exactly 0). The gradient is written into one [B, T, 3C]
 // tensor, laid out like qkv.
 //
+// The probabilities are kept for the backward ([B, H, T, T] per layer, 16 MB a
+// BLOOM-560m layer at 512 tokens), where flash attention keeps one value per row
+// and computes them again.
+//
 // Why hand-written: it still beats libtorch's own path. With custom_kernels
 // off (kernels/custom_kernels.h) the same function runs through
 // at::scaled_dot_product_attention; against that, this kernel makes the GPT
 // benchmark 13.5% faster end to end on libtorch 2.15 (bench/custom_kernels.py,
-// BENCHMARKS.md). Written for libtorch 1.13, which had no fused attention.
+// BENCHMARKS.md), and one BLOOM-560m layer's attention at 512 tokens with ALiBi
+// takes 0.43× its time, forward and backward (bench/attention_ab; 0.88× without
+// a bias). Its loops flush denormals (kernels/flush_denormals.h): without that
+// ALiBi's tiny probabilities made it 2.5× slower than libtorch. Written for
+// libtorch 1.13, which had no fused attention.
 #pragma once
 
 #include <torch/torch.h>
@@ -29,14 +37,27 @@
 
 namespace gradaccum::models {
 
+// How qkv's last dimension holds the heads' queries, keys and values.
+enum class QkvPacking {
+  by_part,  // GPT-2's c_attn: [q of every head | k of every head | v of every head]
+  by_head,  // BLOOM's query_key_value: [q k v of head 0 | q k v of head 1 | ...]
+};
+
+struct QkvAttentionOptions {
+  QkvPacking packing = QkvPacking::by_part;
+  // Added to every score on key s, per head: [B or 1, H, 1, T], BLOOM's ALiBi. Undefined:
+  // none. No gradient flows into it.
+  torch::Tensor key_bias;
+};
+
 // The attention of every head, heads concatenated:
-//   q, k, v = qkv[..., 0:C], qkv[..., C:2C], qkv[..., 2C:3C], each split into
-//             n_head heads of D = C / n_head channels;
+//   q, k, v = the heads' queries, keys and values in qkv (options.packing), each
+//             head D = C / n_head channels;
 //   y[b, t, head h] = Σ_s p[b, h, t, s] · v[b, s, head h], where
-//   p[b, h, t, ·] = softmax over s of q·k / √D, restricted to the keys with
-//                   allowed[b or 0, 0, t, s]; a row with no allowed key
-//                   attends uniformly to all T keys (HF's convention: the
-//                   masked scores hold the dtype's lowest value).
+//   p[b, h, t, ·] = softmax over s of q·k / √D + key_bias[b or 0, h, 0, s],
+//                   restricted to the keys with allowed[b or 0, 0, t, s]; a row
+//                   with no allowed key attends uniformly to all T keys (HF's
+//                   convention: the masked scores hold the dtype's lowest value).
 //
 //   qkv      [B, T, 3C]
 //   allowed  [B or 1, 1, T, T] bool
@@ -47,27 +68,33 @@ namespace gradaccum::models {
 // when qkv_attention_fuses() says so; otherwise this is qkv_attention_sdpa().
 // Differentiating the result twice (create_graph) is refused with
 // gradaccum::Error on the fused path.
-torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed);
+torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
+                            const QkvAttentionOptions& options = {});
 
 // The fused path's conditions: custom_kernels has qkv_attention
-// (kernels/custom_kernels.h), CPU, contiguous qkv and allowed, a BLAS that
-// exports sgemm_/dgemm_, and either float32 or float64 qkv without CPU
-// autocast, or bfloat16 (float16) qkv under bfloat16 (float16) CPU autocast
-// (what c_attn returns there). The 16-bit case computes in float32 on the
-// 16-bit values and rounds the result to 16 bits: the softmax is float32 under
-// autocast anyway.
-bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed);
+// (kernels/custom_kernels.h), CPU, contiguous qkv, allowed and key_bias (which
+// needs no gradient), a BLAS that exports sgemm_/dgemm_, and either float32 or
+// float64 qkv without CPU autocast, or bfloat16 (float16) qkv under bfloat16
+// (float16) CPU autocast (what the projection returns there). The 16-bit case
+// computes in float32 on the 16-bit values and rounds the result to 16 bits: the
+// softmax is float32 under autocast anyway.
+bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
+                         const QkvAttentionOptions& options = {});
 
 // The same function through libtorch's at::scaled_dot_product_attention (its
-// fused kernels on every device), `allowed` given to it as an additive mask.
-torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed);
+// fused kernels on every device), `allowed` and key_bias given to it as one
+// additive mask in qkv's dtype.
+torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
+                                 const QkvAttentionOptions& options = {});
 
 // The same function as libtorch operators (split, matmul, masked_softmax,
 // matmul); any device, dtype and autocast.
-torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed);
+torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
+                                      const QkvAttentionOptions& options = {});
 // qkv_attention_reference with `on_probabilities` applied to p [B, H, T, T] before it weighs v
 // (dropout on the attention probabilities).
 torch::Tensor qkv_attention_transformed(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
-                                        const std::function<torch::Tensor(const torch::Tensor&)>& on_probabilities);
+                                        const std::function<torch::Tensor(const torch::Tensor&)>& on_probabilities,
+                                        const QkvAttentionOptions& options = {});
 
 }  // namespace gradaccum::models

@@ -12,6 +12,7 @@
 #include "gradaccum/models/activation_checkpoint.h"
 #include "gradaccum/models/gelu_tanh.h"
 #include "gradaccum/models/linear.h"
+#include "gradaccum/models/qkv_attention.h"
 
 namespace gradaccum::models {
 
@@ -87,33 +88,31 @@ BloomAttentionImpl::BloomAttentionImpl(const BloomConfig& config, int64_t layer)
       register_module("hidden_dropout", SampleDropout(config.hidden_dropout, 3 * layer + 1, config.dropout_rng));
 }
 
-torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& bias,
+torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& alibi,
                                           const torch::Tensor& allowed) {
   const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
-  const int64_t head_dim = channels / n_head_;
   // Per head: [q | k | v] of head_dim each, head after head.
-  auto fused = linear(query_key_value, x).view({batch, time, n_head_, 3, head_dim});
-  auto q = fused.select(3, 0).transpose(1, 2);  // [B, H, T, D]
-  auto k = fused.select(3, 1).transpose(1, 2);
-  auto v = fused.select(3, 2).transpose(1, 2);
-  const double inv_norm = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  torch::Tensor y;  // [B, H, T, D]
-  const bool dropout = attention_dropout->p() > 0.0 && is_training();
-  if (!dropout) {
-    // libtorch's fused attention (flash on the CPU) with the bias as its additive mask keeps
-    // each row's log-sum-exp for backward, not the [B, H, T, T] probabilities: 16 MB a layer
-    // less at 512 tokens (BLOOM-560m's peak fell by 1.4 GB in float32 and by 1 GB under bf16,
-    // BENCHMARKS.md), and half the time of the expression below in a Python timing. Under
-    // 16-bit autocast it runs as autocast runs it (16-bit inputs, float32 softmax), with the
-    // bias's masked value finite in 16 bits. Padding queries, which attend to nothing, get a
-    // uniform average (in float16 an average weighted by their scores); only the expression's
-    // masking would stop a gradient into them, and the models send none.
-    y = at::scaled_dot_product_attention(q, k, v, bias, /*dropout_p=*/0.0, /*is_causal=*/false, inv_norm);
-  } else {
-    // bias + q·kᵀ / √D, in HF's order (baddbmm with alpha = 1/√D).
-    auto scores = bias + torch::matmul(q, k.transpose(-2, -1)) * inv_norm;  // [B, H, T, T]
-    y = torch::matmul(attention_dropout->forward(masked_softmax(scores, allowed)), v);
+  const auto qkv = linear(query_key_value, x);
+  if (attention_dropout->p() == 0.0 || !is_training()) {
+    // One node on the CPU (models/qkv_attention.h), libtorch's fused attention elsewhere.
+    // Padding queries, which attend to nothing, get a uniform average and pass no gradient
+    // back (in float16 through libtorch's attention an average weighted by their scores);
+    // no real position and no loss reads them.
+    const auto y = qkv_attention(qkv, n_head_, allowed, {QkvPacking::by_head, alibi});
+    return hidden_dropout->forward(linear(dense, y));
   }
+  // Dropout on the probabilities needs them as a tensor: HF's expression, alibi + q·kᵀ / √D
+  // in its order (baddbmm with alpha = 1/√D), with the scores masked in their own dtype
+  // (qkv's: 16 bits under 16-bit autocast).
+  const int64_t head_dim = channels / n_head_;
+  const auto fused = qkv.view({batch, time, n_head_, 3, head_dim});
+  const auto q = fused.select(3, 0).transpose(1, 2);  // [B, H, T, D]
+  const auto k = fused.select(3, 1).transpose(1, 2);
+  const auto v = fused.select(3, 2).transpose(1, 2);
+  const double inv_norm = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const auto bias = bloom_attention_bias(alibi, allowed, qkv.scalar_type());
+  const auto scores = bias + torch::matmul(q, k.transpose(-2, -1)) * inv_norm;  // [B, H, T, T]
+  const auto y = torch::matmul(attention_dropout->forward(masked_softmax(scores, allowed)), v);
   return hidden_dropout->forward(linear(dense, y.transpose(1, 2).reshape({batch, time, channels})));
 }
 
@@ -165,8 +164,9 @@ BloomBlockImpl::BloomBlockImpl(const BloomConfig& config, int64_t layer) {
   mlp = register_module("mlp", BloomMlp(config, layer));
 }
 
-torch::Tensor BloomBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& allowed) {
-  auto hidden = x + self_attention->forward(input_layernorm->forward(x), bias, allowed);
+torch::Tensor BloomBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& alibi,
+                                      const torch::Tensor& allowed) {
+  auto hidden = x + self_attention->forward(input_layernorm->forward(x), alibi, allowed);
   return hidden + mlp->forward(post_attention_layernorm->forward(hidden));
 }
 
@@ -193,23 +193,16 @@ torch::Tensor BloomModelImpl::hidden_states(const torch::Tensor& input_ids, cons
                                             TokenEmbeddingGrad embedding_grad) {
   check_decoder_inputs("BLOOM", input_ids, attention_mask, config_.vocab_size, 0);
   auto x = word_embeddings_layernorm->forward(lookup_tokens(word_embeddings->weight, input_ids, embedding_grad));
-  auto allowed = causal_attention_allowed(input_ids, attention_mask);
-  // Under 16-bit autocast the attention's scores are 16-bit (bloom_attention_bias says why that matters).
-  const auto device_type = x.device().type();
-  const auto scores_dtype = at::autocast::is_autocast_enabled(device_type) && x.scalar_type() == torch::kFloat
-                                ? at::autocast::get_autocast_dtype(device_type)
-                                : x.scalar_type();
-  auto bias =
-      bloom_attention_bias(bloom_alibi(attention_mask, input_ids.size(1), config_.n_head, x.scalar_type(), x.device()),
-                           allowed, scores_dtype);
+  const auto allowed = causal_attention_allowed(input_ids, attention_mask);
+  const auto alibi = bloom_alibi(attention_mask, input_ids.size(1), config_.n_head, x.scalar_type(), x.device());
   const bool checkpointed = checkpoint_blocks();
   for (const auto& module : *h) {
     auto block = std::static_pointer_cast<BloomBlockImpl>(module);
     if (checkpointed) {
       x = checkpoint([block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1], in[2]); },
-                     {x, bias, allowed}, block->parameters());
+                     {x, alibi, allowed}, block->parameters());
     } else {
-      x = block->forward(x, bias, allowed);
+      x = block->forward(x, alibi, allowed);
     }
   }
   return ln_f->forward(x);

@@ -13,6 +13,7 @@
 #include "gradaccum/base/check.h"
 #include "gradaccum/kernels/blas_gemm.h"
 #include "gradaccum/kernels/custom_kernels.h"
+#include "gradaccum/kernels/flush_denormals.h"
 #include "gradaccum/models/decoder.h"
 #include "gradaccum/models/vector_exp.h"
 
@@ -25,12 +26,13 @@ using torch::autograd::variable_list;
 inline __attribute__((always_inline)) float exp_of(float x) { return exp_nonpositive(x); }
 inline __attribute__((always_inline)) double exp_of(double x) { return std::exp(x); }
 
-// One row of scores in place → probabilities: p = softmax(score · scale) over the
-// allowed keys, 0 elsewhere; uniform 1/T when no key is allowed (what softmax gives
-// when every score holds the dtype's lowest value). scale = 1/√D, exact for the
-// usual head sizes (64 = 8²), where it equals the reference's division by √D.
+// One row of scores in place → probabilities: p = softmax(score · scale + bias) over
+// the allowed keys, 0 elsewhere; uniform 1/T when no key is allowed (what softmax
+// gives when every score holds the dtype's lowest value). scale = 1/√D, exact for
+// the usual head sizes (64 = 8²), where it equals the reference's division by √D.
+// Without a key bias `bias` holds zeros, which leave every score as it was.
 template <typename T>
-inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed, int64_t keys, T scale) {
+inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed, const T* bias, int64_t keys, T scale) {
   T lane_max[kVectorLanes];
   for (int l = 0; l < kVectorLanes; ++l) lane_max[l] = -std::numeric_limits<T>::infinity();
   int64_t s = 0;
@@ -38,7 +40,7 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed,
   // T) only selects or multiplies: a branch on a bool keeps the compiler from vectorizing.
   for (; s + kVectorLanes <= keys; s += kVectorLanes) {
     for (int l = 0; l < kVectorLanes; ++l) {
-      const T x = row[s + l] * scale;
+      const T x = row[s + l] * scale + bias[s + l];
       const T v = allowed[s + l] > T(0) ? x : -std::numeric_limits<T>::infinity();
       lane_max[l] = v > lane_max[l] ? v : lane_max[l];
     }
@@ -46,7 +48,7 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed,
   T max = -std::numeric_limits<T>::infinity();
   for (int l = 0; l < kVectorLanes; ++l) max = lane_max[l] > max ? lane_max[l] : max;
   for (; s < keys; ++s) {
-    const T v = allowed[s] > T(0) ? row[s] * scale : -std::numeric_limits<T>::infinity();
+    const T v = allowed[s] > T(0) ? row[s] * scale + bias[s] : -std::numeric_limits<T>::infinity();
     max = v > max ? v : max;
   }
   if (max == -std::numeric_limits<T>::infinity()) {
@@ -57,7 +59,7 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed,
   s = 0;
   for (; s + kVectorLanes <= keys; s += kVectorLanes) {
     for (int l = 0; l < kVectorLanes; ++l) {
-      const T shifted = row[s + l] * scale - max;  // > 0 only for a masked key
+      const T shifted = row[s + l] * scale + bias[s + l] - max;  // > 0 only for a masked key
       const T e = exp_of(shifted > T(0) ? T(0) : shifted) * allowed[s + l];
       row[s + l] = e;
       lane_sum[l] += e;
@@ -66,7 +68,7 @@ inline __attribute__((always_inline)) void softmax_row(T* row, const T* allowed,
   T sum = 0;
   for (int l = 0; l < kVectorLanes; ++l) sum += lane_sum[l];
   for (; s < keys; ++s) {
-    row[s] = allowed[s] > T(0) ? exp_of(row[s] * scale - max) : T(0);
+    row[s] = allowed[s] > T(0) ? exp_of(row[s] * scale + bias[s] - max) : T(0);
     sum += row[s];
   }
   const T inverse = T(1) / sum;
@@ -91,17 +93,19 @@ inline __attribute__((always_inline)) void softmax_grad_row(T* grad, const T* pr
   }
 }
 
-// `count` rows of `keys` entries, `stride` apart (the first `keys` of each T-wide row).
-GRADACCUM_VECTOR_CLONES void softmax_rows(float* rows, const float* allowed, int64_t count, int64_t keys,
-                                          int64_t stride, float scale) {
+// `count` rows of `keys` entries, `stride` apart (the first `keys` of each T-wide row),
+// all with the same key bias.
+GRADACCUM_VECTOR_CLONES void softmax_rows(float* rows, const float* allowed, const float* bias, int64_t count,
+                                          int64_t keys, int64_t stride, float scale) {
   for (int64_t t = 0; t < count; ++t) {
-    softmax_row(rows + t * stride, allowed + t * stride, keys, scale);
+    softmax_row(rows + t * stride, allowed + t * stride, bias, keys, scale);
   }
 }
 
-void softmax_rows(double* rows, const double* allowed, int64_t count, int64_t keys, int64_t stride, double scale) {
+void softmax_rows(double* rows, const double* allowed, const double* bias, int64_t count, int64_t keys, int64_t stride,
+                  double scale) {
   for (int64_t t = 0; t < count; ++t) {
-    softmax_row(rows + t * stride, allowed + t * stride, keys, scale);
+    softmax_row(rows + t * stride, allowed + t * stride, bias, keys, scale);
   }
 }
 
@@ -149,27 +153,37 @@ std::vector<int64_t> block_key_counts(const T* allowed, int64_t mask_batch, int6
 // The shapes of one call.
 struct Layout {
   int64_t batch, time, channels, heads, head_dim, mask_batch;
+  int64_t bias_batch;  // key_bias's batch (1 or B)
+  QkvPacking packing;
   int64_t row() const { return 3 * channels; }  // qkv's row stride
+  // Head h's queries start at h · head_stride() in a row, its keys part_stride() after them
+  // and its values part_stride() after the keys.
+  int64_t head_stride() const { return packing == QkvPacking::by_head ? 3 * head_dim : head_dim; }
+  int64_t part_stride() const { return packing == QkvPacking::by_head ? head_dim : channels; }
 };
 
-Layout layout_of(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
+Layout layout_of(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed, const torch::Tensor& key_bias,
+                 QkvPacking packing) {
   const int64_t channels = qkv.size(2) / 3;
-  return {qkv.size(0), qkv.size(1), channels, n_head, channels / n_head, allowed.size(0)};
+  return {qkv.size(0), qkv.size(1), channels, n_head, channels / n_head, allowed.size(0), key_bias.size(0), packing};
 }
 
+// key_bias: [bias_batch, H, 1, T].
 template <typename T>
-void attention_forward(const Layout& s, const T* qkv, const T* allowed, T* probs, T* y) {
+void attention_forward(const Layout& s, const T* qkv, const T* allowed, const T* key_bias, T* probs, T* y) {
   const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
   const int64_t blocks = query_blocks(s.time);
   const auto block_keys = block_key_counts(allowed, s.mask_batch, s.time);
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
+    const kernels::FlushDenormalsScope flush;  // its header says why
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / s.heads, h = item % s.heads;
       const int64_t m = s.mask_batch == 1 ? 0 : b;
-      const T* q = qkv + b * s.time * s.row() + h * s.head_dim;
-      const T* k = q + s.channels;
-      const T* v = q + 2 * s.channels;
+      const T* bias = key_bias + ((s.bias_batch == 1 ? 0 : b) * s.heads + h) * s.time;
+      const T* q = qkv + b * s.time * s.row() + h * s.head_stride();
+      const T* k = q + s.part_stride();
+      const T* v = k + s.part_stride();
       T* out = y + b * s.time * s.channels + h * s.head_dim;
       // Entries of p past a block's key count are never written nor read.
       T* p = probs + item * tt;
@@ -179,7 +193,7 @@ void attention_forward(const Layout& s, const T* qkv, const T* allowed, T* probs
         const int64_t keys = block_keys[static_cast<size_t>(m * blocks + block)];
         kernels::blas_gemm(false, true, rows, keys, s.head_dim, T(1), q + r0 * s.row(), s.row(), k, s.row(), T(0),
                            p + r0 * s.time, s.time);  // scores = q kᵀ
-        softmax_rows(p + r0 * s.time, mask + r0 * s.time, rows, keys, s.time, scale);
+        softmax_rows(p + r0 * s.time, mask + r0 * s.time, bias, rows, keys, s.time, scale);
         kernels::blas_gemm(false, false, rows, s.head_dim, keys, T(1), p + r0 * s.time, s.time, v, s.row(), T(0),
                            out + r0 * s.channels, s.channels);  // y = p v
       }
@@ -195,17 +209,18 @@ void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T
   const int64_t blocks = query_blocks(s.time);
   const auto block_keys = block_key_counts(allowed, s.mask_batch, s.time);
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
+    const kernels::FlushDenormalsScope flush;
     std::vector<T> grad_scores(static_cast<size_t>(tt));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / s.heads, h = item % s.heads;
       const int64_t m = s.mask_batch == 1 ? 0 : b;
-      const int64_t offset = b * s.time * s.row() + h * s.head_dim;
+      const int64_t offset = b * s.time * s.row() + h * s.head_stride();
       const T* q = qkv + offset;
-      const T* k = q + s.channels;
-      const T* v = q + 2 * s.channels;
+      const T* k = q + s.part_stride();
+      const T* v = k + s.part_stride();
       T* dq = grad_qkv + offset;
-      T* dk = dq + s.channels;
-      T* dv = dq + 2 * s.channels;
+      T* dk = dq + s.part_stride();
+      T* dv = dk + s.part_stride();
       const T* dy = grad_y + b * s.time * s.channels + h * s.head_dim;
       for (int64_t block = 0; block < blocks; ++block) {
         const int64_t r0 = block * kQueryBlock, rows = std::min(kQueryBlock, s.time - r0);
@@ -230,21 +245,25 @@ void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T
 
 class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
  public:
+  // key_bias: [1 or B, H, 1, T], contiguous in qkv's dtype (zeros for none: adding 0 leaves
+  // every score as it is). packing: a QkvPacking.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qkv, const torch::Tensor& allowed,
-                               int64_t n_head) {
+                               const torch::Tensor& key_bias, int64_t n_head, int64_t packing) {
     // Named in profiler traces: a custom Function's forward is not an operator.
     RECORD_FUNCTION("gradaccum::qkv_attention", std::vector<c10::IValue>());
-    const Layout s = layout_of(qkv, n_head, allowed);
+    const Layout s = layout_of(qkv, n_head, allowed, key_bias, static_cast<QkvPacking>(packing));
     auto y = torch::empty({s.batch, s.time, s.channels}, qkv.options());
     auto probs = torch::empty({s.batch, s.heads, s.time, s.time}, qkv.options());
     // The mask as 1/0 in qkv's dtype, which the row loops multiply and compare with.
     const auto mask = allowed.to(qkv.scalar_type());
     AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qkv_attention", [&] {
-      attention_forward<scalar_t>(s, qkv.data_ptr<scalar_t>(), mask.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(),
-                                  y.data_ptr<scalar_t>());
+      attention_forward<scalar_t>(s, qkv.data_ptr<scalar_t>(), mask.data_ptr<scalar_t>(), key_bias.data_ptr<scalar_t>(),
+                                  probs.data_ptr<scalar_t>(), y.data_ptr<scalar_t>());
     });
+    // The backward needs only the probabilities: the bias is inside them.
     ctx->save_for_backward({qkv, mask, probs});
     ctx->saved_data["n_head"] = n_head;
+    ctx->saved_data["packing"] = packing;
     return y;
   }
 
@@ -256,18 +275,21 @@ class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
     const auto& qkv = saved[0];
     const auto& mask = saved[1];
     const auto& probs = saved[2];
-    const Layout s = layout_of(qkv, ctx->saved_data["n_head"].toInt(), mask);
+    const int64_t n_head = ctx->saved_data["n_head"].toInt();
+    const Layout s = layout_of(qkv, n_head, mask, torch::empty({1, n_head, 1, qkv.size(1)}),
+                               static_cast<QkvPacking>(ctx->saved_data["packing"].toInt()));
     const auto grad_y = grad_outputs[0].to(qkv.scalar_type()).contiguous();
     auto grad_qkv = torch::zeros_like(qkv);
     AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qkv_attention_backward", [&] {
       attention_backward<scalar_t>(s, qkv.data_ptr<scalar_t>(), mask.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(),
                                    grad_y.data_ptr<scalar_t>(), grad_qkv.data_ptr<scalar_t>());
     });
-    return {grad_qkv, torch::Tensor(), torch::Tensor()};
+    return {grad_qkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
-void check_shapes(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
+void check_shapes(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
+                  const QkvAttentionOptions& options) {
   GA_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,
            "qkv_attention: qkv must be [B, T, 3C], got {} dimension(s) with last size {}", qkv.dim(),
            qkv.dim() > 0 ? qkv.size(-1) : 0);
@@ -278,28 +300,50 @@ void check_shapes(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor&
                (allowed.size(0) == 1 || allowed.size(0) == qkv.size(0)) && allowed.size(1) == 1 &&
                allowed.size(2) == qkv.size(1) && allowed.size(3) == qkv.size(1),
            "qkv_attention: allowed must be a bool [B or 1, 1, T, T] mask for B = {}, T = {}", qkv.size(0), qkv.size(1));
+  const auto& bias = options.key_bias;
+  GA_CHECK(!bias.defined() ||
+               (bias.dim() == 4 && bias.is_floating_point() && (bias.size(0) == 1 || bias.size(0) == qkv.size(0)) &&
+                bias.size(1) == n_head && bias.size(2) == 1 && bias.size(3) == qkv.size(1)),
+           "qkv_attention: key_bias must be a floating-point [B or 1, H, 1, T] tensor for B = {}, H = {}, T = {}",
+           qkv.size(0), n_head, qkv.size(1));
 }
 
 }  // namespace
 
-bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
+bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
+                         const QkvAttentionOptions& options) {
   const auto dtype = qkv.scalar_type();
   const bool autocast = at::autocast::is_autocast_enabled(at::kCPU);
   const bool dtype_fuses = autocast ? (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
                                           at::autocast::get_autocast_dtype(at::kCPU) == dtype
                                     : dtype == torch::kFloat || dtype == torch::kDouble;
   return kernels::custom_kernel_enabled(kernels::CustomKernel::qkv_attention) && qkv.is_cpu() && allowed.is_cpu() &&
-         dtype_fuses && qkv.is_contiguous() && allowed.is_contiguous() && kernels::blas_gemm_available();
+         dtype_fuses && qkv.is_contiguous() && allowed.is_contiguous() &&
+         (!options.key_bias.defined() ||
+          (options.key_bias.is_cpu() && options.key_bias.is_contiguous() && !options.key_bias.requires_grad())) &&
+         kernels::blas_gemm_available();
 }
 
 namespace {
 
 // qkv [B, T, 3C] → q, k, v as [B, H, T, D] views.
-std::array<torch::Tensor, 3> split_heads(const torch::Tensor& qkv, int64_t n_head) {
+std::array<torch::Tensor, 3> split_heads(const torch::Tensor& qkv, int64_t n_head, QkvPacking packing) {
   const int64_t batch = qkv.size(0), time = qkv.size(1), channels = qkv.size(2) / 3;
+  const int64_t head_dim = channels / n_head;
+  if (packing == QkvPacking::by_head) {
+    const auto parts = qkv.view({batch, time, n_head, 3, head_dim});
+    auto part = [&](int64_t i) { return parts.select(3, i).transpose(1, 2); };
+    return {part(0), part(1), part(2)};
+  }
   const auto parts = qkv.split(channels, /*dim=*/2);
-  auto heads = [&](const torch::Tensor& t) { return t.view({batch, time, n_head, channels / n_head}).transpose(1, 2); };
+  auto heads = [&](const torch::Tensor& t) { return t.view({batch, time, n_head, head_dim}).transpose(1, 2); };
   return {heads(parts[0]), heads(parts[1]), heads(parts[2])};
+}
+
+// q·kᵀ / √D + key_bias [B, H, T, T].
+torch::Tensor attention_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& key_bias) {
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
+  return key_bias.defined() ? scores + key_bias : scores;
 }
 
 // y [B, H, T, D] → [B, T, C], heads concatenated.
@@ -309,41 +353,51 @@ torch::Tensor merge_heads(const torch::Tensor& y) {
 
 }  // namespace
 
-torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
-  check_shapes(qkv, n_head, allowed);
-  const auto [q, k, v] = split_heads(qkv, n_head);
+torch::Tensor qkv_attention_sdpa(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
+                                 const QkvAttentionOptions& options) {
+  check_shapes(qkv, n_head, allowed, options);
+  const auto [q, k, v] = split_heads(qkv, n_head, options.packing);
   // An additive mask holding the dtype's lowest value where a key is not allowed, not a
   // boolean one: a row without any allowed key then attends uniformly (the convention
-  // above), where a boolean mask would make it NaN or zero depending on the backend.
-  const auto bias = torch::zeros(allowed.sizes(), qkv.options())
-                        .masked_fill_(allowed.logical_not(), lowest_finite(qkv.scalar_type()));
+  // above), where a boolean mask would make it NaN or zero depending on the backend. In
+  // qkv's dtype, which is the scores' (under 16-bit autocast, float32's lowest would round
+  // to -inf and a fully masked row would be NaN).
+  const auto lowest = torch::scalar_tensor(lowest_finite(qkv.scalar_type()), qkv.options());
+  const auto bias = options.key_bias.defined()
+                        ? torch::where(allowed, options.key_bias.to(qkv.scalar_type()), lowest)
+                        : torch::zeros(allowed.sizes(), qkv.options()).masked_fill_(allowed.logical_not(), lowest);
   return merge_heads(at::scaled_dot_product_attention(q, k, v, bias));
 }
 
-torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
-  check_shapes(qkv, n_head, allowed);
-  const auto [q, k, v] = split_heads(qkv, n_head);
-  const auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
-  return merge_heads(torch::matmul(masked_softmax(scores, allowed), v));
+torch::Tensor qkv_attention_reference(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
+                                      const QkvAttentionOptions& options) {
+  return qkv_attention_transformed(
+      qkv, n_head, allowed, [](const torch::Tensor& p) { return p; }, options);
 }
 
 torch::Tensor qkv_attention_transformed(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
-                                        const std::function<torch::Tensor(const torch::Tensor&)>& on_probabilities) {
-  check_shapes(qkv, n_head, allowed);
-  const auto [q, k, v] = split_heads(qkv, n_head);
-  const auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
+                                        const std::function<torch::Tensor(const torch::Tensor&)>& on_probabilities,
+                                        const QkvAttentionOptions& options) {
+  check_shapes(qkv, n_head, allowed, options);
+  const auto [q, k, v] = split_heads(qkv, n_head, options.packing);
+  const auto scores = attention_scores(q, k, options.key_bias);
   return merge_heads(torch::matmul(on_probabilities(masked_softmax(scores, allowed)), v));
 }
 
-torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed) {
-  check_shapes(qkv, n_head, allowed);
-  if (!qkv_attention_fuses(qkv, n_head, allowed)) return qkv_attention_sdpa(qkv, n_head, allowed);
-  if (qkv.scalar_type() == torch::kBFloat16 || qkv.scalar_type() == torch::kHalf) {
-    // Under 16-bit autocast: float32 arithmetic on the 16-bit inputs, the result rounded
-    // back (autocast's matmuls would return 16 bits too); the softmax is float32 either way.
-    return FusedQkvAttention::apply(qkv.to(torch::kFloat), allowed, n_head).to(qkv.scalar_type());
-  }
-  return FusedQkvAttention::apply(qkv, allowed, n_head);
+torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed,
+                            const QkvAttentionOptions& options) {
+  check_shapes(qkv, n_head, allowed, options);
+  if (!qkv_attention_fuses(qkv, n_head, allowed, options)) return qkv_attention_sdpa(qkv, n_head, allowed, options);
+  const auto packing = static_cast<int64_t>(options.packing);
+  // Under 16-bit autocast: float32 arithmetic on the 16-bit inputs, the result rounded
+  // back (autocast's matmuls would return 16 bits too); the softmax is float32 either way.
+  const bool half = qkv.scalar_type() == torch::kBFloat16 || qkv.scalar_type() == torch::kHalf;
+  const auto dtype = half ? torch::kFloat : qkv.scalar_type();
+  const auto key_bias = options.key_bias.defined()
+                            ? options.key_bias.to(dtype)
+                            : torch::zeros({1, n_head, 1, qkv.size(1)}, qkv.options().dtype(dtype));
+  const auto y = FusedQkvAttention::apply(qkv.to(dtype), allowed, key_bias, n_head, packing);
+  return half ? y.to(qkv.scalar_type()) : y;
 }
 
 }  // namespace gradaccum::models
