@@ -113,9 +113,9 @@ int main(int argc, char** argv) {
     mask.slice(1, 0, o.padding).zero_();
     const auto ids = torch::zeros({o.batch, o.time}, torch::kLong);
     const auto allowed = models::causal_attention_allowed(ids, o.padding > 0 ? mask : torch::Tensor());
-    const auto key_bias = o.alibi ? models::bloom_alibi(o.padding > 0 ? mask : torch::Tensor(), o.time, o.heads,
-                                                        torch::kFloat)
-                                  : torch::Tensor();
+    const auto key_bias =
+        o.alibi ? models::bloom_alibi(o.padding > 0 ? mask : torch::Tensor(), o.time, o.heads, torch::kFloat)
+                : torch::Tensor();
     const models::QkvAttentionOptions attention{o.packing, key_bias};
     GA_CHECK(models::qkv_attention_fuses(qkv, o.heads, allowed, attention),
              "attention_ab: the fused path does not take these inputs (custom_kernels, BLAS)");
