@@ -162,10 +162,10 @@ struct Layout {
   int64_t part_stride() const { return packing == QkvPacking::by_head ? head_dim : channels; }
 };
 
-Layout layout_of(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed, const torch::Tensor& key_bias,
+Layout layout_of(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& allowed, int64_t bias_batch,
                  QkvPacking packing) {
   const int64_t channels = qkv.size(2) / 3;
-  return {qkv.size(0), qkv.size(1), channels, n_head, channels / n_head, allowed.size(0), key_bias.size(0), packing};
+  return {qkv.size(0), qkv.size(1), channels, n_head, channels / n_head, allowed.size(0), bias_batch, packing};
 }
 
 // key_bias: [bias_batch, H, 1, T].
@@ -251,7 +251,7 @@ class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
                                const torch::Tensor& key_bias, int64_t n_head, int64_t packing) {
     // Named in profiler traces: a custom Function's forward is not an operator.
     RECORD_FUNCTION("gradaccum::qkv_attention", std::vector<c10::IValue>());
-    const Layout s = layout_of(qkv, n_head, allowed, key_bias, static_cast<QkvPacking>(packing));
+    const Layout s = layout_of(qkv, n_head, allowed, key_bias.size(0), static_cast<QkvPacking>(packing));
     auto y = torch::empty({s.batch, s.time, s.channels}, qkv.options());
     auto probs = torch::empty({s.batch, s.heads, s.time, s.time}, qkv.options());
     // The mask as 1/0 in qkv's dtype, which the row loops multiply and compare with.
@@ -276,8 +276,9 @@ class FusedQkvAttention : public torch::autograd::Function<FusedQkvAttention> {
     const auto& mask = saved[1];
     const auto& probs = saved[2];
     const int64_t n_head = ctx->saved_data["n_head"].toInt();
-    const Layout s = layout_of(qkv, n_head, mask, torch::empty({1, n_head, 1, qkv.size(1)}),
-                               static_cast<QkvPacking>(ctx->saved_data["packing"].toInt()));
+    // The backward reads no bias: its batch is irrelevant here.
+    const Layout s =
+        layout_of(qkv, n_head, mask, /*bias_batch=*/1, static_cast<QkvPacking>(ctx->saved_data["packing"].toInt()));
     const auto grad_y = grad_outputs[0].to(qkv.scalar_type()).contiguous();
     auto grad_qkv = torch::zeros_like(qkv);
     AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qkv_attention_backward", [&] {
