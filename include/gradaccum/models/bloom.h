@@ -152,7 +152,7 @@ class BloomModelImpl : public DecoderImpl {
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
 
   torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                              TokenEmbeddingGrad embedding_grad = TokenEmbeddingGrad::dense) override;
+                              const TokenEmbeddingGrad& embedding_grad = TokenEmbeddingGrad::dense()) override;
   torch::Tensor token_embedding() override { return word_embeddings->weight; }
   int64_t hidden_size() const override { return config_.hidden_size; }
   int64_t vocab_size() const override { return config_.vocab_size; }

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "gradaccum/core/batch.h"
+#include "gradaccum/models/tied_table_gradient.h"
 
 namespace gradaccum::models {
 
@@ -64,8 +65,14 @@ enum class TargetSelection {
 // Throws gradaccum::Error for chunk_tokens ≤ 0, mismatched shapes, or (when
 // compacting CPU labels, where the check costs no device synchronization) a
 // label outside [0, V) that is not core::kIgnoreIndex.
+//
+// `tied_table`: when weight is a tied embedding table whose lookup was made with
+// the same pairing (tied_table_gradient.h), the backward hands the weight's
+// gradient to the lookup's backward, which adds its rows into it in place,
+// instead of returning it to autograd.
 core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
                                      const torch::Tensor& labels, int64_t chunk_tokens,
-                                     TargetSelection selection = TargetSelection::automatic);
+                                     TargetSelection selection = TargetSelection::automatic,
+                                     const c10::intrusive_ptr<TiedTableGradient>& tied_table = {});
 
 }  // namespace gradaccum::models

@@ -13,23 +13,44 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
+
+#include "gradaccum/models/tied_table_gradient.h"
 
 namespace gradaccum::models {
 
 // How the token lookup hands back the gradient of the embedding table.
-//  dense:  a [vocab, hidden] tensor, zero outside the looked-up rows (libtorch's
-//          default for nn::Embedding).
-//  sparse: the looked-up rows only. Valid only when the parameter's .grad ends
-//          dense: the same backward also adds a dense gradient of the table (a
-//          tied LM head's loss), or the table already holds a dense .grad that
-//          autograd adds the rows into in place (a sequence classifier after a
-//          window's first micro-step). For a tied head this saves the
-//          dense lookup gradient's [vocab, hidden] zero fill per micro-step
-//          (6 MB for a vocabulary of 8192 and width 192; 154 MB for GPT-2
-//          small). libtorch 1.13 also added the sparse part into the dense one
-//          in place; libtorch 2.15 sums them out of place (one [vocab, hidden]
-//          write, as for two dense gradients).
-enum class TokenEmbeddingGrad { dense, sparse };
+//  dense():  a [vocab, hidden] tensor, zero outside the looked-up rows (libtorch's
+//            default for nn::Embedding).
+//  sparse(): the looked-up rows only. Valid only when the table already holds a
+//            dense .grad that autograd adds the rows into in place (a sequence
+//            classifier after a window's first micro-step): it saves the dense
+//            lookup gradient's [vocab, hidden] zero fill per micro-step (1 GB at
+//            BLOOM-560m's 250880 × 1024).
+//  into(pairing): the rows added in place into a tied LM head's dense gradient of
+//            the same table, computed by the same backward (tied_table_gradient.h).
+class TokenEmbeddingGrad {
+ public:
+  static TokenEmbeddingGrad dense() { return TokenEmbeddingGrad(Kind::dense, {}); }
+  static TokenEmbeddingGrad sparse() { return TokenEmbeddingGrad(Kind::sparse, {}); }
+  static TokenEmbeddingGrad into(c10::intrusive_ptr<TiedTableGradient> pairing) {
+    return TokenEmbeddingGrad(Kind::into_pairing, std::move(pairing));
+  }
+
+  // The rows of `table` for `input_ids`, as nn::Embedding's forward with default options.
+  torch::Tensor lookup(const torch::Tensor& table, const torch::Tensor& input_ids) const {
+    if (kind_ == Kind::into_pairing) return lookup_tied_rows(table, input_ids, pairing_);
+    return torch::embedding(table, input_ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false,
+                            /*sparse=*/kind_ == Kind::sparse);
+  }
+
+ private:
+  enum class Kind { dense, sparse, into_pairing };
+  TokenEmbeddingGrad(Kind kind, c10::intrusive_ptr<TiedTableGradient> pairing)
+      : kind_(kind), pairing_(std::move(pairing)) {}
+  Kind kind_;
+  c10::intrusive_ptr<TiedTableGradient> pairing_;
+};
 
 // Whether `table` already holds a dense .grad that a sparse lookup gradient is
 // added into in place (the window's earlier micro-steps left it there).
@@ -42,7 +63,7 @@ class DecoderImpl : public torch::nn::Module {
   // hidden_size()], after the final LayerNorm. Every real token's state is the
   // same whether its row is padded on the left, on the right or not at all.
   virtual torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                      TokenEmbeddingGrad embedding_grad = TokenEmbeddingGrad::dense) = 0;
+                                      const TokenEmbeddingGrad& embedding_grad = TokenEmbeddingGrad::dense()) = 0;
   // The token embedding [vocab_size, hidden_size], which a tied LM head reuses
   // as its output projection (the parameter itself, not a copy).
   virtual torch::Tensor token_embedding() = 0;
@@ -63,12 +84,6 @@ class DecoderImpl : public torch::nn::Module {
  protected:
   // Whether a block's forward goes through checkpoint() now.
   bool checkpoint_blocks() const { return gradient_checkpointing_ && is_training(); }
-  // The rows of `table` for `input_ids`, as nn::Embedding's forward with default options.
-  static torch::Tensor lookup_tokens(const torch::Tensor& table, const torch::Tensor& input_ids,
-                                     TokenEmbeddingGrad grad) {
-    return torch::embedding(table, input_ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false,
-                            /*sparse=*/grad == TokenEmbeddingGrad::sparse);
-  }
 
  private:
   bool gradient_checkpointing_ = false;

@@ -114,7 +114,7 @@ class Gpt2ModelImpl : public DecoderImpl {
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
 
   torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                              TokenEmbeddingGrad embedding_grad = TokenEmbeddingGrad::dense) override;
+                              const TokenEmbeddingGrad& embedding_grad = TokenEmbeddingGrad::dense()) override;
   torch::Tensor token_embedding() override { return wte->weight; }
   int64_t hidden_size() const override { return config_.n_embd; }
   int64_t vocab_size() const override { return config_.vocab_size; }

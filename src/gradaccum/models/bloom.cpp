@@ -186,13 +186,13 @@ BloomModelImpl::BloomModelImpl(const BloomConfig& config) : config_(config) {
 }
 
 torch::Tensor BloomModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
-  return hidden_states(input_ids, attention_mask, TokenEmbeddingGrad::dense);
+  return hidden_states(input_ids, attention_mask, TokenEmbeddingGrad::dense());
 }
 
 torch::Tensor BloomModelImpl::hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                            TokenEmbeddingGrad embedding_grad) {
+                                            const TokenEmbeddingGrad& embedding_grad) {
   check_decoder_inputs("BLOOM", input_ids, attention_mask, config_.vocab_size, 0);
-  auto x = word_embeddings_layernorm->forward(lookup_tokens(word_embeddings->weight, input_ids, embedding_grad));
+  auto x = word_embeddings_layernorm->forward(embedding_grad.lookup(word_embeddings->weight, input_ids));
   const auto allowed = causal_attention_allowed(input_ids, attention_mask);
   const auto alibi = bloom_alibi(attention_mask, input_ids.size(1), config_.n_head, x.scalar_type(), x.device());
   const bool checkpointed = checkpoint_blocks();

@@ -64,21 +64,28 @@ int64_t CausalLm::chunk_tokens() {
 }
 
 core::LossSum CausalLm::loss(const core::Batch& batch) {
-  // The tied head's projection happens inside the fused loss, chunk by chunk. That loss
-  // returns a dense gradient of the embedding table whenever the table gets one at all,
-  // so the lookup may return its rows sparsely (decoder.h, TokenEmbeddingGrad). Only on
-  // the CPU: adding a sparse gradient coalesces it, and on a GPU coalescing reads its
-  // size on the host, a synchronization per micro-step (base/host_reads.h).
-  // An untied head leaves the lookup as the table's only gradient: dense then, until the
-  // table holds a dense gradient of the window's earlier micro-steps to add the rows into.
+  // A tied head's part of the table's gradient comes from the fused loss, dense. On the CPU
+  // the lookup adds its rows into that gradient in place (tied_table_gradient.h) rather than
+  // leaving autograd to sum a dense and a sparse gradient out of place. An untied head leaves
+  // the lookup as the table's only gradient: dense, until the table holds a dense gradient of
+  // the window's earlier micro-steps that autograd adds sparse rows into in place. Only on the
+  // CPU: on a GPU adding rows with repeated ids in place is not deterministic, and coalescing
+  // sparse rows reads their count on the host, a synchronization per micro-step
+  // (base/host_reads.h); there both gradients are dense and autograd adds them in place.
   dropout_sites_.set_keys(batch.keys);
   auto& transformer = model_->transformer;
   const auto head = model_->head_weight();
   const auto& table = transformer->token_embedding();
-  const auto lookup_grad = (model_->tied() || holds_dense_grad(table)) && head.is_cpu() ? TokenEmbeddingGrad::sparse
-                                                                                        : TokenEmbeddingGrad::dense;
+  c10::intrusive_ptr<TiedTableGradient> pairing;
+  auto lookup_grad = TokenEmbeddingGrad::dense();
+  if (head.is_cpu() && model_->tied()) {
+    pairing = c10::make_intrusive<TiedTableGradient>();
+    lookup_grad = TokenEmbeddingGrad::into(pairing);
+  } else if (head.is_cpu() && holds_dense_grad(table)) {
+    lookup_grad = TokenEmbeddingGrad::sparse();
+  }
   return chunked_causal_lm_loss(transformer->hidden_states(batch.input, batch.attention_mask, lookup_grad), head,
-                                batch.target, chunk_tokens());
+                                batch.target, chunk_tokens(), TargetSelection::automatic, pairing);
 }
 
 core::EvalSums CausalLm::evaluate(const core::Batch& batch) {

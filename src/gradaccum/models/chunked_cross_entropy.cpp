@@ -104,7 +104,8 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
                                const torch::Tensor& positions, const torch::Tensor& targets, const torch::Tensor& valid,
-                               bool compact, int64_t chunk_tokens, bool need_hidden, bool need_weight) {
+                               bool compact, int64_t chunk_tokens, bool need_hidden, bool need_weight,
+                               const c10::intrusive_ptr<TiedTableGradient>& tied_table) {
     // Named in profiler traces: a custom Function's forward is not an operator.
     RECORD_FUNCTION("gradaccum::chunked_cross_entropy", std::vector<c10::IValue>());
     const Precision p = precision_of(hidden, weight);
@@ -172,10 +173,9 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(p.softmax));
     }
     // Kept in saved_data, not save_for_backward: the backward moves them out, so the
-    // gradients it returns are their only references. Autograd adds a sparse gradient of
-    // the same tensor (a tied embedding's lookup, decoder.h) in place only into a dense
-    // gradient nothing else holds; otherwise it allocates a [V, H] sum.
+    // gradients it returns are their only references, which autograd may add into in place.
     ctx->saved_data["weight_dtype"] = weight.scalar_type();
+    if (tied_table) ctx->saved_data["tied_table"] = c10::IValue::make_capsule(tied_table);
     if (need_hidden) ctx->saved_data["grad_hidden"] = grad_hidden_flat.view(hidden.sizes());
     if (need_weight) ctx->saved_data["grad_weight"] = std::move(grad_weight);
     return total;
@@ -199,7 +199,13 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     // The weight's gradient was accumulated in the softmax dtype; hand it back in weight's.
     const auto weight_dtype = ctx->saved_data["weight_dtype"].toScalarType();
     if (grad_weight.defined()) grad_weight = grad_weight.to(weight_dtype);
-    variable_list grads(9);  // one per argument of forward(); only hidden and weight get one
+    // A tied table's lookup adds its rows into the weight's gradient and returns the sum.
+    const auto tied = ctx->saved_data.find("tied_table");
+    if (tied != ctx->saved_data.end() && grad_weight.defined()) {
+      grad_weight =
+          c10::static_intrusive_pointer_cast<TiedTableGradient>(tied->second.toCapsule())->hand_over(grad_weight);
+    }
+    variable_list grads(10);  // one per argument of forward(); only hidden and weight get one
     grads[0] = grad_hidden;
     grads[1] = grad_weight;
     return grads;
@@ -227,7 +233,8 @@ std::pair<torch::Tensor, torch::Tensor> compact_targets(const torch::Tensor& nex
 }  // namespace
 
 core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                     const torch::Tensor& labels, int64_t chunk_tokens, TargetSelection selection) {
+                                     const torch::Tensor& labels, int64_t chunk_tokens, TargetSelection selection,
+                                     const c10::intrusive_ptr<TiedTableGradient>& tied_table) {
   GA_CHECK(chunk_tokens > 0, "chunked cross-entropy: chunk_tokens must be positive, got {}", chunk_tokens);
   GA_CHECK(hidden.defined() && weight.defined() && labels.defined(),
            "chunked cross-entropy: hidden, weight and labels must all be defined");
@@ -280,7 +287,7 @@ core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::T
   const bool grad_mode = torch::GradMode::is_enabled();
   auto sum =
       ChunkedCrossEntropy::apply(hidden, weight, positions, targets.to(hidden.device()), valid, compact, chunk_tokens,
-                                 grad_mode && hidden.requires_grad(), grad_mode && weight.requires_grad());
+                                 grad_mode && hidden.requires_grad(), grad_mode && weight.requires_grad(), tied_table);
   auto count = compact ? torch::scalar_tensor(positions.size(0), labels.options().dtype(torch::kLong)) : scored.sum();
   return {sum, count};
 }

@@ -116,11 +116,11 @@ Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& config) : config_(config) {
 }
 
 torch::Tensor Gpt2ModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
-  return hidden_states(input_ids, attention_mask, TokenEmbeddingGrad::dense);
+  return hidden_states(input_ids, attention_mask, TokenEmbeddingGrad::dense());
 }
 
 torch::Tensor Gpt2ModelImpl::hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                           TokenEmbeddingGrad embedding_grad) {
+                                           const TokenEmbeddingGrad& embedding_grad) {
   check_decoder_inputs("GPT-2", input_ids, attention_mask, config_.vocab_size, config_.n_positions);
   const int64_t time = input_ids.size(1);
   // [B or 1, 1, T, T]: query t may attend key s
@@ -130,7 +130,7 @@ torch::Tensor Gpt2ModelImpl::hidden_states(const torch::Tensor& input_ids, const
       attention_mask.defined()
           ? gpt2_position_ids(attention_mask)
           : torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())).unsqueeze(0);
-  auto x = drop->forward(lookup_tokens(wte->weight, input_ids, embedding_grad) + wpe->forward(positions));
+  auto x = drop->forward(embedding_grad.lookup(wte->weight, input_ids) + wpe->forward(positions));
   const bool checkpointed = checkpoint_blocks();
   for (const auto& module : *h) {
     auto block = std::static_pointer_cast<Gpt2BlockImpl>(module);

@@ -36,7 +36,7 @@ torch::Tensor SequenceClassificationModelImpl::forward(const torch::Tensor& inpu
   const bool rows_only = is_training() && table.is_cpu() && holds_dense_grad(table);
   auto hidden =
       transformer->hidden_states(input_ids, attention_mask,
-                                 rows_only ? TokenEmbeddingGrad::sparse : TokenEmbeddingGrad::dense);  // [B, T, C]
+                                 rows_only ? TokenEmbeddingGrad::sparse() : TokenEmbeddingGrad::dense());  // [B, T, C]
   const int64_t rows = hidden.size(0), time = hidden.size(1);
   auto last = attention_mask.defined()
                   ? last_real_token(attention_mask)
