@@ -16,7 +16,7 @@
 // pairing serves one forward and one backward.
 #pragma once
 
-#include <torch/custom_class.h>
+#include <ATen/core/ivalue.h>
 #include <torch/torch.h>
 
 #include <mutex>
