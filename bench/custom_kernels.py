@@ -4,7 +4,7 @@ with all but one, on the benchmark each kernel serves (kernels/custom_kernels.h)
 
   lm   bench/lm_throughput (GPT-2 of 3.4M parameters, 8 x 4 micro-steps, fp32): tokens/s
   mlp  bench/mlp_microstep (seed 000's MLP, 1 x 16, 1 thread): us per micro-step
-  cnn  `gradaccum train`, the default Fashion-MNIST CNN at 64x1 and 16x4: samples/s
+  cnn  `gradaccum train`, the default Fashion-MNIST CNN at 64x1 and 16x4 (`--splits`): samples/s
 
 Every variant runs `--runs` processes; the variants alternate round-robin (the order rotates
 per round), each process under `flock /tmp/gradaccum-bench.lock` after the machine is quiet
@@ -13,7 +13,7 @@ Markdown table: the median [min-max] per variant, and for each kernel its end-to
 (all / all-but-it - 1 for rates, the inverse for times). A kernel stays only where that win is
 at least 5% (the rule of BENCHMARKS.md).
 
-  /opt/gradaccum/venv/bin/python bench/custom_kernels.py --bench lm|mlp|cnn [--build build] [--runs 3]
+  /opt/gradaccum/venv/bin/python bench/custom_kernels.py --bench lm|mlp|cnn [--build build] [--runs 3] [--splits 64x1,16x4]
 """
 import argparse
 import json
@@ -36,9 +36,9 @@ LOCK = "/tmp/gradaccum-bench.lock"
 SERVED = {
     "lm": ["qkv_attention", "gelu_tanh", "softmax_cross_entropy", "heap_retention"],
     "mlp": ["gelu_mlp", "heap_retention"],
-    "cnn": ["heap_retention"],
+    "cnn": ["group_norm", "heap_retention"],
 }
-ALL = ["qkv_attention", "gelu_tanh", "softmax_cross_entropy", "gelu_mlp", "heap_retention"]
+ALL = ["qkv_attention", "gelu_tanh", "softmax_cross_entropy", "gelu_mlp", "heap_retention", "group_norm"]
 
 
 def variants(bench):
@@ -84,10 +84,11 @@ def main():
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--max-wait", type=float, default=30)
+    ap.add_argument("--splits", default="64x1,16x4", help="cnn: b x N decompositions")
     args = ap.parse_args()
 
     cases = variants(args.bench)
-    splits = [(64, 1), (16, 4)] if args.bench == "cnn" else [None]
+    splits = [tuple(int(v) for v in s.split("x")) for s in args.splits.split(",")] if args.bench == "cnn" else [None]
     higher_is_better = args.bench != "mlp"
     unit = {"lm": "tokens/s", "mlp": "us per micro-step", "cnn": "samples/s"}[args.bench]
     work = tempfile.mkdtemp(prefix="gradaccum-kernels-")

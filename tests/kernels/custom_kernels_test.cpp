@@ -12,6 +12,7 @@
 #include "gradaccum/models/decoder.h"
 #include "gradaccum/models/gelu_mlp.h"
 #include "gradaccum/models/gelu_tanh.h"
+#include "gradaccum/models/group_norm.h"
 #include "gradaccum/models/qkv_attention.h"
 #include "test_support.h"
 
@@ -25,20 +26,20 @@ using kernels::CustomKernel;
 TEST(CustomKernels, SpecsParseAndUnknownNamesAreOneLineErrors) {
   EXPECT_EQ(kernels::parse_custom_kernels("none").size(), 0u);
   EXPECT_EQ(kernels::parse_custom_kernels("all").size(), kernels::custom_kernel_names().size());
-  EXPECT_EQ(kernels::custom_kernel_names().size(), 5u);
+  EXPECT_EQ(kernels::custom_kernel_names().size(), 6u);
   const auto two = kernels::parse_custom_kernels(" gelu_mlp , qkv_attention");
   ASSERT_EQ(two.size(), 2u);
   EXPECT_EQ(two[0], kernels::CustomKernel::gelu_mlp);
   EXPECT_EQ(two[1], kernels::CustomKernel::qkv_attention);
   EXPECT_ONE_LINE_ERROR(kernels::parse_custom_kernels("qkv_attention,flash"),
                         "custom_kernels: unknown kernel 'flash' (all | none | names from: qkv_attention, "
-                        "gelu_tanh, softmax_cross_entropy, gelu_mlp, heap_retention)");
+                        "gelu_tanh, softmax_cross_entropy, gelu_mlp, heap_retention, group_norm)");
   EXPECT_ONE_LINE_ERROR(kernels::parse_custom_kernels(""), "unknown kernel ''");
 }
 
 TEST(CustomKernels, TheSwitchSetsExactlyTheNamedKernelsAndTheScopeRestores) {
   ASSERT_EQ(kernels::custom_kernels_description(),
-            "qkv_attention, gelu_tanh, softmax_cross_entropy, gelu_mlp, heap_retention");
+            "qkv_attention, gelu_tanh, softmax_cross_entropy, gelu_mlp, heap_retention, group_norm");
   {
     CustomKernelsScope scope("gelu_tanh,heap_retention");
     EXPECT_EQ(kernels::custom_kernels_description(), "gelu_tanh, heap_retention");
@@ -66,10 +67,14 @@ TEST(CustomKernels, OffEveryGateClosesAndLibtorchComputesTheSameFunction) {
   models::GeluMlp mlp(16, 32, 1);
   mlp->to(torch::kDouble);
   const auto act = torch::randn({4, 50});
+  const auto image = torch::randn({3, 8, 5, 5}, torch::kDouble).contiguous(torch::MemoryFormat::ChannelsLast);
+  const auto scale = torch::randn({8}, torch::kDouble), shift = torch::randn({8}, torch::kDouble);
 
   ASSERT_TRUE(models::qkv_attention_fuses(qkv, n_head, allowed));
   ASSERT_TRUE(models::gelu_tanh_fuses(act));
   ASSERT_TRUE(mlp->fuses(x));
+  ASSERT_TRUE(models::group_norm_fuses(image, 4, scale, shift));
+  const auto fused_norm = models::group_norm(image, 4, scale, shift, 1e-5);
   const auto fused_attention = models::qkv_attention(qkv, n_head, allowed);
   const auto fused_mlp = mlp->forward(x);
   const auto fused_gelu = models::gelu_tanh(act);
@@ -78,6 +83,8 @@ TEST(CustomKernels, OffEveryGateClosesAndLibtorchComputesTheSameFunction) {
   EXPECT_FALSE(models::qkv_attention_fuses(qkv, n_head, allowed));
   EXPECT_FALSE(models::gelu_tanh_fuses(act));
   EXPECT_FALSE(mlp->fuses(x));
+  EXPECT_FALSE(models::group_norm_fuses(image, 4, scale, shift));
+  EXPECT_LT(max_relative_difference(models::group_norm(image, 4, scale, shift, 1e-5), fused_norm), 1e-12);
   // at::scaled_dot_product_attention, including the rows that attend uniformly.
   const auto sdpa = models::qkv_attention(qkv, n_head, allowed);
   EXPECT_LT(max_relative_difference(sdpa, models::qkv_attention_reference(qkv, n_head, allowed)), 1e-12);

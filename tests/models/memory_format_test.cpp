@@ -125,7 +125,11 @@ TEST(MemoryFormat, AWindowsGradientDoesNotDependOnItsCutInChannelsLast) {
     for (const auto& splits : std::vector<std::vector<int64_t>>{{4, 4, 4, 4}, {1, 3, 5, 7}, {8, 8}}) {
       const double loss = accumulate_window(model, x, y, splits, LossNormalization::window, 1);
       EXPECT_NEAR(loss, full_loss, 1e-15 * std::abs(full_loss)) << type;
-      EXPECT_LT(max_relative_difference(flat_grads(model.module()), full), 1e-15) << type << " " << splits.size();
+      // The largest difference is in the convolutions' weight gradients: each element sums
+      // 28 × 28 products per image in an order oneDNN picks by batch size and ISA. With its
+      // AVX-512 kernels they differ by < 1e-15; with its AVX2 kernels (an AVX2 EPYC) by
+      // 1.4e-15 to 4.1e-15, libtorch's own GroupNorm and the engine's alike.
+      EXPECT_LT(max_relative_difference(flat_grads(model.module()), full), 1e-14) << type << " " << splits.size();
     }
   }
 }

@@ -23,6 +23,7 @@ enum class CustomKernel {
   softmax_cross_entropy,  // models/softmax_cross_entropy.h: the LM head's loss rows
   gelu_mlp,               // models/gelu_mlp.h: seed 000's Linear → GELU → Linear as one node
   heap_retention,         // run/heap_retention.h: glibc keeps freed activations
+  group_norm,             // models/group_norm.h: GroupNorm on channels-last images
 };
 
 // Every kernel's name, in enum order ("qkv_attention", ...).
