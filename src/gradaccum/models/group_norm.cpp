@@ -111,9 +111,17 @@ GRADACCUM_VECTOR_CLONES void input_grad_rows_f(const float* __restrict grad_y, c
   input_grad_rows(grad_y, x, rows, channels, alpha, beta, mean, delta, grad_x);
 }
 
+// The row loops by element type: float32 through the per-ISA clones above, float64 through the
+// templates (the float64 path is the exactness reference, not a hot one).
 struct Rows {
-  static void sum(const float* x, int64_t rows, int64_t channels, float* s) { sum_rows_f(x, rows, channels, s); }
-  static void sum(const double* x, int64_t rows, int64_t channels, double* s) { sum_rows(x, rows, channels, s); }
+  template <typename T>
+  static void sum(const T* x, int64_t rows, int64_t channels, T* s) {
+    if constexpr (std::is_same_v<T, float>) {
+      sum_rows_f(x, rows, channels, s);
+    } else {
+      sum_rows(x, rows, channels, s);
+    }
+  }
   template <typename T>
   static void square_deviations(const T* x, int64_t rows, int64_t channels, const T* mean, T* s) {
     if constexpr (std::is_same_v<T, float>) {
@@ -182,12 +190,11 @@ void forward_kernel(const torch::Tensor& x, const torch::Tensor& weight, const t
   const int64_t C = s.channels, D = s.group_size(), count = s.pixels * D;
   at::parallel_for(0, s.samples, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> block(C), channel_mean(C), scale(C), shift(C);
-    std::vector<double> totals(C);
+    std::vector<double> totals(C), group_mean(s.groups);
     for (int64_t n = begin; n < end; ++n) {
       const T* xn = in + n * s.pixels * C;
       blocked_totals<T>(s.pixels, C, block, totals,
                         [&](int64_t first, int64_t rows, T* sum) { Rows::sum(xn + first * C, rows, C, sum); });
-      std::vector<double> group_mean(s.groups);
       for (int64_t g = 0; g < s.groups; ++g) {
         double sum = 0;
         for (int64_t c = g * D; c < (g + 1) * D; ++c) sum += totals[c];
