@@ -45,53 +45,63 @@ std::function<bool(const KeyValue&)> numeric_test(const Rule& r) {
   return [ok = r.ok](const KeyValue& v) { return ok(static_cast<double>(std::get<T>(v))); };
 }
 
-ConfigKey section(std::string name, std::string help) {
+// A key's four common fields; the factories below add the rest by name (an aggregate
+// initializer that stops early leaves the others to -Wmissing-field-initializers).
+ConfigKey key_of(std::string name, KeyType type, std::string default_yaml, std::string help) {
   ConfigKey key;
   key.name = std::move(name);
-  key.type = KeyType::section;
+  key.type = type;
+  key.default_yaml = std::move(default_yaml);
   key.help = std::move(help);
   return key;
 }
 
+ConfigKey section(std::string name, std::string help) {
+  return key_of(std::move(name), KeyType::section, "", std::move(help));
+}
+
 ConfigKey integer(std::string name, int64_t value, std::string help, const Rule& r,
                   std::function<void(TrainConfig&, int64_t)> set) {
-  ConfigKey key{std::move(name), KeyType::integer,        std::to_string(value), std::move(help), {},
-                r.text,          numeric_test<int64_t>(r)};
+  ConfigKey key = key_of(std::move(name), KeyType::integer, std::to_string(value), std::move(help));
+  key.rule = r.text;
+  key.valid = numeric_test<int64_t>(r);
   key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<int64_t>(v)); };
   return key;
 }
 
 ConfigKey number(std::string name, std::string value, std::string help, const Rule& r,
                  std::function<void(TrainConfig&, double)> set) {
-  ConfigKey key{std::move(name), KeyType::number,        std::move(value), std::move(help), {},
-                r.text,          numeric_test<double>(r)};
+  ConfigKey key = key_of(std::move(name), KeyType::number, std::move(value), std::move(help));
+  key.rule = r.text;
+  key.valid = numeric_test<double>(r);
   key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<double>(v)); };
   return key;
 }
 
 ConfigKey boolean(std::string name, bool value, std::string help, std::function<void(TrainConfig&, bool)> set) {
-  ConfigKey key{std::move(name), KeyType::boolean, value ? "true" : "false", std::move(help)};
+  ConfigKey key = key_of(std::move(name), KeyType::boolean, value ? "true" : "false", std::move(help));
   key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<bool>(v)); };
   return key;
 }
 
 ConfigKey text(std::string name, std::string value, std::string help,
                std::function<void(TrainConfig&, const std::string&)> set) {
-  ConfigKey key{std::move(name), KeyType::text, std::move(value), std::move(help)};
+  ConfigKey key = key_of(std::move(name), KeyType::text, std::move(value), std::move(help));
   key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<std::string>(v)); };
   return key;
 }
 
 ConfigKey choice(std::string name, std::string value, std::vector<std::string> choices, std::string help,
                  std::function<void(TrainConfig&, const std::string&)> set) {
-  ConfigKey key{std::move(name), KeyType::choice, std::move(value), std::move(help), std::move(choices)};
+  ConfigKey key = key_of(std::move(name), KeyType::choice, std::move(value), std::move(help));
+  key.choices = std::move(choices);
   key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<std::string>(v)); };
   return key;
 }
 
 ConfigKey integer_list(std::string name, std::string value, std::string help,
                        std::function<void(TrainConfig&, const std::vector<int64_t>&)> set) {
-  ConfigKey key{std::move(name), KeyType::integer_list, std::move(value), std::move(help)};
+  ConfigKey key = key_of(std::move(name), KeyType::integer_list, std::move(value), std::move(help));
   key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) { set(c, std::get<std::vector<int64_t>>(v)); };
   return key;
 }
@@ -304,11 +314,9 @@ std::vector<ConfigKey> make_keys() {
       integer("logging_steps", 1, "a metrics line every K optimizer steps", at_least(1),
               [](TrainConfig& c, int64_t v) { c.logging_steps = v; }),
       [] {
-        ConfigKey key{"report_to",
-                      KeyType::names,
-                      "none",
-                      "a name or a list: TensorBoard event files in logging_dir",
-                      {"none", "tensorboard"}};
+        ConfigKey key =
+            key_of("report_to", KeyType::names, "none", "a name or a list: TensorBoard event files in logging_dir");
+        key.choices = {"none", "tensorboard"};
         key.store = [](TrainConfig& c, const KeyValue& v) {
           const auto& names = std::get<std::vector<std::string>>(v);
           c.report_to.clear();

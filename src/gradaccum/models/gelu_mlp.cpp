@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "gradaccum/kernels/custom_kernels.h"
 
@@ -80,8 +81,12 @@ template <typename T>
 void backward_loops(const T* x, const T* w1, const T* w2, const T* h, const T* gy, T* gx, T* gw1, T* gb1, T* gw2,
                     T* gb2, const Shapes& s) {
   const int64_t n = s.rows * s.hidden;
-  c10::SmallVector<double, 256> act(static_cast<size_t>(n));
-  c10::SmallVector<double, 256> grad_h(static_cast<size_t>(n));
+  // The activations, then the gradients at the pre-activations: one heap block, which costs
+  // less than any of the five output tensors (a SmallVector of doubles sized at run time
+  // trips GCC 12's -Wmaybe-uninitialized inside c10's grow path).
+  std::vector<double> rows_buffer(static_cast<size_t>(2 * n));
+  double* const act = rows_buffer.data();
+  double* const grad_h = act + n;
   for (int64_t i = 0; i < s.rows; ++i) {
     for (int64_t j = 0; j < s.hidden; ++j) {
       const Gelu g = gelu(h[i * s.hidden + j]);
@@ -97,19 +102,19 @@ void backward_loops(const T* x, const T* w1, const T* w2, const T* h, const T* g
     for (int64_t i = 0; i < s.rows; ++i) bias += gy[i * s.out + o];
     gb2[o] = static_cast<T>(bias);
     // gw2[o, :] = Σ_i gy[i, o] · act[i, :]
-    combine_rows(s.rows, gy + o, s.out, act.data(), s.hidden, s.hidden, scratch.data(), gw2 + o * s.hidden);
+    combine_rows(s.rows, gy + o, s.out, act, s.hidden, s.hidden, scratch.data(), gw2 + o * s.hidden);
   }
   for (int64_t j = 0; j < s.hidden; ++j) {
     double bias = 0.0;
     for (int64_t i = 0; i < s.rows; ++i) bias += grad_h[i * s.hidden + j];
     gb1[j] = static_cast<T>(bias);
     // gw1[j, :] = Σ_i grad_h[i, j] · x[i, :]
-    combine_rows(s.rows, grad_h.data() + j, s.hidden, x, s.in, s.in, scratch.data(), gw1 + j * s.in);
+    combine_rows(s.rows, grad_h + j, s.hidden, x, s.in, s.in, scratch.data(), gw1 + j * s.in);
   }
   if (gx == nullptr) return;
   for (int64_t i = 0; i < s.rows; ++i) {
     // gx[i, :] = Σ_j grad_h[i, j] · W1[j, :]
-    combine_rows(s.hidden, grad_h.data() + i * s.hidden, 1, w1, s.in, s.in, scratch.data(), gx + i * s.in);
+    combine_rows(s.hidden, grad_h + i * s.hidden, 1, w1, s.in, s.in, scratch.data(), gx + i * s.in);
   }
 }
 
