@@ -11,10 +11,12 @@ cd "$(dirname "$0")/.."
 jobs="${JOBS:-$(nproc)}"
 
 start=$(date +%s)
+# fuzz_config links the main build's library (fuzz/CMakeLists.txt): built here if it is not yet.
+bash scripts/build.sh gradaccum
 venv="${GRADACCUM_VENV:-/opt/gradaccum/venv}"
 torch_prefix=$("$venv/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 CCACHE_DISABLE=1 cmake -S fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_PREFIX_PATH="$torch_prefix" > /dev/null
+  -DCMAKE_PREFIX_PATH="$torch_prefix" -DGRADACCUM_BUILD_DIR="$PWD/build" > /dev/null
 ninja -C build-fuzz -j"$jobs"
 echo "fuzz.sh: build took $(($(date +%s) - start)) s"
 

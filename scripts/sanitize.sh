@@ -15,15 +15,15 @@ start=$(date +%s)
 # ccache is off by default so that the time measured is that of a clean CI build; a CI with a warm
 # cache can pass CCACHE_DISABLE=0.
 export CCACHE_DISABLE="${CCACHE_DISABLE:-1}"
-# GRADACCUM_SANITIZE compiles at -O1 (CMakeLists.txt). The unity build compiles the library's, the
-# CLI's and the tests' .cpp files in batches of 8, so the code they share from the libtorch headers is
-# instrumented and optimised once per batch instead of once per file. Measured times:
+# GRADACCUM_SANITIZE compiles at -O0, the tokenizer's loops at -O1 (CMakeLists.txt). The unity build
+# compiles the library's, the CLI's and the tests' .cpp files in batches of 8, so the code they share
+# from the libtorch headers is instrumented once per batch instead of once per file. Measured times:
 # docs/robustness.md.
 # The whole library and the CLI are instrumented; of the tests, by default the files of the code
 # that computes addresses and parses bytes itself (kernels, formats, tokenizer and data, optimizers,
 # accumulation, checkpoints and logs, reports). The model and end-to-end files drive the same code
 # through libtorch's operators, which are not instrumented, and cost most of the build and run time
-# (test.sh gives this stage about 22 of CI's 60 minutes: docs/development.md, "CI time").
+# (test.sh gives this stage about 16 of CI's 60 minutes: docs/development.md, "CI time").
 # SANITIZE_TESTS: a regular expression over the paths below tests/ ('.*' = every file).
 unit_tests="base/.*|formats/.*|kernels/.*|optim/.*|data/.*|io/.*|report/.*"
 unit_tests+="|dist/(bucketed_grad_sync|sharded_optimizer)_test.cpp"
@@ -41,7 +41,7 @@ echo "sanitize.sh: build took $((built - start)) s"
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 # The suite minus its longest end-to-end runs, which repeat paths the kept tests already take
-# under the sanitizers (CI has ~14 of its 30 minutes left for this build and run; docs/robustness.md):
+# under the sanitizers (to keep this stage inside the minutes test.sh gives it; docs/robustness.md):
 #  - LmEndToEnd.Kjv*Decompositions*, CliEndToEnd.Decompositions*: the same training loop as the
 #    kept LmEndToEnd.FinalCheckpointEvalAndGenerate / CliEndToEnd.WritesConfigMetricsAndSummary,
 #    only for more splits (the split arithmetic is covered by the *Accumulation unit tests);
