@@ -2,7 +2,8 @@
 """What each hand-written kernel buys end to end: the engine with all of them, with none, and
 with all but one, on the benchmark each kernel serves (kernels/custom_kernels.h).
 
-  lm   bench/lm_throughput (GPT-2 of 3.4M parameters, 8 x 4 micro-steps, fp32): tokens/s
+  lm   bench/lm_throughput (GPT-2 of 3.4M parameters, 8 x 4 micro-steps, fp32): tokens/s;
+       with --shape gpt2-124m GPT-2 small's shape at 2 x 8 (2 steps after 1, ~3.5 min a process)
   mlp  bench/mlp_microstep (seed 000's MLP, 1 x 16, 1 thread): us per micro-step
   cnn  `gradaccum train`, the default Fashion-MNIST CNN at 64x1 and 16x4 (`--splits`): samples/s
 
@@ -14,6 +15,7 @@ Markdown table: the median [min-max] per variant, and for each kernel its end-to
 at least 5% (the rule of BENCHMARKS.md).
 
   /opt/gradaccum/venv/bin/python bench/custom_kernels.py --bench lm|mlp|cnn [--build build] [--runs 3] [--splits 64x1,16x4]
+      [--shape small|gpt2-124m] [--only KERNEL,...]
 """
 import argparse
 import json
@@ -34,23 +36,27 @@ LOCK = "/tmp/gradaccum-bench.lock"
 
 # The kernels each benchmark exercises (the others do not run there).
 SERVED = {
-    "lm": ["qkv_attention", "gelu_tanh", "softmax_cross_entropy", "heap_retention"],
+    "lm": ["qkv_attention", "gelu_tanh", "softmax_cross_entropy", "heap_retention", "lm_head_openblas"],
     "mlp": ["gelu_mlp", "heap_retention"],
     "cnn": ["group_norm", "heap_retention"],
 }
-ALL = ["qkv_attention", "gelu_tanh", "softmax_cross_entropy", "gelu_mlp", "heap_retention", "group_norm"]
+ALL = ["qkv_attention", "gelu_tanh", "softmax_cross_entropy", "gelu_mlp", "heap_retention", "group_norm",
+       "lm_head_openblas"]
 
 
-def variants(bench):
-    out = {"all": "all", "none": "none"}
+def variants(bench, only=()):
+    out = {"all": "all"} if only else {"all": "all", "none": "none"}
     for k in SERVED[bench]:
+        if only and k not in only:
+            continue
         out[f"all but {k}"] = ",".join(x for x in ALL if x != k)
     return out
 
 
 def run_lm(args, spec):
-    cmd = ["flock", LOCK, os.path.join(args.build, "bench", "lm_throughput"), "--threads", "2",
-           "--steps", "10", "--warmup-steps", "2", "--custom-kernels", spec]
+    steps = ["--steps", "10", "--warmup-steps", "2"] if args.shape == "small" else ["--steps", "2", "--warmup-steps", "1"]
+    cmd = ["flock", LOCK, os.path.join(args.build, "bench", "lm_throughput"), "--threads", "2", "--shape", args.shape,
+           *steps, "--custom-kernels", spec]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     # The fastest step of the process: this machine's noise (other tenants) only ever slows
     # a step down, so the minimum separates kernels that a 20% spread of medians hides.
@@ -85,9 +91,16 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--max-wait", type=float, default=30)
     ap.add_argument("--splits", default="64x1,16x4", help="cnn: b x N decompositions")
+    ap.add_argument("--shape", choices=["small", "gpt2-124m"], default="small", help="lm: the model's shape")
+    ap.add_argument("--only", default="", help="comma-separated kernels: only their all-but-one variants (and all)")
     args = ap.parse_args()
 
-    cases = variants(args.bench)
+    only = [k for k in args.only.split(",") if k]
+    unknown = [k for k in only if k not in SERVED[args.bench]]
+    if unknown:
+        ap.error(f"--only: {', '.join(unknown)} not among the kernels --bench {args.bench} serves: "
+                 f"{', '.join(SERVED[args.bench])}")
+    cases = variants(args.bench, only)
     splits = [tuple(int(v) for v in s.split("x")) for s in args.splits.split(",")] if args.bench == "cnn" else [None]
     higher_is_better = args.bench != "mlp"
     unit = {"lm": "tokens/s", "mlp": "us per micro-step", "cnn": "samples/s"}[args.bench]

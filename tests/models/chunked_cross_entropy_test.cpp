@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dtype_cases.h"
+#include "gradaccum/kernels/openblas_gemm.h"
 #include "gradaccum/models/bloom.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
@@ -334,6 +335,37 @@ TEST(ChunkedCrossEntropy, Bf16AutocastRunsMatmulsInBf16AndSoftmaxInFloat32) {
   EXPECT_LE(relative(masked.sum.detach(), fp32.sum), kBf16LossTolerance);
   EXPECT_LE(relative(hidden3.grad(), fp32.grad_hidden), kBf16GradTolerance);
   EXPECT_LE(relative(weight3.grad(), fp32.grad_weight), kBf16GradTolerance);
+}
+
+// The float32 head's products go through OpenBLAS exactly where this process prefers it
+// (kernels/openblas_gemm.h: an AMD CPU under the wheel's MKL), never for float64 or with the
+// kernel off; either way the loss and gradients are libtorch's to float32 rounding.
+TEST(ChunkedCrossEntropy, Float32HeadProductsGoThroughOpenblasWhereThisProcessPrefersIt) {
+  using gradaccum::kernels::openblas_preferred;
+  using gradaccum::models::chunked_cross_entropy_uses_openblas;
+  using gradaccum::testing::CustomKernelsScope;
+  const auto in = make_inputs(torch::kFloat);
+  std::printf("[ measured ] OpenBLAS preferred here: %s\n", openblas_preferred() ? "yes" : "no");
+  EXPECT_EQ(chunked_cross_entropy_uses_openblas(in.hidden, in.weight), openblas_preferred());
+  EXPECT_FALSE(chunked_cross_entropy_uses_openblas(in.hidden.to(torch::kDouble), in.weight.to(torch::kDouble)));
+  {
+    CpuAutocastBf16 autocast;
+    EXPECT_FALSE(chunked_cross_entropy_uses_openblas(in.hidden, in.weight));
+  }
+  for (const auto selection : kSelections) {
+    SCOPED_TRACE(name_of(selection));
+    const auto routed = run(in, 7, selection);
+    Result libtorch;
+    {
+      CustomKernelsScope off("qkv_attention,gelu_tanh,softmax_cross_entropy,gelu_mlp,heap_retention,group_norm");
+      EXPECT_FALSE(chunked_cross_entropy_uses_openblas(in.hidden, in.weight));
+      libtorch = run(in, 7, selection);
+    }
+    EXPECT_EQ(routed.count.item<int64_t>(), 17);
+    EXPECT_LE(relative(routed.sum, libtorch.sum), 1e-6);
+    EXPECT_LE(relative(routed.grad_hidden, libtorch.grad_hidden), 1e-5);
+    EXPECT_LE(relative(routed.grad_weight, libtorch.grad_weight), 1e-5);
+  }
 }
 
 TEST(ChunkedCrossEntropy, BadInputIsAOneLineError) {

@@ -24,6 +24,7 @@ enum class CustomKernel {
   gelu_mlp,               // models/gelu_mlp.h: seed 000's Linear → GELU → Linear as one node
   heap_retention,         // run/heap_retention.h: glibc keeps freed activations
   group_norm,             // models/group_norm.h: GroupNorm on channels-last images
+  lm_head_openblas,       // kernels/openblas_gemm.h: the LM head's products through OpenBLAS
 };
 
 // Every kernel's name, in enum order ("qkv_attention", ...).

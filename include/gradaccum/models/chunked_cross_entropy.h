@@ -70,6 +70,14 @@ enum class TargetSelection {
 // the same pairing (tied_table_gradient.h), the backward hands the weight's
 // gradient to the lookup's backward, which adds its rows into it in place,
 // instead of returning it to autograd.
+// Whether chunked_causal_lm_loss, called now on these tensors, runs the head's
+// three products (the logits, d/d hidden, d/d weight) through OpenBLAS rather
+// than libtorch: float32 on the CPU, outside autocast, the custom kernel
+// `lm_head_openblas` on, and kernels::openblas_preferred() (an AMD CPU under
+// the wheel's MKL; kernels/openblas_gemm.h). The two paths agree to float32
+// rounding.
+bool chunked_cross_entropy_uses_openblas(const torch::Tensor& hidden, const torch::Tensor& weight);
+
 core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
                                      const torch::Tensor& labels, int64_t chunk_tokens,
                                      TargetSelection selection = TargetSelection::automatic,

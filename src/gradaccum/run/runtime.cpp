@@ -8,6 +8,8 @@
 #include <string>
 #include <thread>
 
+#include "gradaccum/kernels/openblas_gemm.h"
+
 namespace gradaccum::run {
 namespace {
 
@@ -43,7 +45,10 @@ std::string libtorch_description() {
 
 std::string kernels_description() {
   const auto blas = build_setting(at::show_config(), "BLAS_INFO");
-  return fmt::format("BLAS {}, ATen {} kernels", blas.empty() ? "unknown" : blas, at::get_cpu_capability());
+  const auto head = kernels::openblas_preferred()
+                        ? fmt::format("; float32 LM head GEMMs: {}", kernels::openblas_config())
+                        : std::string();
+  return fmt::format("BLAS {}, ATen {} kernels{}", blas.empty() ? "unknown" : blas, at::get_cpu_capability(), head);
 }
 
 }  // namespace gradaccum::run
