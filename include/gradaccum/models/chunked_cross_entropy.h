@@ -72,7 +72,8 @@ enum class TargetSelection {
 // instead of returning it to autograd.
 // Whether chunked_causal_lm_loss, called now on these tensors, runs the head's
 // three products (the logits, d/d hidden, d/d weight) through OpenBLAS rather
-// than libtorch: float32 on the CPU, outside autocast, the custom kernel
+// than libtorch: float32 on the CPU, outside autocast, a vocabulary of at least
+// 16384 (narrower heads ran alike both ways), the custom kernel
 // `lm_head_openblas` on, and kernels::openblas_preferred() (an AMD CPU under
 // the wheel's MKL; kernels/openblas_gemm.h). The two paths agree to float32
 // rounding.

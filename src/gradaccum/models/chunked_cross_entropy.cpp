@@ -73,13 +73,19 @@ bool fused_softmax(const torch::Tensor& logits, const Precision& p) {
   return p.softmax == (dtype == torch::kDouble ? torch::kDouble : torch::kFloat);
 }
 
+// The narrowest vocabulary whose head goes through OpenBLAS. The loss node, forward and backward,
+// took 0.87× libtorch's time at GPT-2's 50257 × 768 and 0.92× at 16384 × 768, but the same
+// (1.02×) at the 3.4M GPT's 8192 × 192 (bench/lm_head_ab, this project's AMD EPYC).
+constexpr int64_t kOpenblasMinVocab = 16384;
+
 // Whether the head's three products go through OpenBLAS (kernels/openblas_gemm.h):
-// float32 on the CPU, where this process prefers it to libtorch's BLAS.
+// float32 on the CPU, a vocabulary of at least kOpenblasMinVocab, where this process
+// prefers OpenBLAS to libtorch's BLAS.
 bool head_products_through_openblas(const torch::Tensor& hidden, const torch::Tensor& weight, const Precision& p) {
   return kernels::custom_kernel_enabled(kernels::CustomKernel::lm_head_openblas) && hidden.is_cpu() &&
-         weight.is_cpu() && p.matmul == torch::kFloat && p.softmax == torch::kFloat && !p.float32_gemms &&
-         hidden.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat &&
-         kernels::openblas_preferred();
+         weight.dim() == 2 && weight.size(0) >= kOpenblasMinVocab && weight.is_cpu() && p.matmul == torch::kFloat &&
+         p.softmax == torch::kFloat && !p.float32_gemms && hidden.scalar_type() == torch::kFloat &&
+         weight.scalar_type() == torch::kFloat && kernels::openblas_preferred();
 }
 
 // Sum of cross-entropies of the target positions, with its gradients
