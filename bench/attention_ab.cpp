@@ -32,6 +32,7 @@
 
 namespace {
 
+using gradaccum::bench::max_relative;
 using gradaccum::bench::median;
 using gradaccum::bench::parse_count;
 namespace kernels = gradaccum::kernels;
@@ -93,10 +94,6 @@ Result forward_backward(const torch::Tensor& qkv, const torch::Tensor& allowed, 
   y.backward(grad_y);
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   return {ms, y.detach(), x.grad()};
-}
-
-double max_relative(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item<double>();
 }
 
 }  // namespace

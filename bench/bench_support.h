@@ -1,6 +1,8 @@
 // Small helpers shared by the benchmark programs under bench/.
 #pragma once
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <exception>
@@ -18,6 +20,11 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
   return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// max |a - b| / max |b|: how far two paths' results are apart, relative to the result's scale.
+inline double max_relative(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item<double>();
 }
 
 // A command-line count (an integer >= 0); throws gradaccum::Error naming the

@@ -31,6 +31,7 @@
 
 namespace {
 
+using gradaccum::bench::max_relative;
 using gradaccum::bench::median;
 using gradaccum::bench::parse_count;
 namespace kernels = gradaccum::kernels;
@@ -83,10 +84,6 @@ Result loss_forward_backward(const torch::Tensor& hidden, const torch::Tensor& w
   loss.sum.backward();
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   return {ms, loss.sum.detach(), h.grad(), w.grad()};
-}
-
-double max_relative(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item<double>();
 }
 
 }  // namespace
