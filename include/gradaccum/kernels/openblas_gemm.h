@@ -2,8 +2,9 @@
 // where the torch wheel's BLAS is slow: the wheel links Intel's MKL, and on AMD
 // CPUs MKL runs the LM head's vocabulary-wide products (C = H·Wᵀ with W
 // [50257, 768], and Wᵀ's gradient) at 0.55–0.85 of OpenBLAS's rate, while the
-// narrower products of a transformer block run alike in both (BENCHMARKS.md,
-// "The LM head's GEMMs through OpenBLAS"). models/chunked_cross_entropy.cpp
+// narrower products of a transformer block run alike in both
+// (docs/benchmarks-history.md, "GPT-2 small's LM head through OpenBLAS").
+// models/chunked_cross_entropy.cpp
 // routes the head's three products here where openblas_preferred() holds.
 //
 // Which OpenBLAS: Debian's OpenMP build (libopenblas0-openmp, which

@@ -116,8 +116,9 @@ BlasOperand blas_operand(const torch::Tensor& t) {
 }
 
 void product_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, float beta) {
-  GA_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && c.dim() == 2 && c.size(0) == a.size(0) &&
-               c.size(1) == b.size(1),
+  GA_CHECK(a.dim() == 2 && b.dim() == 2, "openblas_mm: operands must be 2-D float32 CPU tensors");
+  GA_CHECK(c.dim() == 2, "openblas_mm: the result must be a contiguous float32 CPU tensor");
+  GA_CHECK(a.size(1) == b.size(0) && c.size(0) == a.size(0) && c.size(1) == b.size(1),
            "openblas_mm: shapes [{}, {}] · [{}, {}] → [{}, {}] do not chain", a.size(0), a.size(1), b.size(0),
            b.size(1), c.size(0), c.size(1));
   GA_CHECK(c.is_contiguous() && c.scalar_type() == torch::kFloat && c.is_cpu(),
