@@ -100,12 +100,13 @@ int main(int argc, char** argv) {
              "lm_head_ab: the loss does not route through OpenBLAS here (no OpenMP OpenBLAS loaded, "
              "or not preferred on this CPU: kernels/openblas_gemm.h)");
     const std::string routed_kernels = kernels::custom_kernels_description();
+    const std::string without_openblas = kernels::custom_kernels_without(kernels::CustomKernel::lm_head_openblas);
     std::vector<double> openblas_ms, libtorch_ms, ratios;
     double loss_difference = 0.0, hidden_difference = 0.0, weight_difference = 0.0;
     for (int64_t round = 0; round < o.rounds; ++round) {
       kernels::set_custom_kernels(routed_kernels);
       const auto routed = loss_forward_backward(hidden, weight, labels, o.chunk_tokens);
-      kernels::set_custom_kernels("qkv_attention,gelu_tanh,softmax_cross_entropy,gelu_mlp,heap_retention,group_norm");
+      kernels::set_custom_kernels(without_openblas);
       const auto libtorch = loss_forward_backward(hidden, weight, labels, o.chunk_tokens);
       if (round == 0) {
         loss_difference = max_relative(routed.loss, libtorch.loss);

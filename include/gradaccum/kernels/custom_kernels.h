@@ -40,6 +40,10 @@ std::vector<CustomKernel> parse_custom_kernels(std::string_view spec);
 // Exactly the kernels parse_custom_kernels(spec) names are on afterwards.
 void set_custom_kernels(std::string_view spec);
 
+// The spec that names every kernel but `kernel` (e.g. to compare one kernel's path
+// against libtorch's with all the others on).
+std::string custom_kernels_without(CustomKernel kernel);
+
 // The kernels that are on, comma-separated, or "none".
 std::string custom_kernels_description();
 

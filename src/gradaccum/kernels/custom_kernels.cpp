@@ -60,6 +60,15 @@ void set_custom_kernels(std::string_view spec) {
   enabled_bits.store(bits, std::memory_order_relaxed);
 }
 
+std::string custom_kernels_without(CustomKernel kernel) {
+  std::vector<std::string_view> others;
+  const auto& names = custom_kernel_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (static_cast<CustomKernel>(i) != kernel) others.push_back(names[i]);
+  }
+  return fmt::format("{}", fmt::join(others, ","));
+}
+
 std::string custom_kernels_description() {
   std::vector<std::string_view> on;
   const auto& names = custom_kernel_names();
