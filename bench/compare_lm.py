@@ -25,7 +25,7 @@ autocast, GEMM peak measured in bfloat16).
   /opt/gradaccum/venv/bin/python bench/compare_lm.py [--build build-bench] [--runs 3] [--threads 2]
       [--steps 10] [--warmup-steps 2] [--mixed-precision no|bf16] [--max-load 1.5] [--max-busy 0.3]
       [--max-wait 900] [--profile-runs 1] [--peers eager,compile,accelerate,fabric]
-      [--shape small|gpt2-124m|gpt2-124m-1024] [--device cpu|cuda]
+      [--shape small|gpt2-124m|gpt2-124m-1024] [--device cpu|cuda] [--peers-own-mkl]
 
 --max-wait 0 runs each process at once, without sampling the machine's load (a lent GPU
 machine of one's own).
@@ -105,12 +105,15 @@ def main():
                     help="comma-separated Python loops: eager, compile, accelerate, fabric")
     ap.add_argument("--shape", choices=["small", "gpt2-124m", "gpt2-124m-1024"], default="small")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--peers-own-mkl", action="store_true",
+                    help="leave the peers MKL's own code where gradaccum runs MKL's Intel code path on another "
+                         "vendor's CPU (by default they run the same: bench/cpu_kernels.py)")
     ap.add_argument("--profile-runs", type=int, default=1,
                     help="then this many processes of lm_throughput --profile (the Trainer's loop "
                          "written out with timers around forward, backward and the step)")
     args = ap.parse_args()
     # Both programs on the CPU kernels gradaccum would pick (bench/cpu_kernels.py).
-    kernels = match_cpu_kernels(os.path.join(args.build, "gradaccum"))
+    kernels = match_cpu_kernels(os.path.join(args.build, "gradaccum"), own_mkl_path=args.peers_own_mkl)
     print(f"# CPU kernels for every process: {kernels}", file=sys.stderr, flush=True)
     common = ["--threads", str(args.threads), "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps),
               "--mixed-precision", args.mixed_precision, "--shape", args.shape, "--device", args.device]

@@ -25,6 +25,7 @@ enum class CustomKernel {
   heap_retention,         // run/heap_retention.h: glibc keeps freed activations
   group_norm,             // models/group_norm.h: GroupNorm on channels-last images
   lm_head_openblas,       // kernels/openblas_gemm.h: the LM head's products through OpenBLAS
+  mkl_intel_path,         // kernels/mkl_intel_path.h: MKL's Intel code on other vendors' CPUs
 };
 
 // Every kernel's name, in enum order ("qkv_attention", ...).

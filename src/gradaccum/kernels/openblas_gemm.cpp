@@ -1,20 +1,15 @@
 #include "gradaccum/kernels/openblas_gemm.h"
 
-#include <ATen/ATen.h>
 #include <dlfcn.h>
 #include <sys/resource.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
 #include <algorithm>
 #include <climits>
-#include <cstring>
 #include <fstream>
 #include <string>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/kernels/cpu_and_blas.h"
 
 namespace gradaccum::kernels {
 namespace {
@@ -76,25 +71,6 @@ const OpenBlas& openblas() {
     return OpenBlas{};
   }();
   return loaded;
-}
-
-bool cpu_is_intel() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned int max_leaf = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(0, &max_leaf, &ebx, &ecx, &edx) == 0) return false;
-  char vendor[13] = {};
-  std::memcpy(vendor, &ebx, 4);
-  std::memcpy(vendor + 4, &edx, 4);
-  std::memcpy(vendor + 8, &ecx, 4);
-  return std::strcmp(vendor, "GenuineIntel") == 0;
-#else
-  return false;
-#endif
-}
-
-bool libtorch_blas_is_mkl() {
-  const auto config = at::show_config();
-  return config.find("BLAS_INFO=mkl") != std::string::npos;
 }
 
 // A float32 CPU matrix as BLAS reads it: row-major with row stride `ld`, or

@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "gradaccum/kernels/mkl_intel_path.h"
 #include "gradaccum/kernels/openblas_gemm.h"
 
 namespace gradaccum::run {
@@ -48,7 +49,9 @@ std::string kernels_description() {
   const auto head = kernels::openblas_preferred()
                         ? fmt::format("; float32 LM head GEMMs: {}", kernels::openblas_config())
                         : std::string();
-  return fmt::format("BLAS {}, ATen {} kernels{}", blas.empty() ? "unknown" : blas, at::get_cpu_capability(), head);
+  const auto mkl = kernels::mkl_intel_path_description();
+  return fmt::format("BLAS {}{}, ATen {} kernels{}", blas.empty() ? "unknown" : blas,
+                     mkl.empty() ? std::string() : fmt::format(" ({})", mkl), at::get_cpu_capability(), head);
 }
 
 }  // namespace gradaccum::run

@@ -1,0 +1,65 @@
+#include "gradaccum/kernels/mkl_intel_path.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <atomic>
+
+#include "gradaccum/kernels/cpu_and_blas.h"
+#include "gradaccum/kernels/custom_kernels.h"
+
+namespace gradaccum::kernels {
+namespace {
+
+using VendorCheck = int (*)();
+
+std::atomic<bool> decided{false};
+
+// The setting in force at MKL's first question, kept for the process: MKL
+// keeps its first answer, so ours must not change after it.
+bool intel_path_chosen() {
+  static const bool chosen = [] {
+    decided.store(true);
+    return custom_kernel_enabled(CustomKernel::mkl_intel_path);
+  }();
+  return chosen;
+}
+
+// MKL's own answer: the next definition of `name` after libgradaccum's in the
+// process's lookup order (libtorch_cpu.so's), or "not Intel" where none is.
+int mkl_own_answer(const char* name) {
+  const auto own = reinterpret_cast<VendorCheck>(dlsym(RTLD_NEXT, name));
+  return own != nullptr ? own() : 0;
+}
+
+}  // namespace
+
+bool mkl_intel_path_decided() { return decided.load(); }
+
+bool mkl_intel_path_active() {
+  if (!libtorch_blas_is_mkl() || cpu_is_intel()) return false;
+  // Only where MKL's calls reach the definitions below (libgradaccum linked before libtorch).
+  const auto reached = dlsym(RTLD_DEFAULT, "mkl_serv_intel_cpu_true");
+  Dl_info ours{}, found{};
+  if (reached == nullptr || dladdr(reinterpret_cast<void*>(&mkl_intel_path_active), &ours) == 0 ||
+      dladdr(reached, &found) == 0 || ours.dli_fbase != found.dli_fbase) {
+    return false;
+  }
+  return decided.load() ? intel_path_chosen() : custom_kernel_enabled(CustomKernel::mkl_intel_path);
+}
+
+std::string mkl_intel_path_description() {
+  return mkl_intel_path_active() ? fmt::format("MKL's Intel code path on this {} CPU", cpu_vendor()) : std::string();
+}
+
+}  // namespace gradaccum::kernels
+
+// MKL's vendor checks (see the header). Exported with C linkage and default
+// visibility so that they precede libtorch_cpu.so's in symbol lookup.
+extern "C" __attribute__((visibility("default"))) int mkl_serv_intel_cpu_true() {
+  return gradaccum::kernels::intel_path_chosen() ? 1 : gradaccum::kernels::mkl_own_answer("mkl_serv_intel_cpu_true");
+}
+
+extern "C" __attribute__((visibility("default"))) int mkl_serv_intel_cpu() {
+  return gradaccum::kernels::intel_path_chosen() ? 1 : gradaccum::kernels::mkl_own_answer("mkl_serv_intel_cpu");
+}
