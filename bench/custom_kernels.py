@@ -36,13 +36,12 @@ LOCK = "/tmp/gradaccum-bench.lock"
 
 # The kernels each benchmark exercises (the others do not run there).
 SERVED = {
-    "lm": ["qkv_attention", "gelu_tanh", "softmax_cross_entropy", "heap_retention", "lm_head_openblas",
-           "mkl_intel_path"],
+    "lm": ["qkv_attention", "gelu_tanh", "softmax_cross_entropy", "heap_retention", "mkl_intel_path"],
     "mlp": ["gelu_mlp", "heap_retention", "mkl_intel_path"],
     "cnn": ["group_norm", "heap_retention", "mkl_intel_path"],
 }
 ALL = ["qkv_attention", "gelu_tanh", "softmax_cross_entropy", "gelu_mlp", "heap_retention", "group_norm",
-       "lm_head_openblas", "mkl_intel_path"]
+       "mkl_intel_path"]
 
 
 def variants(bench, only=()):

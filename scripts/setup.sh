@@ -16,7 +16,6 @@ venv="${GRADACCUM_VENV:-/opt/gradaccum/venv}"
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgloo-dev   # headers for c10d's ProcessGroupGloo.hpp: the wheel links gloo in but ships none
-  libopenblas0-openmp   # the LM head's GEMMs on AMD CPUs, where the wheel's MKL is slow (kernels/openblas_gemm.h)
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
   libgtest-dev googletest
   libprotobuf-dev protobuf-compiler   # TensorBoard's event messages (formats/tensorboard_event.proto)

@@ -26,22 +26,21 @@ using kernels::CustomKernel;
 TEST(CustomKernels, SpecsParseAndUnknownNamesAreOneLineErrors) {
   EXPECT_EQ(kernels::parse_custom_kernels("none").size(), 0u);
   EXPECT_EQ(kernels::parse_custom_kernels("all").size(), kernels::custom_kernel_names().size());
-  EXPECT_EQ(kernels::custom_kernel_names().size(), 8u);
+  EXPECT_EQ(kernels::custom_kernel_names().size(), 7u);
   const auto two = kernels::parse_custom_kernels(" gelu_mlp , qkv_attention");
   ASSERT_EQ(two.size(), 2u);
   EXPECT_EQ(two[0], kernels::CustomKernel::gelu_mlp);
   EXPECT_EQ(two[1], kernels::CustomKernel::qkv_attention);
   EXPECT_ONE_LINE_ERROR(kernels::parse_custom_kernels("qkv_attention,flash"),
                         "custom_kernels: unknown kernel 'flash' (all | none | names from: qkv_attention, "
-                        "gelu_tanh, softmax_cross_entropy, gelu_mlp, heap_retention, group_norm, lm_head_openblas, "
-                        "mkl_intel_path)");
+                        "gelu_tanh, softmax_cross_entropy, gelu_mlp, heap_retention, group_norm, mkl_intel_path)");
   EXPECT_ONE_LINE_ERROR(kernels::parse_custom_kernels(""), "unknown kernel ''");
 }
 
 TEST(CustomKernels, TheSwitchSetsExactlyTheNamedKernelsAndTheScopeRestores) {
   ASSERT_EQ(kernels::custom_kernels_description(),
             "qkv_attention, gelu_tanh, softmax_cross_entropy, gelu_mlp, heap_retention, group_norm, "
-            "lm_head_openblas, mkl_intel_path");
+            "mkl_intel_path");
   {
     CustomKernelsScope scope("gelu_tanh,heap_retention");
     EXPECT_EQ(kernels::custom_kernels_description(), "gelu_tanh, heap_retention");

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "dtype_cases.h"
-#include "gradaccum/kernels/openblas_gemm.h"
 #include "gradaccum/models/bloom.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
@@ -335,56 +334,6 @@ TEST(ChunkedCrossEntropy, Bf16AutocastRunsMatmulsInBf16AndSoftmaxInFloat32) {
   EXPECT_LE(relative(masked.sum.detach(), fp32.sum), kBf16LossTolerance);
   EXPECT_LE(relative(hidden3.grad(), fp32.grad_hidden), kBf16GradTolerance);
   EXPECT_LE(relative(weight3.grad(), fp32.grad_weight), kBf16GradTolerance);
-}
-
-// The float32 head's products go through OpenBLAS exactly where this process prefers it
-// (kernels/openblas_gemm.h: an AMD CPU under the wheel's MKL) and the vocabulary is wide
-// (16384 rows or more), never for float64, under autocast or with the kernel off; either way
-// the loss and gradients are libtorch's to float32 rounding.
-TEST(ChunkedCrossEntropy, Float32HeadProductsGoThroughOpenblasWhereThisProcessPrefersIt) {
-  using gradaccum::kernels::openblas_preferred;
-  using gradaccum::models::chunked_cross_entropy_uses_openblas;
-  using gradaccum::testing::CustomKernelsScope;
-  constexpr int64_t kWideVocab = 16384;
-  auto in = make_inputs(torch::kFloat);
-  EXPECT_FALSE(chunked_cross_entropy_uses_openblas(in.hidden, in.weight));  // 37 rows: libtorch's
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(77);
-  in.weight = torch::randn({kWideVocab, kHidden}, generator);
-  const auto ignored = in.labels.eq(kIgnoreIndex);
-  in.labels =
-      torch::randint(0, kWideVocab, in.labels.sizes(), generator, torch::kLong).masked_fill_(ignored, kIgnoreIndex);
-  std::printf("[ measured ] OpenBLAS preferred here: %s\n", openblas_preferred() ? "yes" : "no");
-  EXPECT_EQ(chunked_cross_entropy_uses_openblas(in.hidden, in.weight), openblas_preferred());
-  EXPECT_FALSE(chunked_cross_entropy_uses_openblas(in.hidden.to(torch::kDouble), in.weight.to(torch::kDouble)));
-  {
-    CpuAutocastBf16 autocast;
-    EXPECT_FALSE(chunked_cross_entropy_uses_openblas(in.hidden, in.weight));
-  }
-  for (const auto selection : kSelections) {
-    SCOPED_TRACE(name_of(selection));
-    const auto routed = run(in, 7, selection);
-    Result libtorch;
-    {
-      CustomKernelsScope off(
-          gradaccum::kernels::custom_kernels_without(gradaccum::kernels::CustomKernel::lm_head_openblas));
-      EXPECT_FALSE(chunked_cross_entropy_uses_openblas(in.hidden, in.weight));
-      libtorch = run(in, 7, selection);
-    }
-    EXPECT_EQ(routed.count.item<int64_t>(), 17);
-    // Against float64 on the same values: d/d hidden sums 16384 float32 products per element, in
-    // an order each BLAS picks; both land as near the exact value.
-    const auto exact = run({in.hidden.to(torch::kDouble), in.weight.to(torch::kDouble), in.labels}, 7, selection);
-    for (const auto& [name, result] : {std::pair<const char*, const Result*>{"OpenBLAS", &routed},
-                                       std::pair<const char*, const Result*>{"libtorch", &libtorch}}) {
-      const double loss = relative(result->sum, exact.sum), hidden = relative(result->grad_hidden, exact.grad_hidden),
-                   weight = relative(result->grad_weight, exact.grad_weight);
-      std::printf("[ measured ] %s %s against float64: loss %.2e, grad hidden %.2e, grad weight %.2e\n",
-                  name_of(selection), name, loss, hidden, weight);
-      EXPECT_LE(loss, 1e-6) << name;
-      EXPECT_LE(hidden, 5e-5) << name;
-      EXPECT_LE(weight, 5e-5) << name;
-    }
-  }
 }
 
 TEST(ChunkedCrossEntropy, BadInputIsAOneLineError) {

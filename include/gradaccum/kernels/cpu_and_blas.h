@@ -1,6 +1,5 @@
 // Which CPU this process runs on and which BLAS libtorch was built with: the
-// facts the BLAS routes (kernels/mkl_intel_path.h, kernels/openblas_gemm.h)
-// decide by.
+// facts kernels/mkl_intel_path.h decides by.
 #pragma once
 
 #include <string>

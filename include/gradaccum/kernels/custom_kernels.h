@@ -24,7 +24,6 @@ enum class CustomKernel {
   gelu_mlp,               // models/gelu_mlp.h: seed 000's Linear → GELU → Linear as one node
   heap_retention,         // run/heap_retention.h: glibc keeps freed activations
   group_norm,             // models/group_norm.h: GroupNorm on channels-last images
-  lm_head_openblas,       // kernels/openblas_gemm.h: the LM head's products through OpenBLAS
   mkl_intel_path,         // kernels/mkl_intel_path.h: MKL's Intel code on other vendors' CPUs
 };
 

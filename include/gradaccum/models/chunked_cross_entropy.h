@@ -35,15 +35,6 @@ enum class TargetSelection {
   masked,
 };
 
-// Whether chunked_causal_lm_loss, called now on these tensors, runs the head's
-// three products (the logits, d/d hidden, d/d weight) through OpenBLAS rather
-// than libtorch: float32 on the CPU, outside autocast, a vocabulary of at least
-// 16384 (narrower heads ran alike both ways), the custom kernel
-// `lm_head_openblas` on, and kernels::openblas_preferred() (an AMD CPU under
-// the wheel's MKL; kernels/openblas_gemm.h). The two paths agree to float32
-// rounding.
-bool chunked_cross_entropy_uses_openblas(const torch::Tensor& hidden, const torch::Tensor& weight);
-
 // Exactly causal_lm_loss(linear(hidden, weight), labels) (causal_lm.h): labels
 // are shifted (position t predicts labels[:, t + 1]); sum = Σ cross-entropy over
 // the shifted labels != core::kIgnoreIndex, count = the number of those labels (a

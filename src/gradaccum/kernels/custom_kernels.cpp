@@ -23,9 +23,8 @@ std::string_view trim(std::string_view s) {
 }  // namespace
 
 const std::vector<std::string_view>& custom_kernel_names() {
-  static const std::vector<std::string_view> names{"qkv_attention",    "gelu_tanh",      "softmax_cross_entropy",
-                                                   "gelu_mlp",         "heap_retention", "group_norm",
-                                                   "lm_head_openblas", "mkl_intel_path"};
+  static const std::vector<std::string_view> names{"qkv_attention",  "gelu_tanh",  "softmax_cross_entropy", "gelu_mlp",
+                                                   "heap_retention", "group_norm", "mkl_intel_path"};
   return names;
 }
 

@@ -15,7 +15,6 @@
 #include "gradaccum/base/host_reads.h"
 #include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/kernels/custom_kernels.h"
-#include "gradaccum/kernels/openblas_gemm.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/softmax_cross_entropy.h"
 
@@ -73,21 +72,6 @@ bool fused_softmax(const torch::Tensor& logits, const Precision& p) {
   return p.softmax == (dtype == torch::kDouble ? torch::kDouble : torch::kFloat);
 }
 
-// The narrowest vocabulary whose head goes through OpenBLAS. The loss node, forward and backward,
-// took 0.87× libtorch's time at GPT-2's 50257 × 768 and 0.92× at 16384 × 768, but the same
-// (1.02×) at the 3.4M GPT's 8192 × 192 (bench/lm_head_ab, this project's AMD EPYC).
-constexpr int64_t kOpenblasMinVocab = 16384;
-
-// Whether the head's three products go through OpenBLAS (kernels/openblas_gemm.h):
-// float32 on the CPU, a vocabulary of at least kOpenblasMinVocab, where this process
-// prefers OpenBLAS to libtorch's BLAS.
-bool head_products_through_openblas(const torch::Tensor& hidden, const torch::Tensor& weight, const Precision& p) {
-  return kernels::custom_kernel_enabled(kernels::CustomKernel::lm_head_openblas) && hidden.is_cpu() &&
-         weight.dim() == 2 && weight.size(0) >= kOpenblasMinVocab && weight.is_cpu() && p.matmul == torch::kFloat &&
-         p.softmax == torch::kFloat && !p.float32_gemms && hidden.scalar_type() == torch::kFloat &&
-         weight.scalar_type() == torch::kFloat && kernels::openblas_preferred();
-}
-
 // Sum of cross-entropies of the target positions, with its gradients
 // computed in the forward. Inputs: hidden [B, T, H], weight [V, H], and either
 //  - compact: positions [N] (flat row indices into hidden viewed as [B·T, H]),
@@ -129,7 +113,6 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto hidden_flat = hidden.reshape({-1, hidden.size(-1)});
     const auto weight_mm = p.operand(weight);
-    const bool openblas = head_products_through_openblas(hidden, weight, p);
     // The masked layout writes every row of d/d hidden; the compact one leaves the unscored
     // rows at zero. d/d weight starts as the first chunk's product (no zero fill of [V, H]).
     torch::Tensor grad_hidden_flat, grad_weight;
@@ -144,7 +127,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       const int64_t end = std::min(n, begin + chunk_tokens);
       const auto h = p.operand(compact ? hidden_flat.index_select(0, positions.slice(0, begin, end))
                                        : hidden_flat.slice(0, begin, end));
-      auto logits = openblas ? kernels::openblas_mm(h, weight_mm.t()) : p.result(h.matmul(weight_mm.t()));
+      auto logits = p.result(h.matmul(weight_mm.t()));
       const auto scored = compact ? torch::Tensor() : valid.slice(0, begin, end);
       torch::Tensor grad_mm;
       if (fused_softmax(logits, p)) {
@@ -168,8 +151,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       if (!need_hidden && !need_weight) continue;
       if (p.float32_gemms) grad_mm = grad_mm.to(torch::kFloat);  // bfloat16 values, exactly
       if (need_hidden) {
-        auto grad_h = openblas ? kernels::openblas_mm(grad_mm, weight_mm)
-                               : p.result(grad_mm.matmul(weight_mm)).to(hidden.scalar_type());
+        auto grad_h = p.result(grad_mm.matmul(weight_mm)).to(hidden.scalar_type());
         if (compact) {
           grad_hidden_flat.index_copy_(0, positions.slice(0, begin, end), grad_h);
         } else {
@@ -177,13 +159,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
         }
       }
       if (need_weight) {
-        if (openblas) {
-          if (grad_weight.defined()) {
-            kernels::openblas_addmm_(grad_weight, grad_mm.t(), h);
-          } else {
-            grad_weight = kernels::openblas_mm(grad_mm.t(), h);
-          }
-        } else if (!grad_weight.defined()) {
+        if (!grad_weight.defined()) {
           grad_weight = p.result(grad_mm.t().mm(h)).to(p.softmax);
         } else if (p.matmul == p.softmax) {
           grad_weight.addmm_(grad_mm.t(), h);
@@ -255,10 +231,6 @@ std::pair<torch::Tensor, torch::Tensor> compact_targets(const torch::Tensor& nex
 }
 
 }  // namespace
-
-bool chunked_cross_entropy_uses_openblas(const torch::Tensor& hidden, const torch::Tensor& weight) {
-  return head_products_through_openblas(hidden, weight, precision_of(hidden, weight));
-}
 
 core::LossSum chunked_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
                                      const torch::Tensor& labels, int64_t chunk_tokens, TargetSelection selection,

@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "gradaccum/kernels/mkl_intel_path.h"
-#include "gradaccum/kernels/openblas_gemm.h"
 
 namespace gradaccum::run {
 namespace {
@@ -46,12 +45,9 @@ std::string libtorch_description() {
 
 std::string kernels_description() {
   const auto blas = build_setting(at::show_config(), "BLAS_INFO");
-  const auto head = kernels::openblas_preferred()
-                        ? fmt::format("; float32 LM head GEMMs: {}", kernels::openblas_config())
-                        : std::string();
   const auto mkl = kernels::mkl_intel_path_description();
-  return fmt::format("BLAS {}{}, ATen {} kernels{}", blas.empty() ? "unknown" : blas,
-                     mkl.empty() ? std::string() : fmt::format(" ({})", mkl), at::get_cpu_capability(), head);
+  return fmt::format("BLAS {}{}, ATen {} kernels", blas.empty() ? "unknown" : blas,
+                     mkl.empty() ? std::string() : fmt::format(" ({})", mkl), at::get_cpu_capability());
 }
 
 }  // namespace gradaccum::run

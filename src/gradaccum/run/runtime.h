@@ -15,8 +15,8 @@ int configure_threads(int64_t requested, int64_t local_ranks);
 // CUDA devices, e.g. "2.15.0 (CPU libraries; the wheel is a CUDA 13.2 build)".
 std::string libtorch_description();
 // One line: the BLAS serving libtorch's GEMMs and ATen's CPU kernel set, as libtorch reports them,
-// e.g. "BLAS mkl, ATen AVX512 kernels", and the OpenBLAS the float32 LM head's GEMMs go through
-// where this process prefers it (kernels/openblas_gemm.h).
+// e.g. "BLAS mkl, ATen AVX512 kernels", or on an AMD CPU "BLAS mkl (MKL's Intel code path on this
+// AuthenticAMD CPU), ATen AVX2 kernels" (kernels/mkl_intel_path.h).
 std::string kernels_description();
 
 }  // namespace gradaccum::run
