@@ -36,7 +36,8 @@ TEST(MklIntelPath, MklsVendorChecksResolveToLibgradaccum) {
 }
 
 TEST(MklIntelPath, OnAtTheFirstGemmOnOtherVendorsCpusWithMkl) {
-  if (kernels::mkl_intel_path_decided()) GTEST_SKIP() << "MKL already asked in this process (ctest runs each test alone)";
+  if (kernels::mkl_intel_path_decided())
+    GTEST_SKIP() << "MKL already asked in this process (ctest runs each test alone)";
   first_gemm();
   const bool applies = kernels::libtorch_blas_is_mkl() && !kernels::cpu_is_intel();
   if (applies) EXPECT_TRUE(kernels::mkl_intel_path_decided());
@@ -48,7 +49,8 @@ TEST(MklIntelPath, OnAtTheFirstGemmOnOtherVendorsCpusWithMkl) {
 }
 
 TEST(MklIntelPath, OffAtTheFirstGemmLeavesMklItsOwnChoice) {
-  if (kernels::mkl_intel_path_decided()) GTEST_SKIP() << "MKL already asked in this process (ctest runs each test alone)";
+  if (kernels::mkl_intel_path_decided())
+    GTEST_SKIP() << "MKL already asked in this process (ctest runs each test alone)";
   CustomKernelsScope off(kernels::custom_kernels_without(kernels::CustomKernel::mkl_intel_path));
   first_gemm();
   EXPECT_FALSE(kernels::mkl_intel_path_active());
