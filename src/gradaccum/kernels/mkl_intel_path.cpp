@@ -25,12 +25,12 @@ bool intel_path_chosen() {
   return chosen;
 }
 
-// MKL's own answer: the next definition of `name` after libgradaccum's in the
-// process's lookup order (libtorch_cpu.so's), or "not Intel" where none is.
-int mkl_own_answer(const char* name) {
-  const auto own = reinterpret_cast<VendorCheck>(dlsym(RTLD_NEXT, name));
-  return own != nullptr ? own() : 0;
-}
+// MKL's own answer: the next definition of the check after libgradaccum's in the
+// process's lookup order (libtorch_cpu.so's), or "not Intel" where none is. Looked
+// up once: with the path off, MKL asks mkl_serv_intel_cpu on every GEMM.
+VendorCheck next_definition(const char* name) { return reinterpret_cast<VendorCheck>(dlsym(RTLD_NEXT, name)); }
+
+int mkl_own_answer(VendorCheck own) { return own != nullptr ? own() : 0; }
 
 }  // namespace
 
@@ -57,9 +57,13 @@ std::string mkl_intel_path_description() {
 // MKL's vendor checks (see the header). Exported with C linkage and default
 // visibility so that they precede libtorch_cpu.so's in symbol lookup.
 extern "C" __attribute__((visibility("default"))) int mkl_serv_intel_cpu_true() {
-  return gradaccum::kernels::intel_path_chosen() ? 1 : gradaccum::kernels::mkl_own_answer("mkl_serv_intel_cpu_true");
+  using namespace gradaccum::kernels;
+  static const VendorCheck own = next_definition("mkl_serv_intel_cpu_true");
+  return intel_path_chosen() ? 1 : mkl_own_answer(own);
 }
 
 extern "C" __attribute__((visibility("default"))) int mkl_serv_intel_cpu() {
-  return gradaccum::kernels::intel_path_chosen() ? 1 : gradaccum::kernels::mkl_own_answer("mkl_serv_intel_cpu");
+  using namespace gradaccum::kernels;
+  static const VendorCheck own = next_definition("mkl_serv_intel_cpu");
+  return intel_path_chosen() ? 1 : mkl_own_answer(own);
 }
