@@ -8,7 +8,8 @@ the user already set is kept), so that both sides report and run the same kernel
 runs MKL's Intel code path on another vendor's CPU (kernels/mkl_intel_path.h), every process
 the drivers start preloads bench/mkl_intel_path_preload.cpp's library, which gives MKL the same
 answer (in the engine's processes it answers before libgradaccum does), so that the peers run
-MKL's same code; `own_mkl_path=True` preloads nothing and leaves the peers MKL's own choice. `loaded_kernels()` lets the Python programs report what they ran.
+MKL's same code; `own_mkl_path=True` preloads nothing and leaves the peers MKL's own choice.
+`loaded_kernels()` lets the Python programs report what they ran.
 """
 import os
 import re
