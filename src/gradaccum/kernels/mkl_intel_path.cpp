@@ -37,14 +37,16 @@ int mkl_own_answer(VendorCheck own) { return own != nullptr ? own() : 0; }
 bool mkl_intel_path_decided() { return decided.load(); }
 
 bool mkl_intel_path_active() {
-  if (!libtorch_blas_is_mkl() || cpu_is_intel()) return false;
-  // Only where MKL's calls reach the definitions below (libgradaccum linked before libtorch).
-  const auto reached = dlsym(RTLD_DEFAULT, "mkl_serv_intel_cpu_true");
-  Dl_info ours{}, found{};
-  if (reached == nullptr || dladdr(reinterpret_cast<void*>(&mkl_intel_path_active), &ours) == 0 ||
-      dladdr(reached, &found) == 0 || ours.dli_fbase != found.dli_fbase) {
-    return false;
-  }
+  // Only where MKL's calls reach the definitions below (libgradaccum linked before libtorch);
+  // the link order is fixed for the process, so this is looked up once.
+  static const bool applies = [] {
+    if (!libtorch_blas_is_mkl() || cpu_is_intel()) return false;
+    const auto reached = dlsym(RTLD_DEFAULT, "mkl_serv_intel_cpu_true");
+    Dl_info ours{}, found{};
+    return reached != nullptr && dladdr(reinterpret_cast<void*>(&mkl_intel_path_active), &ours) != 0 &&
+           dladdr(reached, &found) != 0 && ours.dli_fbase == found.dli_fbase;
+  }();
+  if (!applies) return false;
   return decided.load() ? intel_path_chosen() : custom_kernel_enabled(CustomKernel::mkl_intel_path);
 }
 
