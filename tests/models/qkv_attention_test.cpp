@@ -56,7 +56,7 @@ std::vector<QkvAttentionOptions> option_sets(int64_t batch, int64_t n_head, int6
 }
 
 void expect_fused_equals_reference(torch::ScalarType dtype, double tolerance) {
-  for (const int64_t time : {7, 40, 100}) {  // 1, 2 and 4 query blocks of 32 rows
+  for (const int64_t time : {7, 40, 100, 600}) {  // query blocks: 1 and 2 of 32 rows, 7 of 16, 10 of 64
     for (const auto& allowed : masks(3, time)) {
       torch::manual_seed(5);
       const int64_t n_head = 3, channels = 24;

@@ -123,13 +123,21 @@ void softmax_grad_rows(double* grad, const double* probs, const double* allowed,
   }
 }
 
-// Queries are taken in blocks of this many rows, and a block's products stop at
-// the last key any of its rows may see: under a causal mask, 4 blocks of 32
-// rows of T = 128 skip 37.5% of the score and weighted-sum products (the keys
-// past every row's last allowed one would get probability exactly 0).
-constexpr int64_t kQueryBlock = 32;
+// Queries are taken in blocks of rows, and a block's products stop at the last
+// key any of its rows may see: under a causal mask the keys past every row's last
+// allowed one (whose probabilities would be exactly 0) are skipped. Smaller blocks
+// skip more of the upper triangle but make smaller products, which BLAS runs
+// slower, the more so the more keys they span. The sizes are the fastest measured
+// by bench/attention_ab (forward + backward) on the 2-core AVX-512 EPYC: at
+// T = 64, 32 rows (0.90× the time of 16); at T = 96 and 128 (the GPT benchmarks),
+// 16 rows (0.9× the time of 32); from T = 256 (BLOOM's 512 included), 64 rows
+// (0.62× the time of 32 at T = 512); at T = 192 the three sizes tie.
+int64_t query_block_rows(int64_t time) {
+  if (time <= 64) return 32;
+  return time <= 128 ? 16 : 64;
+}
 
-int64_t query_blocks(int64_t time) { return (time + kQueryBlock - 1) / kQueryBlock; }
+int64_t query_blocks(int64_t time) { return (time + query_block_rows(time) - 1) / query_block_rows(time); }
 
 // For every query block of every mask row set: how many leading keys its rows
 // need — one past the last allowed key of any of its rows, or all T when one of
@@ -143,7 +151,7 @@ std::vector<int64_t> block_key_counts(const T* allowed, int64_t mask_batch, int6
       const T* row = allowed + (m * time + t) * time;
       int64_t end = time;
       while (end > 0 && !(row[end - 1] > T(0))) --end;
-      int64_t& block = keys[static_cast<size_t>(m * blocks + t / kQueryBlock)];
+      int64_t& block = keys[static_cast<size_t>(m * blocks + t / query_block_rows(time))];
       block = std::max(block, end == 0 ? time : end);
     }
   }
@@ -173,7 +181,7 @@ template <typename T>
 void attention_forward(const Layout& s, const T* qkv, const T* allowed, const T* key_bias, T* probs, T* y) {
   const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
-  const int64_t blocks = query_blocks(s.time);
+  const int64_t blocks = query_blocks(s.time), block_rows = query_block_rows(s.time);
   const auto block_keys = block_key_counts(allowed, s.mask_batch, s.time);
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     const kernels::FlushDenormalsScope flush;  // its header says why
@@ -189,7 +197,7 @@ void attention_forward(const Layout& s, const T* qkv, const T* allowed, const T*
       T* p = probs + item * tt;
       const T* mask = allowed + m * tt;
       for (int64_t block = 0; block < blocks; ++block) {
-        const int64_t r0 = block * kQueryBlock, rows = std::min(kQueryBlock, s.time - r0);
+        const int64_t r0 = block * block_rows, rows = std::min(block_rows, s.time - r0);
         const int64_t keys = block_keys[static_cast<size_t>(m * blocks + block)];
         kernels::blas_gemm(false, true, rows, keys, s.head_dim, T(1), q + r0 * s.row(), s.row(), k, s.row(), T(0),
                            p + r0 * s.time, s.time);  // scores = q kᵀ
@@ -206,7 +214,7 @@ template <typename T>
 void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T* probs, const T* grad_y, T* grad_qkv) {
   const T scale = T(1) / std::sqrt(static_cast<T>(s.head_dim));
   const int64_t tt = s.time * s.time;
-  const int64_t blocks = query_blocks(s.time);
+  const int64_t blocks = query_blocks(s.time), block_rows = query_block_rows(s.time);
   const auto block_keys = block_key_counts(allowed, s.mask_batch, s.time);
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     const kernels::FlushDenormalsScope flush;
@@ -223,7 +231,7 @@ void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T
       T* dv = dk + s.part_stride();
       const T* dy = grad_y + b * s.time * s.channels + h * s.head_dim;
       for (int64_t block = 0; block < blocks; ++block) {
-        const int64_t r0 = block * kQueryBlock, rows = std::min(kQueryBlock, s.time - r0);
+        const int64_t r0 = block * block_rows, rows = std::min(block_rows, s.time - r0);
         const int64_t keys = block_keys[static_cast<size_t>(m * blocks + block)];
         const T* p = probs + item * tt + r0 * s.time;
         const T* mask = allowed + m * tt + r0 * s.time;
