@@ -11,10 +11,10 @@
 // [B, H, T, T] in memory. Here each (batch, head) pair is one task of a
 // parallel loop: its two products (four in the backward) go straight to BLAS
 // and the masked softmax and its gradient run on rows still in cache. Queries
-// go in blocks of 16 to 64 rows (by sequence length) whose products
-// stop at the block's last allowed key, so a causal mask skips most of the upper
-// triangle's work (the skipped probabilities are exactly 0). The gradient is written into one [B, T, 3C]
-// tensor, laid out like qkv.
+// go in blocks of 16 to 64 rows (by sequence length) whose products stop at the
+// block's last allowed key, so a causal mask skips most of the upper triangle's
+// work (the skipped probabilities are exactly 0). The gradient is written into
+// one [B, T, 3C] tensor, laid out like qkv.
 //
 // The probabilities are kept for the backward ([B, H, T, T] per layer, 16 MB a
 // BLOOM-560m layer at 512 tokens), where flash attention keeps one value per row
@@ -25,10 +25,11 @@
 // at::scaled_dot_product_attention; against that, this kernel makes the GPT
 // benchmark 13.5% faster end to end on libtorch 2.15 (bench/custom_kernels.py,
 // BENCHMARKS.md), and one BLOOM-560m layer's attention at 512 tokens with ALiBi
-// takes 0.51× its time, forward and backward, on the 2-core AVX-512 EPYC
-// (bench/attention_ab; 0.52× without a bias). Its loops flush denormals (kernels/flush_denormals.h): without that
-// ALiBi's tiny probabilities made it 2.5× slower than libtorch. Written for
-// libtorch 1.13, which had no fused attention.
+// takes 0.48–0.51× its time, forward and backward, on the 2-core AVX-512 EPYC
+// (bench/attention_ab; 0.52–0.54× without a bias). Its loops flush denormals
+// (kernels/flush_denormals.h): without that ALiBi's tiny probabilities made it
+// 2.5× slower than libtorch. Written for libtorch 1.13, which had no fused
+// attention.
 #pragma once
 
 #include <torch/torch.h>

@@ -130,7 +130,7 @@ void softmax_grad_rows(double* grad, const double* probs, const double* allowed,
 // slower, the more so the more keys they span. The sizes are the fastest measured
 // by bench/attention_ab (forward + backward) on the 2-core AVX-512 EPYC: at
 // T = 64, 32 rows (0.90× the time of 16); at T = 96 and 128 (the GPT benchmarks),
-// 16 rows (0.9× the time of 32); from T = 256 (BLOOM's 512 included), 64 rows
+// 16 rows (0.89–0.94× the time of 32); from T = 256 (BLOOM's 512 included), 64 rows
 // (0.62× the time of 32 at T = 512); at T = 192 the three sizes tie.
 int64_t query_block_rows(int64_t time) {
   if (time <= 64) return 32;
@@ -145,13 +145,14 @@ int64_t query_blocks(int64_t time) { return (time + query_block_rows(time) - 1) 
 template <typename T>
 std::vector<int64_t> block_key_counts(const T* allowed, int64_t mask_batch, int64_t time) {
   const int64_t blocks = query_blocks(time);
+  const int64_t block_rows = query_block_rows(time);
   std::vector<int64_t> keys(static_cast<size_t>(mask_batch * blocks), 0);
   for (int64_t m = 0; m < mask_batch; ++m) {
     for (int64_t t = 0; t < time; ++t) {
       const T* row = allowed + (m * time + t) * time;
       int64_t end = time;
       while (end > 0 && !(row[end - 1] > T(0))) --end;
-      int64_t& block = keys[static_cast<size_t>(m * blocks + t / query_block_rows(time))];
+      int64_t& block = keys[static_cast<size_t>(m * blocks + t / block_rows)];
       block = std::max(block, end == 0 ? time : end);
     }
   }
