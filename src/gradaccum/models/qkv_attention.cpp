@@ -137,7 +137,10 @@ int64_t query_block_rows(int64_t time) {
   return time <= 128 ? 16 : 64;
 }
 
-int64_t query_blocks(int64_t time) { return (time + query_block_rows(time) - 1) / query_block_rows(time); }
+int64_t query_blocks(int64_t time) {
+  const int64_t rows = query_block_rows(time);
+  return (time + rows - 1) / rows;
+}
 
 // For every query block of every mask row set: how many leading keys its rows
 // need — one past the last allowed key of any of its rows, or all T when one of
