@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 
 #include "gradaccum/core/out_of_memory.h"
@@ -218,22 +219,44 @@ void expect_same_step(const nlohmann::json& a, const nlohmann::json& b, size_t i
   }
 }
 
+// The least address-space limit (KiB, bisected to `resolution`) in (fails, fits] under which `runs`
+// succeeds, more memory never hurting; `fits` itself when nothing below it does. What a run needs
+// varies by ~50 MiB from run to run (the heap's layout follows the threads' timing), and a retry
+// runs in the heap that the failed attempt left behind, so the tests below set their limit midway
+// between two such bounds, not just above one.
+int64_t least_limit(const std::function<bool(int64_t)>& runs, int64_t fails, int64_t fits, int64_t resolution) {
+  while (fits - fails > resolution) {
+    const int64_t mid = (fits + fails) / 2;
+    (runs(mid) ? fits : fails) = mid;
+  }
+  return fits;
+}
+
 TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
   if (kAddressSanitizer)
     GTEST_SKIP() << "built with AddressSanitizer, which reserves terabytes of address space for its "
                     "shadow memory at start-up, more than any RLIMIT_AS this test sets";
   const auto dir = make_temp_dir("oom-rlimit");
-  // The limit is measured here, not assumed: the least that the same run at micro-batch 4 needs
-  // (25 MiB steps, without recovery), plus 50 MiB for what varies from run to run (about 100 MiB
-  // below what micro-batch 8 needs); micro-batch 16 must then fail at it.
+  // The limit is measured here, not assumed: midway between the least under which the same run
+  // at micro-batch 4 trains (without recovery) and the least under which micro-batch 8 gets
+  // through its first step (~180 MiB apart); micro-batch 16 must then fail at it.
   const std::string plain =
       kLimited + " --set oom_recovery=false --set save_steps=2 --set output_dir=" + dir + "/probe";
-  int64_t fits4 = 0;
-  for (int64_t limit = 500 * 1024; limit <= 1600 * 1024 && fits4 == 0; limit += 25 * 1024) {
-    if (run_limited(plain + " --set per_device_train_batch_size=4", limit).exit_code == 0) fits4 = limit;
-  }
-  ASSERT_GT(fits4, 0) << "micro-batch 4 did not fit under 1.6 GB of address space";
-  const int64_t limit = fits4 + 50 * 1024;
+  const auto trains = [&](int64_t micro_batch, int64_t steps) {
+    return [&, micro_batch, steps](int64_t limit) {
+      return run_limited(plain + " --set per_device_train_batch_size=" + std::to_string(micro_batch) +
+                             " --set max_steps=" + std::to_string(steps),
+                         limit)
+                 .exit_code == 0;
+    };
+  };
+  const int64_t most = 2000 * 1024;
+  const int64_t fits4 = least_limit(trains(4, 2), 300 * 1024, most, 20 * 1024);
+  ASSERT_LT(fits4, most) << "micro-batch 4 did not fit under " << most << " KiB of address space";
+  const int64_t fits8 = least_limit(trains(8, 1), fits4, most, 40 * 1024);
+  ASSERT_GE(fits8 - fits4, 100 * 1024) << "micro-batch 4 needs " << fits4 << " KiB and 8 needs " << fits8
+                                       << ": too close for a limit between them to prove anything";
+  const int64_t limit = (fits4 + fits8) / 2;
   const auto sixteen = run_limited(plain + " --set per_device_train_batch_size=16", limit);
   ASSERT_EQ(sixteen.exit_code, 1) << "micro-batch 16 fits in " << limit << " KiB, so the test proves nothing";
   EXPECT_NE(sixteen.err.find("can't allocate memory"), std::string::npos) << sixteen.err;
@@ -345,25 +368,30 @@ TEST(OomRecoveryUnderRlimit, OneRanksLimitSwitchesBothProcessesAtTheSameWindow) 
     GTEST_SKIP() << "built with AddressSanitizer, which reserves terabytes of address space for its "
                     "shadow memory at start-up, more than any RLIMIT_AS this test sets";
   const auto dir = make_temp_dir("oom-two-ranks");
-  // Global batch 16 on two ranks: 8 x 1 per rank. The limit is measured for rank 1 of a two-rank
-  // run (the process group's threads and buffers add ~170 MiB to what one process needs): the
-  // least under which micro-batch 4 trains there, bisected to 20 MiB, plus 50 MiB; micro-batch 8
-  // must then fail under it.
-  const std::string common = kLimited + " --set dist_timeout=20";
-  const std::string plain = common + " --set oom_recovery=false --set max_steps=2 --set output_dir=" + dir + "/probe";
-  int64_t fails = 400 * 1024, fits = 2400 * 1024;
-  ASSERT_EQ(run_two_ranks(plain + " --set per_device_train_batch_size=4", fits).rank1_exit, 0)
-      << "micro-batch 4 did not fit under " << fits << " KiB of address space";
-  while (fits - fails > 20 * 1024) {
-    const int64_t mid = (fits + fails) / 2;
-    if (run_two_ranks(plain + " --set per_device_train_batch_size=4", mid).rank1_exit == 0) {
-      fits = mid;
-    } else {
-      fails = mid;
-    }
-  }
-  const int64_t limit = fits + 50 * 1024;
-  const auto eight = run_two_ranks(plain + " --set per_device_train_batch_size=8", limit);
+  // Global batch 16 on two ranks: 8 x 1 per rank. Rank 1's limit is measured in a two-rank run
+  // (the process group's threads and buffers add to what one process needs): midway between the
+  // least under which micro-batch 4 trains and the least under which micro-batch 8 gets through
+  // its first step. (Just above the first, fits4 + 50 MiB, the retry at 4 ran out again in CI and
+  // landed at 2.) Four layers widen the gap between the bounds to ~250 MiB.
+  const std::string four_layers = kLimited + " --set model.n_layer=4";
+  const std::string common = four_layers + " --set dist_timeout=20";
+  const std::string plain = common + " --set oom_recovery=false --set output_dir=" + dir + "/probe";
+  const auto trains = [&](int64_t micro_batch, int64_t steps) {
+    return [&, micro_batch, steps](int64_t limit) {
+      return run_two_ranks(plain + " --set per_device_train_batch_size=" + std::to_string(micro_batch) +
+                               " --set max_steps=" + std::to_string(steps),
+                           limit)
+                 .rank1_exit == 0;
+    };
+  };
+  const int64_t most = 2000 * 1024;
+  const int64_t fits4 = least_limit(trains(4, 2), 400 * 1024, most, 20 * 1024);
+  ASSERT_LT(fits4, most) << "micro-batch 4 did not fit under " << most << " KiB of address space";
+  const int64_t fits8 = least_limit(trains(8, 1), fits4, most, 40 * 1024);
+  ASSERT_GE(fits8 - fits4, 120 * 1024) << "micro-batch 4 needs " << fits4 << " KiB and 8 needs " << fits8
+                                       << ": too close for a limit between them to prove anything";
+  const int64_t limit = (fits4 + fits8) / 2;
+  const auto eight = run_two_ranks(plain + " --set per_device_train_batch_size=8 --set max_steps=1", limit);
   ASSERT_NE(eight.rank1_exit, 0) << "micro-batch 8 fits rank 1 in " << limit << " KiB, so the test proves nothing";
   EXPECT_NE(eight.rank1_err.find("can't allocate memory"), std::string::npos) << eight.rank1_err;
 
@@ -379,7 +407,7 @@ TEST(OomRecoveryUnderRlimit, OneRanksLimitSwitchesBothProcessesAtTheSameWindow) 
 
   // One process at 4 x 4: the same global batch of 16, the same samples in the same order.
   const auto reference =
-      support::run_cli(kLimited + " --set per_device_train_batch_size=4 --set output_dir=" + dir + "/one");
+      support::run_cli(four_layers + " --set per_device_train_batch_size=4 --set output_dir=" + dir + "/one");
   ASSERT_EQ(reference.exit_code, 0) << reference.err;
   const auto a = steps_of(dir + "/recovered"), b = steps_of(dir + "/one");
   ASSERT_EQ(a.size(), 4u);
