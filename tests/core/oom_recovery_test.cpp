@@ -220,10 +220,7 @@ void expect_same_step(const nlohmann::json& a, const nlohmann::json& b, size_t i
 }
 
 // The least address-space limit (KiB, bisected to `resolution`) in (fails, fits] under which `runs`
-// succeeds, more memory never hurting; `fits` itself when nothing below it does. What a run needs
-// varies by ~50 MiB from run to run (the heap's layout follows the threads' timing), and a retry
-// runs in the heap that the failed attempt left behind, so the tests below set their limit midway
-// between two such bounds, not just above one.
+// succeeds, more memory never hurting; `fits` itself when nothing below it does.
 int64_t least_limit(const std::function<bool(int64_t)>& runs, int64_t fails, int64_t fits, int64_t resolution) {
   while (fits - fails > resolution) {
     const int64_t mid = (fits + fails) / 2;
@@ -232,31 +229,50 @@ int64_t least_limit(const std::function<bool(int64_t)>& runs, int64_t fails, int
   return fits;
 }
 
+// Whether a run at micro-batch b trains `steps` optimizer steps under an address-space limit (KiB).
+using TrainsUnder = std::function<bool(int64_t b, int64_t steps, int64_t limit_kib)>;
+
+std::string micro_batch_and_steps(int64_t b, int64_t steps) {
+  return " --set per_device_train_batch_size=" + std::to_string(b) + " --set max_steps=" + std::to_string(steps);
+}
+
+// The limit for a run that should land on micro-batch b: midway between the least limit under
+// which b trains two steps and the least under which 2b gets through its first step. What a run
+// needs varies by ~50 MiB from run to run (the heap's layout follows the threads' timing), and a
+// retry runs in the heap that the failed attempt left behind, so a limit just above the first
+// bound is not enough (the two-rank test below landed at b / 2 under fits + 50 MiB in CI).
+// Fails when either does not fit under 2000 MiB or the bounds are closer than `min_gap_kib`.
+::testing::AssertionResult limit_between(const TrainsUnder& trains, int64_t b, int64_t lowest_kib, int64_t min_gap_kib,
+                                         int64_t& limit_kib) {
+  const int64_t most = 2000 * 1024;
+  const int64_t fits = least_limit([&](int64_t limit) { return trains(b, 2, limit); }, lowest_kib, most, 20 * 1024);
+  if (fits == most)
+    return ::testing::AssertionFailure() << "micro-batch " << b << " did not fit under " << most << " KiB";
+  const int64_t fits_twice = least_limit([&](int64_t limit) { return trains(2 * b, 1, limit); }, fits, most, 40 * 1024);
+  if (fits_twice - fits < min_gap_kib) {
+    return ::testing::AssertionFailure() << "micro-batch " << b << " needs " << fits << " KiB and " << 2 * b
+                                         << " needs " << fits_twice
+                                         << ": too close for a limit between them to prove anything";
+  }
+  limit_kib = (fits + fits_twice) / 2;
+  return ::testing::AssertionSuccess();
+}
+
 TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
   if (kAddressSanitizer)
     GTEST_SKIP() << "built with AddressSanitizer, which reserves terabytes of address space for its "
                     "shadow memory at start-up, more than any RLIMIT_AS this test sets";
   const auto dir = make_temp_dir("oom-rlimit");
-  // The limit is measured here, not assumed: midway between the least under which the same run
-  // at micro-batch 4 trains (without recovery) and the least under which micro-batch 8 gets
-  // through its first step (~180 MiB apart); micro-batch 16 must then fail at it.
+  // The limit is measured here, not assumed (limit_between): midway between the least under which
+  // the same run at micro-batch 4 trains (without recovery) and the least under which micro-batch
+  // 8 gets through its first step (~180 MiB apart); micro-batch 16 must then fail at it.
   const std::string plain =
       kLimited + " --set oom_recovery=false --set save_steps=2 --set output_dir=" + dir + "/probe";
-  const auto trains = [&](int64_t micro_batch, int64_t steps) {
-    return [&, micro_batch, steps](int64_t limit) {
-      return run_limited(plain + " --set per_device_train_batch_size=" + std::to_string(micro_batch) +
-                             " --set max_steps=" + std::to_string(steps),
-                         limit)
-                 .exit_code == 0;
-    };
+  const TrainsUnder trains = [&](int64_t b, int64_t steps, int64_t limit) {
+    return run_limited(plain + micro_batch_and_steps(b, steps), limit).exit_code == 0;
   };
-  const int64_t most = 2000 * 1024;
-  const int64_t fits4 = least_limit(trains(4, 2), 300 * 1024, most, 20 * 1024);
-  ASSERT_LT(fits4, most) << "micro-batch 4 did not fit under " << most << " KiB of address space";
-  const int64_t fits8 = least_limit(trains(8, 1), fits4, most, 40 * 1024);
-  ASSERT_GE(fits8 - fits4, 100 * 1024) << "micro-batch 4 needs " << fits4 << " KiB and 8 needs " << fits8
-                                       << ": too close for a limit between them to prove anything";
-  const int64_t limit = (fits4 + fits8) / 2;
+  int64_t limit = 0;
+  ASSERT_TRUE(limit_between(trains, 4, 300 * 1024, 100 * 1024, limit));
   const auto sixteen = run_limited(plain + " --set per_device_train_batch_size=16", limit);
   ASSERT_EQ(sixteen.exit_code, 1) << "micro-batch 16 fits in " << limit << " KiB, so the test proves nothing";
   EXPECT_NE(sixteen.err.find("can't allocate memory"), std::string::npos) << sixteen.err;
@@ -371,26 +387,15 @@ TEST(OomRecoveryUnderRlimit, OneRanksLimitSwitchesBothProcessesAtTheSameWindow) 
   // Global batch 16 on two ranks: 8 x 1 per rank. Rank 1's limit is measured in a two-rank run
   // (the process group's threads and buffers add to what one process needs): midway between the
   // least under which micro-batch 4 trains and the least under which micro-batch 8 gets through
-  // its first step. (Just above the first, fits4 + 50 MiB, the retry at 4 ran out again in CI and
-  // landed at 2.) Four layers widen the gap between the bounds to ~250 MiB.
+  // its first step (limit_between). Four layers widen the gap between the bounds to ~250 MiB.
   const std::string four_layers = kLimited + " --set model.n_layer=4";
   const std::string common = four_layers + " --set dist_timeout=20";
   const std::string plain = common + " --set oom_recovery=false --set output_dir=" + dir + "/probe";
-  const auto trains = [&](int64_t micro_batch, int64_t steps) {
-    return [&, micro_batch, steps](int64_t limit) {
-      return run_two_ranks(plain + " --set per_device_train_batch_size=" + std::to_string(micro_batch) +
-                               " --set max_steps=" + std::to_string(steps),
-                           limit)
-                 .rank1_exit == 0;
-    };
+  const TrainsUnder trains = [&](int64_t b, int64_t steps, int64_t limit) {
+    return run_two_ranks(plain + micro_batch_and_steps(b, steps), limit).rank1_exit == 0;
   };
-  const int64_t most = 2000 * 1024;
-  const int64_t fits4 = least_limit(trains(4, 2), 400 * 1024, most, 20 * 1024);
-  ASSERT_LT(fits4, most) << "micro-batch 4 did not fit under " << most << " KiB of address space";
-  const int64_t fits8 = least_limit(trains(8, 1), fits4, most, 40 * 1024);
-  ASSERT_GE(fits8 - fits4, 120 * 1024) << "micro-batch 4 needs " << fits4 << " KiB and 8 needs " << fits8
-                                       << ": too close for a limit between them to prove anything";
-  const int64_t limit = (fits4 + fits8) / 2;
+  int64_t limit = 0;
+  ASSERT_TRUE(limit_between(trains, 4, 400 * 1024, 120 * 1024, limit));
   const auto eight = run_two_ranks(plain + " --set per_device_train_batch_size=8 --set max_steps=1", limit);
   ASSERT_NE(eight.rank1_exit, 0) << "micro-batch 8 fits rank 1 in " << limit << " KiB, so the test proves nothing";
   EXPECT_NE(eight.rank1_err.find("can't allocate memory"), std::string::npos) << eight.rank1_err;
