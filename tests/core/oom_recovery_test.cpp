@@ -396,7 +396,7 @@ TEST(OomRecoveryUnderRlimit, OneRanksLimitSwitchesBothProcessesAtTheSameWindow) 
   };
   int64_t limit = 0;
   ASSERT_TRUE(limit_between(trains, 4, 400 * 1024, 120 * 1024, limit));
-  const auto eight = run_two_ranks(plain + " --set per_device_train_batch_size=8 --set max_steps=1", limit);
+  const auto eight = run_two_ranks(plain + micro_batch_and_steps(8, 1), limit);
   ASSERT_NE(eight.rank1_exit, 0) << "micro-batch 8 fits rank 1 in " << limit << " KiB, so the test proves nothing";
   EXPECT_NE(eight.rank1_err.find("can't allocate memory"), std::string::npos) << eight.rank1_err;
 
