@@ -273,7 +273,7 @@ TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
   };
   int64_t limit = 0;
   ASSERT_TRUE(limit_between(trains, 4, 300 * 1024, 100 * 1024, limit));
-  const auto sixteen = run_limited(plain + " --set per_device_train_batch_size=16", limit);
+  const auto sixteen = run_limited(plain + micro_batch_and_steps(16, 1), limit);
   ASSERT_EQ(sixteen.exit_code, 1) << "micro-batch 16 fits in " << limit << " KiB, so the test proves nothing";
   EXPECT_NE(sixteen.err.find("can't allocate memory"), std::string::npos) << sixteen.err;
 
