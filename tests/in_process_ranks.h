@@ -20,7 +20,9 @@ inline void run_on_ranks(int world, const std::function<void(const c10::intrusiv
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto options = c10d::ProcessGroupGloo::Options::create();
+        // A rank that fails to connect leaves the others waiting for it in the store: bounded,
+        // so such a failure ends the test instead of hanging it.
+        auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
         options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
         c10::intrusive_ptr<c10d::Backend> group =
             c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);

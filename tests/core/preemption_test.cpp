@@ -1,0 +1,150 @@
+// core/preemption.h on its own: where a window stops between micro-steps, what the stopped
+// window leaves for its checkpoint, the stop request riding in the window's totals, and the
+// states it refuses to continue. The whole run through signals and checkpoints is checked in
+// tests/io/checkpoint_test.cpp (bit-identical resume inside a window).
+#include "gradaccum/core/preemption.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "gradaccum/base/check.h"
+
+namespace preemption_test {
+
+using namespace gradaccum::core;
+
+struct Fixture {
+  // 8 samples in windows of 2 × 4 on one process.
+  WindowPlan plan{8, BatchGeometry::from_accumulation(2, 4, 1), LastWindow::partial, 7, SampleOrder::random};
+  Window window = plan.window(plan.permutation(0), 0, 0);
+  torch::Tensor weight = torch::zeros({3}, torch::kDouble).requires_grad_();
+  LossNormalizer normalizer{LossNormalization::window, 4};
+  std::atomic<bool> stop{false};
+  LocalStopAgreement agreement;
+
+  // Runs micro-steps until `preemption` stops the window (or all ran); micro-step s adds s + 1
+  // to every gradient and counts 2 items. Returns the micro-step it stopped before (-1: none).
+  int64_t run(Preemption& preemption, WindowState& w, int64_t stop_after) {
+    normalizer.begin_window();
+    preemption.begin_window(w);
+    for (int64_t s = w.first_micro_step; s < window.micro_steps(); ++s) {
+      if (s == stop_after) stop = true;
+      if (preemption.stop_before_micro_step(w, s, s + 1 == window.micro_steps())) return s;
+      const auto loss = (weight * static_cast<double>(s + 1)).sum();
+      normalizer.objective({loss, torch::tensor(int64_t{2})}).backward();
+      w.micro_items.push_back(torch::tensor(2.0, torch::kDouble));
+    }
+    return -1;
+  }
+};
+
+TEST(Preemption, StopsAtTheNextBoundaryAndKeepsThePartialWindow) {
+  Fixture f;
+  Preemption preemption({f.weight}, f.normalizer, f.plan, torch::kCPU, /*inside_windows=*/true);
+  preemption.arm(&f.stop, &f.agreement);
+  WindowState w(f.window, 0, 0);
+  w.stoppable = true;
+  EXPECT_EQ(f.run(preemption, w, /*stop_after=*/2), 2);  // asked before micro-step 2: stops there
+
+  TrainingState state;
+  preemption.save(state);
+  EXPECT_EQ(state.position.micro_step, 2);
+  ASSERT_EQ(state.partial.grads.size(), 1u);
+  EXPECT_TRUE(torch::equal(state.partial.grads[0], torch::full({3}, 3.0, torch::kDouble)));  // 1 + 2
+  EXPECT_TRUE(torch::equal(state.partial.totals, torch::tensor({0.0, 4.0, 0.0}, torch::kDouble)));
+  EXPECT_TRUE(torch::equal(state.partial.micro_items, torch::tensor({2.0, 2.0}, torch::kDouble)));
+}
+
+TEST(Preemption, AWindowThatCannotBeSavedRunsToItsEnd) {
+  // Deterministic accumulation's tree (inside_windows false), or a caller that cannot save.
+  for (const bool inside_windows : {false, true}) {
+    Fixture f;
+    Preemption preemption({f.weight}, f.normalizer, f.plan, torch::kCPU, inside_windows);
+    preemption.arm(&f.stop, &f.agreement);
+    WindowState w(f.window, 0, 0);
+    w.stoppable = !inside_windows;
+    EXPECT_EQ(f.run(preemption, w, 1), -1);
+    TrainingState state;
+    preemption.save(state);
+    EXPECT_EQ(state.position.micro_step, 0);
+    EXPECT_TRUE(state.partial.grads.empty());
+  }
+}
+
+TEST(Preemption, TheRequestRidesInTheTotalsAndStopsTheRunAfterTheStep) {
+  Fixture f;
+  Preemption preemption({f.weight}, f.normalizer, f.plan, torch::kCPU, true);
+  preemption.arm(&f.stop, nullptr);  // several ranks without an agreement: only at the window's end
+  WindowState w(f.window, 0, 0);
+  w.stoppable = true;
+  EXPECT_EQ(f.run(preemption, w, 1), -1);
+  WindowTotals totals;
+  totals.stop_requests = torch::zeros({}, torch::kDouble);
+  preemption.contribute(totals, w);
+  EXPECT_EQ(host_value(totals.stop_requests), 1.0);
+  EXPECT_FALSE(preemption.stop_agreed());
+  preemption.after_host_read(totals);
+  EXPECT_TRUE(preemption.stop_agreed());
+}
+
+TEST(Preemption, AResumedWindowGetsItsSumsBack) {
+  Fixture f;
+  TrainingState saved;
+  {
+    Preemption first({f.weight}, f.normalizer, f.plan, torch::kCPU, true);
+    first.arm(&f.stop, &f.agreement);
+    WindowState w(f.window, 0, 0);
+    w.stoppable = true;
+    ASSERT_EQ(f.run(first, w, 3), 3);
+    first.save(saved);
+  }
+  saved.micro_batch = 2;
+  saved.accumulation_steps = 4;
+  saved.world_size = 1;
+  f.weight.mutable_grad() = torch::Tensor();
+  f.stop = false;
+  Preemption resumed({f.weight}, f.normalizer, f.plan, torch::kCPU, true);
+  resumed.restore(saved);
+  WindowState w(f.window, 0, saved.position.micro_step);
+  EXPECT_EQ(f.run(resumed, w, -1), -1);
+  EXPECT_TRUE(torch::equal(f.weight.grad(), torch::full({3}, 10.0, torch::kDouble)));  // 1 + 2 + 3 + 4
+  EXPECT_TRUE(torch::equal(f.normalizer.local_totals(), torch::tensor({0.0, 8.0, 0.0}, torch::kDouble)));
+  EXPECT_EQ(w.micro_items.size(), 4u);
+}
+
+std::string refusal(Preemption& preemption, const TrainingState& state) {
+  try {
+    preemption.restore(state);
+  } catch (const gradaccum::Error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(Preemption, RefusesStatesItCannotContinue) {
+  Fixture f;
+  TrainingState state;
+  state.position.micro_step = 2;
+  state.micro_batch = 1;
+  state.accumulation_steps = 8;
+  state.world_size = 1;
+  state.partial.totals = torch::zeros({3}, torch::kDouble);
+  state.partial.grads.resize(1);
+  Preemption preemption({f.weight}, f.normalizer, f.plan, torch::kCPU, true);
+  EXPECT_EQ(refusal(preemption, state),
+            "checkpoint: it was saved inside a window with 1x8x1 (b x N x W); resume it with the same decomposition, "
+            "not 2x4x1");
+  state.micro_batch = 2;
+  state.accumulation_steps = 4;
+  state.partial.grads.resize(2);
+  EXPECT_EQ(refusal(preemption, state), "checkpoint: the partial window holds 2 gradients for 1 parameters");
+  Preemption tree({f.weight}, f.normalizer, f.plan, torch::kCPU, /*inside_windows=*/false);
+  EXPECT_EQ(refusal(tree, state),
+            "checkpoint: it was saved inside a window (micro-step 2), whose sums deterministic_accumulation cannot "
+            "continue in its tree order; resume it without deterministic_accumulation");
+  state.partial.grads.resize(1);
+  EXPECT_EQ(refusal(preemption, state), "(accepted)");
+}
+
+}  // namespace preemption_test
