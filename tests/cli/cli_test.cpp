@@ -207,7 +207,23 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"bad_choice", "--set model.norm=instance", "", "key 'model.norm': 'instance' is not one of"},
         BadInput{"malformed_yaml", "", "learning_rate: [1, 2\n", "malformed YAML at line"},
         BadInput{"missing_dataset", "--set data.directory=/nonexistent", "", "apt-get install dataset-fashion-mnist"},
-        BadInput{"bad_set_syntax", "--set learning_rate", "", "--set 'learning_rate': expected key=value"}),
+        BadInput{"bad_set_syntax", "--set learning_rate", "", "--set 'learning_rate': expected key=value"},
+        // b × N wraps in int64 to 0 (a division by zero), to a negative count, or to 1: refused with
+        // the factors named, never the wrapped product.
+        BadInput{"micro_batch_times_steps_wraps_to_zero",
+                 "--set per_device_train_batch_size=4611686018427387904 --set gradient_accumulation_steps=4", "",
+                 "per_device_train_batch_size 4611686018427387904 x gradient_accumulation_steps 4 x world size 1 is "
+                 "more than the largest global batch, 2^53 = 9007199254740992 samples"},
+        BadInput{"micro_batch_times_steps_wraps_negative",
+                 "--set per_device_train_batch_size=4611686018427387904 --set gradient_accumulation_steps=3", "",
+                 "per_device_train_batch_size 4611686018427387904 x gradient_accumulation_steps 3 x world size 1 is "
+                 "more than the largest global batch"},
+        BadInput{"micro_batch_times_steps_wraps_to_one",
+                 "--set per_device_train_batch_size=9223372036854775807 "
+                 "--set gradient_accumulation_steps=9223372036854775807",
+                 "", "gradient_accumulation_steps 9223372036854775807 x world size 1 is more than the largest"},
+        BadInput{"global_batch_too_large", "--set global_batch_size=9223372036854775807", "",
+                 "global_batch_size 9223372036854775807 is more than the largest global batch"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(CliBadInputFiles, MissingConfigFileIsNamed) {
@@ -255,6 +271,13 @@ TEST(CliVerify, ExactWithGroupNormAndNotWithBatchNorm) {
   EXPECT_EQ(
       bad.err,
       "gradaccum: error: --splits: 20x3 is a global batch of 60, 64x1 one of 64: compare splits of the same batch\n");
+  // Both products wrap to 0 in int64 (then equal, and a division by zero followed).
+  const auto wraps = run_cli("verify --splits 4611686018427387904x4,2305843009213693952x8");
+  EXPECT_EQ(wraps.exit_code, 1);
+  EXPECT_EQ(wraps.err,
+            "gradaccum: error: --splits: '4611686018427387904x4': per_device_train_batch_size 4611686018427387904 x "
+            "gradient_accumulation_steps 4 x world size 1 is more than the largest global batch, 2^53 = "
+            "9007199254740992 samples\n");
 }
 
 }  // namespace cli_test
