@@ -223,13 +223,75 @@ INSTANTIATE_TEST_SUITE_P(
                  "--set gradient_accumulation_steps=9223372036854775807",
                  "", "gradient_accumulation_steps 9223372036854775807 x world size 1 is more than the largest"},
         BadInput{"global_batch_too_large", "--set global_batch_size=9223372036854775807", "",
-                 "global_batch_size 9223372036854775807 is more than the largest global batch"}),
+                 "global_batch_size 9223372036854775807 is more than the largest global batch"},
+        BadInput{"threads_above_the_bound", "--set threads=100000", "",
+                 "key 'threads': must be in [0, max(1024, 4 x cores)] (0 = all cores); at most "},
+        // .inf passes a ">= 0" rule; every number is checked finite where the key table reads numbers.
+        BadInput{"infinite_learning_rate", "--set learning_rate=.inf", "",
+                 "key 'learning_rate': must be a finite number, got '.inf'"},
+        BadInput{"infinite_weight_decay", "--set weight_decay=.inf", "",
+                 "key 'weight_decay': must be a finite number, got '.inf'"},
+        BadInput{"infinite_adam_epsilon", "", "adam_epsilon: .inf\n",
+                 "key 'adam_epsilon': must be a finite number, got '.inf'"},
+        BadInput{"infinite_max_grad_norm", "--set max_grad_norm=.Inf", "",
+                 "key 'max_grad_norm': must be a finite number, got '.Inf'"},
+        BadInput{"infinite_temperature", "--set sample.temperature=.inf", "",
+                 "key 'sample.temperature': must be a finite number, got '.inf'"},
+        BadInput{"infinite_growth_factor", "--set loss_scaler.growth_factor=.inf", "",
+                 "key 'loss_scaler.growth_factor': must be a finite number, got '.inf'"},
+        BadInput{"nan_learning_rate", "--set learning_rate=.nan", "",
+                 "key 'learning_rate': must be a finite number, got '.nan'"},
+        BadInput{"norm_groups_not_dividing", "--set model.norm_groups=7", "",
+                 "key 'model.norm_groups': 7 groups do not divide the width 32 in model.channels"},
+        BadInput{"norm_groups_not_dividing_mlp", "--set model.type=mlp --set model.norm_groups=3", "",
+                 "key 'model.norm_groups': 3 groups do not divide the width 128 in model.hidden"},
+        BadInput{"duplicate_key", "", "learning_rate: 0.1\nseed: 3\nlearning_rate: 0.2\n",
+                 "config.yaml:3: duplicate key 'learning_rate' (first at line 1)"},
+        BadInput{"duplicate_nested_key", "", "model:\n  type: cnn\n  norm: group\n  type: mlp\n",
+                 "config.yaml:4: duplicate key 'model.type' (first at line 2)"},
+        BadInput{"invalid_bytes_are_escaped", "", "learning_rate: \x01\xfe\n",
+                 "key 'learning_rate': expected a number, got '\\x01\\xfe'"},
+        BadInput{"hf_checkpoint_is_the_weights_file",
+                 "--set model.type=gpt2 --set data.type=kjv --set model.hf_checkpoint=" +
+                     std::string(GRADACCUM_TEST_DATA) + "/hf_gpt2/model.safetensors",
+                 "",
+                 "key 'model.hf_checkpoint': " + std::string(GRADACCUM_TEST_DATA) +
+                     "/hf_gpt2/model.safetensors is a file; give the directory that holds config.json and "
+                     "model.safetensors (" +
+                     std::string(GRADACCUM_TEST_DATA) + "/hf_gpt2)"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(CliBadInputFiles, MissingConfigFileIsNamed) {
   const auto r = run_cli("train /nonexistent/run.yaml");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "gradaccum: error: /nonexistent/run.yaml: no such configuration file\n");
+}
+
+// A configuration path that exists but is no file says what it is.
+TEST(CliBadInputFiles, DirectoryOrDeviceAsConfigSaysWhatItIs) {
+  const auto dir = make_temp_dir("config-dir");
+  const auto directory = run_cli("train " + dir);
+  EXPECT_EQ(directory.exit_code, 1);
+  EXPECT_EQ(directory.err, "gradaccum: error: " + dir + ": is a directory, not a configuration file\n");
+  const auto device = run_cli("train /dev/zero");
+  EXPECT_EQ(device.exit_code, 1);
+  EXPECT_EQ(device.err, "gradaccum: error: /dev/zero: is a device, not a configuration file\n");
+}
+
+// A binary file as the configuration: its bytes are escaped, and a long scalar is cut.
+TEST(CliBadInputFiles, BinaryConfigShowsEscapedBytesOnOneLine) {
+  const auto dir = make_temp_dir("config-binary");
+  std::string bytes;  // UTF-8 continuation bytes with no lead byte: none is valid text
+  for (int i = 0; i < 400; ++i) bytes += static_cast<char>(0x80 + (i * 37) % 0x40);
+  std::ofstream(dir + "/run.yaml", std::ios::binary) << "x" << bytes;
+  const auto r = run_cli("train " + dir + "/run.yaml --set output_dir=" + dir + "/out");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("gradaccum: error: configuration: expected a mapping of keys, got 'x\\x80\\xa5", 0), 0u)
+      << r.err;
+  EXPECT_NE(r.err.find("...' (401 bytes)\n"), std::string::npos) << r.err;
+  for (const char c : r.err) EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << static_cast<int>(c);
+  EXPECT_FALSE(fs::exists(dir + "/out"));
 }
 
 TEST(CliBadInputFiles, CorruptDatasetFileIsNamed) {
