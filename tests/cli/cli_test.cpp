@@ -294,6 +294,34 @@ TEST(CliBadInputFiles, BinaryConfigShowsEscapedBytesOnOneLine) {
   EXPECT_FALSE(fs::exists(dir + "/out"));
 }
 
+// CLI11's own errors are one line with exit status 2; help still exits 0.
+TEST(CliBadInputFiles, CommandLineErrorsAreOneLineWithExitStatusTwo) {
+  const auto unknown = run_cli("train --bogus");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_EQ(unknown.err, "gradaccum: error: The following argument was not expected: --bogus (see gradaccum --help)\n");
+  const auto none = run_cli("");
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_EQ(none.err, "gradaccum: error: A subcommand is required (see gradaccum --help)\n");
+  for (const char* args : {"train --nproc two", "verify --steps", "plot", "plan --global-batch -5",
+                           "plan --global-batch 0", "verify --tolerance inf",
+                           "generate --checkpoint c --prompt p "
+                           "--temperature nan",
+                           "eval --checkpoint c f --threads 100000"}) {
+    const auto r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("gradaccum: error: ", 0), 0u) << r.err;
+  }
+  EXPECT_EQ(run_cli("plan --global-batch -5").err,
+            "gradaccum: error: --global-batch: must be >= 1, got -5 (see gradaccum --help)\n");
+  EXPECT_EQ(run_cli("verify --tolerance inf").err,
+            "gradaccum: error: --tolerance: must be a finite number, got inf (see gradaccum --help)\n");
+  EXPECT_NE(run_cli("eval --checkpoint c f --threads 100000")
+                .err.find("--threads: must be in [0, max(1024, 4 x cores)] (0 = all cores); at most "),
+            std::string::npos);
+  EXPECT_EQ(run_cli("--help").exit_code, 0);
+}
+
 TEST(CliBadInputFiles, CorruptDatasetFileIsNamed) {
   const auto dir = make_temp_dir("corrupt-data");
   // Valid labels, truncated images.

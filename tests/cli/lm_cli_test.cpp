@@ -185,6 +185,10 @@ TEST(LmEndToEnd, FinalCheckpointEvalAndGenerate) {
   EXPECT_EQ(g1.out.rfind("In the beginning", 0), 0u) << g1.out;
   EXPECT_GT(g1.out.size(), std::string("In the beginning\n").size());
   EXPECT_EQ(g1.out, g2.out);
+  // --top-k defaults to sample.top_k's default (40), the one a training run's sample uses.
+  const auto top_40 = run_cli("generate --checkpoint " + final_dir +
+                              " --prompt 'In the beginning' --max-new-tokens 8 --seed 3 --top-k 40");
+  EXPECT_EQ(top_40.out, g1.out);
 
   const auto bad = run_cli("eval --checkpoint " + dir + "/nowhere " + text);
   EXPECT_EQ(bad.exit_code, 1);
