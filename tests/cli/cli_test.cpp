@@ -207,13 +207,119 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"bad_choice", "--set model.norm=instance", "", "key 'model.norm': 'instance' is not one of"},
         BadInput{"malformed_yaml", "", "learning_rate: [1, 2\n", "malformed YAML at line"},
         BadInput{"missing_dataset", "--set data.directory=/nonexistent", "", "apt-get install dataset-fashion-mnist"},
-        BadInput{"bad_set_syntax", "--set learning_rate", "", "--set 'learning_rate': expected key=value"}),
+        BadInput{"bad_set_syntax", "--set learning_rate", "", "--set 'learning_rate': expected key=value"},
+        // b × N wraps in int64 to 0 (a division by zero), to a negative count, or to 1: refused with
+        // the factors named, never the wrapped product.
+        BadInput{"micro_batch_times_steps_wraps_to_zero",
+                 "--set per_device_train_batch_size=4611686018427387904 --set gradient_accumulation_steps=4", "",
+                 "per_device_train_batch_size 4611686018427387904 x gradient_accumulation_steps 4 x world size 1 is "
+                 "more than the largest global batch, 2^53 = 9007199254740992 samples"},
+        BadInput{"micro_batch_times_steps_wraps_negative",
+                 "--set per_device_train_batch_size=4611686018427387904 --set gradient_accumulation_steps=3", "",
+                 "per_device_train_batch_size 4611686018427387904 x gradient_accumulation_steps 3 x world size 1 is "
+                 "more than the largest global batch"},
+        BadInput{"micro_batch_times_steps_wraps_to_one",
+                 "--set per_device_train_batch_size=9223372036854775807 "
+                 "--set gradient_accumulation_steps=9223372036854775807",
+                 "", "gradient_accumulation_steps 9223372036854775807 x world size 1 is more than the largest"},
+        BadInput{"global_batch_too_large", "--set global_batch_size=9223372036854775807", "",
+                 "global_batch_size 9223372036854775807 is more than the largest global batch"},
+        BadInput{"threads_above_the_bound", "--set threads=100000", "",
+                 "key 'threads': must be in [0, max(1024, 4 x cores)] (0 = all cores); at most "},
+        // .inf passes a ">= 0" rule; every number is checked finite where the key table reads numbers.
+        BadInput{"infinite_learning_rate", "--set learning_rate=.inf", "",
+                 "key 'learning_rate': must be a finite number, got '.inf'"},
+        BadInput{"infinite_weight_decay", "--set weight_decay=.inf", "",
+                 "key 'weight_decay': must be a finite number, got '.inf'"},
+        BadInput{"infinite_adam_epsilon", "", "adam_epsilon: .inf\n",
+                 "key 'adam_epsilon': must be a finite number, got '.inf'"},
+        BadInput{"infinite_max_grad_norm", "--set max_grad_norm=.Inf", "",
+                 "key 'max_grad_norm': must be a finite number, got '.Inf'"},
+        BadInput{"infinite_temperature", "--set sample.temperature=.inf", "",
+                 "key 'sample.temperature': must be a finite number, got '.inf'"},
+        BadInput{"infinite_growth_factor", "--set loss_scaler.growth_factor=.inf", "",
+                 "key 'loss_scaler.growth_factor': must be a finite number, got '.inf'"},
+        BadInput{"nan_learning_rate", "--set learning_rate=.nan", "",
+                 "key 'learning_rate': must be a finite number, got '.nan'"},
+        BadInput{"norm_groups_not_dividing", "--set model.norm_groups=7", "",
+                 "key 'model.norm_groups': 7 groups do not divide the width 32 in model.channels"},
+        BadInput{"norm_groups_not_dividing_mlp", "--set model.type=mlp --set model.norm_groups=3", "",
+                 "key 'model.norm_groups': 3 groups do not divide the width 128 in model.hidden"},
+        BadInput{"duplicate_key", "", "learning_rate: 0.1\nseed: 3\nlearning_rate: 0.2\n",
+                 "config.yaml:3: duplicate key 'learning_rate' (first at line 1)"},
+        BadInput{"duplicate_nested_key", "", "model:\n  type: cnn\n  norm: group\n  type: mlp\n",
+                 "config.yaml:4: duplicate key 'model.type' (first at line 2)"},
+        BadInput{"invalid_bytes_are_escaped", "", "learning_rate: \x01\xfe\n",
+                 "key 'learning_rate': expected a number, got '\\x01\\xfe'"},
+        BadInput{"hf_checkpoint_is_the_weights_file",
+                 "--set model.type=gpt2 --set data.type=kjv --set model.hf_checkpoint=" +
+                     std::string(GRADACCUM_TEST_DATA) + "/hf_gpt2/model.safetensors",
+                 "",
+                 "key 'model.hf_checkpoint': " + std::string(GRADACCUM_TEST_DATA) +
+                     "/hf_gpt2/model.safetensors is a file; give the directory that holds config.json and "
+                     "model.safetensors (" +
+                     std::string(GRADACCUM_TEST_DATA) + "/hf_gpt2)"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(CliBadInputFiles, MissingConfigFileIsNamed) {
   const auto r = run_cli("train /nonexistent/run.yaml");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "gradaccum: error: /nonexistent/run.yaml: no such configuration file\n");
+}
+
+// A configuration path that exists but is no file says what it is.
+TEST(CliBadInputFiles, DirectoryOrDeviceAsConfigSaysWhatItIs) {
+  const auto dir = make_temp_dir("config-dir");
+  const auto directory = run_cli("train " + dir);
+  EXPECT_EQ(directory.exit_code, 1);
+  EXPECT_EQ(directory.err, "gradaccum: error: " + dir + ": is a directory, not a configuration file\n");
+  const auto device = run_cli("train /dev/zero");
+  EXPECT_EQ(device.exit_code, 1);
+  EXPECT_EQ(device.err, "gradaccum: error: /dev/zero: is a device, not a configuration file\n");
+}
+
+// A binary file as the configuration: its bytes are escaped, and a long scalar is cut.
+TEST(CliBadInputFiles, BinaryConfigShowsEscapedBytesOnOneLine) {
+  const auto dir = make_temp_dir("config-binary");
+  std::string bytes;  // UTF-8 continuation bytes with no lead byte: none is valid text
+  for (int i = 0; i < 400; ++i) bytes += static_cast<char>(0x80 + (i * 37) % 0x40);
+  std::ofstream(dir + "/run.yaml", std::ios::binary) << "x" << bytes;
+  const auto r = run_cli("train " + dir + "/run.yaml --set output_dir=" + dir + "/out");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("gradaccum: error: configuration: expected a mapping of keys, got 'x\\x80\\xa5", 0), 0u)
+      << r.err;
+  EXPECT_NE(r.err.find("...' (401 bytes)\n"), std::string::npos) << r.err;
+  for (const char c : r.err) EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << static_cast<int>(c);
+  EXPECT_FALSE(fs::exists(dir + "/out"));
+}
+
+// CLI11's own errors are one line with exit status 2; help still exits 0.
+TEST(CliBadInputFiles, CommandLineErrorsAreOneLineWithExitStatusTwo) {
+  const auto unknown = run_cli("train --bogus");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_EQ(unknown.err, "gradaccum: error: The following argument was not expected: --bogus (see gradaccum --help)\n");
+  const auto none = run_cli("");
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_EQ(none.err, "gradaccum: error: A subcommand is required (see gradaccum --help)\n");
+  for (const char* args : {"train --nproc two", "verify --steps", "plot", "plan --global-batch -5",
+                           "plan --global-batch 0", "verify --tolerance inf",
+                           "generate --checkpoint c --prompt p "
+                           "--temperature nan",
+                           "eval --checkpoint c f --threads 100000"}) {
+    const auto r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("gradaccum: error: ", 0), 0u) << r.err;
+  }
+  EXPECT_EQ(run_cli("plan --global-batch -5").err,
+            "gradaccum: error: --global-batch: must be >= 1, got -5 (see gradaccum --help)\n");
+  EXPECT_EQ(run_cli("verify --tolerance inf").err,
+            "gradaccum: error: --tolerance: must be a finite number, got inf (see gradaccum --help)\n");
+  EXPECT_NE(run_cli("eval --checkpoint c f --threads 100000")
+                .err.find("--threads: must be in [0, max(1024, 4 x cores)] (0 = all cores); at most "),
+            std::string::npos);
+  EXPECT_EQ(run_cli("--help").exit_code, 0);
 }
 
 TEST(CliBadInputFiles, CorruptDatasetFileIsNamed) {
@@ -255,6 +361,13 @@ TEST(CliVerify, ExactWithGroupNormAndNotWithBatchNorm) {
   EXPECT_EQ(
       bad.err,
       "gradaccum: error: --splits: 20x3 is a global batch of 60, 64x1 one of 64: compare splits of the same batch\n");
+  // Both products wrap to 0 in int64 (then equal, and a division by zero followed).
+  const auto wraps = run_cli("verify --splits 4611686018427387904x4,2305843009213693952x8");
+  EXPECT_EQ(wraps.exit_code, 1);
+  EXPECT_EQ(wraps.err,
+            "gradaccum: error: --splits: '4611686018427387904x4': per_device_train_batch_size 4611686018427387904 x "
+            "gradient_accumulation_steps 4 x world size 1 is more than the largest global batch, 2^53 = "
+            "9007199254740992 samples\n");
 }
 
 }  // namespace cli_test

@@ -13,6 +13,8 @@
 #include "gradaccum/data/text_source.h"
 #include "gradaccum/data/tokenizer.h"
 #include "gradaccum/models/built_model.h"
+#include "gradaccum/models/gpt2.h"
+#include "gradaccum/models/hf_checkpoint.h"
 #include "test_support.h"
 
 namespace lm_cli_test {
@@ -185,6 +187,10 @@ TEST(LmEndToEnd, FinalCheckpointEvalAndGenerate) {
   EXPECT_EQ(g1.out.rfind("In the beginning", 0), 0u) << g1.out;
   EXPECT_GT(g1.out.size(), std::string("In the beginning\n").size());
   EXPECT_EQ(g1.out, g2.out);
+  // --top-k defaults to sample.top_k's default (40), the one a training run's sample uses.
+  const auto top_40 = run_cli("generate --checkpoint " + final_dir +
+                              " --prompt 'In the beginning' --max-new-tokens 8 --seed 3 --top-k 40");
+  EXPECT_EQ(top_40.out, g1.out);
 
   const auto bad = run_cli("eval --checkpoint " + dir + "/nowhere " + text);
   EXPECT_EQ(bad.exit_code, 1);
@@ -252,6 +258,79 @@ TEST(LmBadInput, TokenizerAndTextFilesAreNamed) {
     EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
     EXPECT_FALSE(fs::exists(out)) << c.args;
   }
+  fs::remove_all(dir);
+}
+
+// Sizes claimed by files are checked against what the files hold before anything of that size is
+// allocated: one line naming the file and the key, under an address-space limit that the claimed
+// sizes would exceed many times over (so a regression fails instead of eating the machine).
+const std::string kLimit = "ulimit -v 4194304";  // 4 GiB
+
+TEST(LmBadInput, AHugeLabelIsRefusedBeforeItsClassesExist) {
+  const auto dir = make_temp_dir("lm-huge-label");
+  std::ofstream(dir + "/labels.jsonl") << "{\"text\": \"In the beginning\", \"label\": 0}\n"
+                                       << "{\"text\": \"God created\", \"label\": 1}\n"
+                                       << "{\"text\": \"the heaven\", \"label\": 1000000000000000}\n"
+                                       << "{\"text\": \"and the earth\", \"label\": 0}\n";
+  const auto r = run_cli(
+      "train --set model.type=gpt2 --set model.n_layer=1 --set model.n_embd=16 --set model.n_head=2 "
+      "--set data.type=text --set data.eval_fraction=0 --set data.path=" +
+          dir + "/labels.jsonl --set output_dir=" + dir + "/out",
+      "", kLimit);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err, "gradaccum: error: " + dir +
+                       "/labels.jsonl: \"label\" 1000000000000000 is not a class index below the 4 labelled "
+                       "documents (labels are 0 to K-1 for K classes)\n");
+  EXPECT_FALSE(fs::exists(dir + "/out"));
+  fs::remove_all(dir);
+}
+
+// A tiny GPT-2 checkpoint (2 blocks, vocabulary 64) whose config.json then claims `key: value`.
+std::string edited_checkpoint(const std::string& dir, const std::string& key, const nlohmann::json& value) {
+  gradaccum::models::Gpt2Config c;
+  c.vocab_size = 64;
+  c.n_positions = 16;
+  c.n_embd = 16;
+  c.n_layer = 2;
+  c.n_head = 2;
+  gradaccum::models::Gpt2LmHeadModel model(c);
+  const auto path = dir + "/" + key;
+  auto config = gradaccum::models::gpt2_hf_config(c);
+  config[key] = value;
+  gradaccum::models::write_hf_checkpoint(path, {config, gradaccum::models::hf_tensors(*model, "gpt2")});
+  return path;
+}
+
+TEST(LmBadInput, HfConfigClaimingMoreThanItsSafetensorsHoldIsNamed) {
+  const auto dir = make_temp_dir("lm-hf-claims");
+  struct Case {
+    std::string key;
+    nlohmann::json value;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"n_layer", 100000, "\"n_layer\" is 100000, but {}/model.safetensors holds 2 blocks (h.0 to h.1)"},
+      {"vocab_size", int64_t{1000000000000},
+       "\"vocab_size\" is 1000000000000, but {}/model.safetensors holds transformer.wte.weight of shape [64, 16]"},
+      {"n_embd", 1 << 20,
+       "\"n_embd\" is 1048576, but {}/model.safetensors holds transformer.wte.weight of shape [64, 16]"},
+      {"n_positions", int64_t{1} << 40,
+       "\"n_positions\" is 1099511627776, but {}/model.safetensors holds transformer.wpe.weight of shape [16, 16]"},
+  };
+  for (const auto& c : cases) {
+    const auto checkpoint = edited_checkpoint(dir, c.key, c.value);
+    const auto message = fmt::format("gradaccum: error: {}/config.json: {}\n", checkpoint,
+                                     fmt::format(fmt::runtime(c.message), checkpoint));
+    const auto generate = run_cli("generate --checkpoint " + checkpoint + " --prompt 'In the beginning'", "", kLimit);
+    EXPECT_EQ(generate.exit_code, 1) << c.key;
+    EXPECT_EQ(generate.err, message) << c.key;
+    const auto train = run_cli(
+        "train --set data.type=kjv --set model.hf_checkpoint=" + checkpoint + " --set output_dir=" + dir + "/out", "",
+        kLimit);
+    EXPECT_EQ(train.exit_code, 1) << c.key;
+    EXPECT_EQ(train.err, message) << c.key;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/out"));
   fs::remove_all(dir);
 }
 

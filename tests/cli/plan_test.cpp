@@ -75,8 +75,14 @@ TEST(Plan, ALimitBetweenTheEightAndSixteenPeaksPicksEight) {
 }
 
 TEST(Plan, NothingFitsIsAOneLineErrorAndTheBatchStays) {
-  const auto r = run_cli("plan " + kKjv + " --global-batch 16 --steps 2 --memory 1");
+  // 1024 KiB: IEC sizes are read like the others (1 MB here).
+  const auto r = run_cli("plan " + kKjv + " --global-batch 16 --steps 2 --memory 1024KiB");
   EXPECT_EQ(r.exit_code, 1);
+  // An explicit limit is used as given, and the output says it keeps no margin.
+  EXPECT_NE(r.out.find("memory limit 1 MB of peak RSS (--memory as given: no margin; a real run's peak can exceed "
+                       "its probe's by a few percent)"),
+            std::string::npos)
+      << r.out;
   EXPECT_EQ(r.err.rfind("gradaccum: error: no micro-batch of global batch 16 fits in 1 MB: micro-batch 1 needs ", 0),
             0u)
       << r.err;

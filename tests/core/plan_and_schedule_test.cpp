@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "gradaccum/base/check.h"
@@ -9,6 +10,7 @@
 #include "gradaccum/core/window_plan.h"
 #include "gradaccum/optim/lr_schedule.h"
 #include "gradaccum/optim/optimizer_factory.h"
+#include "test_support.h"
 
 namespace plan_and_schedule_test {
 
@@ -17,6 +19,7 @@ using core::BatchGeometry;
 using core::LastWindow;
 using core::SampleOrder;
 using core::WindowPlan;
+using gradaccum::testing::error_of;
 
 std::vector<int64_t> to_vector(const torch::Tensor& t) {
   auto c = t.contiguous();
@@ -39,6 +42,33 @@ TEST(BatchGeometry, ArithmeticAndErrorsNameTheNumbers) {
   }
   EXPECT_THROW(BatchGeometry::from_accumulation(16, 0), Error);
   EXPECT_THROW(BatchGeometry::from_accumulation(0, 4), Error);
+}
+
+// b·N·W (and b·W under global_batch_size) never wraps: a product above 2^53 is refused with the
+// factors named, whatever the factors (2^62 × 4 wraps to 0 in int64, 2^62 × 3 to a negative count,
+// (2^63−1)² to 1).
+TEST(BatchGeometry, ProductsAboveTwoToThe53AreRefusedNamingTheFactors) {
+  const int64_t two_62 = int64_t{1} << 62, max = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(error_of([&] { BatchGeometry::from_accumulation(two_62, 4); }),
+            "per_device_train_batch_size 4611686018427387904 x gradient_accumulation_steps 4 x world size 1 is more "
+            "than the largest global batch, 2^53 = 9007199254740992 samples");
+  EXPECT_EQ(error_of([&] { BatchGeometry::from_accumulation(max, max); }),
+            "per_device_train_batch_size 9223372036854775807 x gradient_accumulation_steps 9223372036854775807 x "
+            "world size 1 is more than the largest global batch, 2^53 = 9007199254740992 samples");
+  EXPECT_NE(error_of([&] { BatchGeometry::from_accumulation(two_62, 3); }), "");
+  EXPECT_NE(error_of([&] { BatchGeometry::from_accumulation(2, int64_t{1} << 52, 3); }), "");
+  EXPECT_NE(error_of([&] { BatchGeometry::from_accumulation(1, 1, max); }), "");
+  EXPECT_EQ(error_of([&] { BatchGeometry::from_global(two_62, int64_t{1} << 50, 4); }),
+            "per_device_train_batch_size 4611686018427387904 x world size 4 is more than the largest global batch, "
+            "2^53 = 9007199254740992 samples");
+  EXPECT_EQ(error_of([&] { BatchGeometry::from_global(1, max); }),
+            "global_batch_size 9223372036854775807 is more than the largest global batch, 2^53 = 9007199254740992 "
+            "samples");
+  // The largest geometry is valid, and its counts are exact.
+  const auto largest = BatchGeometry::from_accumulation(int64_t{1} << 20, int64_t{1} << 31, 4);
+  EXPECT_EQ(largest.global_batch(), BatchGeometry::kMaxSamples);
+  EXPECT_EQ(largest.samples_per_micro_step(), int64_t{1} << 22);
+  EXPECT_EQ(BatchGeometry::from_global(1, BatchGeometry::kMaxSamples).accumulation_steps(), BatchGeometry::kMaxSamples);
 }
 
 TEST(WindowPlan, WindowsDoNotDependOnTheDecomposition) {

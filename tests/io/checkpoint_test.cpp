@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -361,6 +362,50 @@ TEST_F(CheckpointCorruption, OlderFormatVersionIsRefusedByName) {
   expect_error(c,
                "manifest.json: format version 3 is not supported (this build reads version 4 "
                "only; versions before 4 hold the optimizer state in a libtorch 1.13 archive)");
+}
+
+// CRC-32 (IEEE, zlib's), as the manifest records it.
+uint32_t crc32_of(const std::string& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (const unsigned char byte : bytes) {
+    crc ^= byte;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+// trainer_state.json of `checkpoint` with `edit` applied to its position, the manifest updated to
+// match: a checkpoint that passes every size and CRC check and claims what no run reaches.
+void edit_position(const std::string& checkpoint, const std::function<void(nlohmann::json&)>& edit) {
+  auto state = nlohmann::json::parse(read_text(checkpoint + "/trainer_state.json"));
+  edit(state["position"]);
+  const auto text = state.dump(2) + "\n";
+  std::ofstream(checkpoint + "/trainer_state.json") << text;
+  auto manifest = nlohmann::json::parse(read_text(checkpoint + "/manifest.json"));
+  manifest["files"]["trainer_state.json"] = {{"bytes", text.size()}, {"crc32", crc32_of(text)}};
+  std::ofstream(checkpoint + "/manifest.json") << manifest.dump(2);
+}
+
+// The step-2 checkpoint has trained 2 windows of 64 samples (128 samples, epoch 0).
+TEST_F(CheckpointCorruption, ImpossibleEpochOrSamplesInTrainerStateAreRefused) {
+  const auto unchanged = copy("unchanged");
+  edit_position(unchanged, [](nlohmann::json&) {});
+  const auto resumed = run_cli("train " + kRun + " --set max_steps=3 --set output_dir=" + dir_ +
+                               "/resumed --set resume_from_checkpoint=" + unchanged);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;  // the edit itself is sound
+
+  const auto epoch = copy("epoch");
+  edit_position(epoch, [](nlohmann::json& p) { p["epoch"] = 999999; });
+  expect_error(epoch, "trainer_state.json: epoch 999999 is impossible after 2 windows of 64 samples");
+  const auto negative = copy("negative-samples");
+  edit_position(negative, [](nlohmann::json& p) { p["samples"] = -5; });
+  expect_error(negative, "trainer_state.json: negative position");
+  const auto samples = copy("samples");
+  edit_position(samples, [](nlohmann::json& p) { p["samples"] = 1000000; });
+  expect_error(samples, "trainer_state.json: samples 1000000 is more than 3 windows of 64 samples hold");
+  const auto window = copy("window");
+  edit_position(window, [](nlohmann::json& p) { p["window"] = 7; });
+  expect_error(window, "trainer_state.json: window 7 is beyond the 2 windows trained");
 }
 
 TEST_F(CheckpointCorruption, MissingManifestMissingFileAndNoCheckpoint) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gradaccum/data/fashion_mnist.h"
@@ -69,7 +70,13 @@ TEST(Config, EveryKeyIsInTheDefaultYamlAndTakesItsDefaultThroughSet) {
 }
 
 TEST(Config, AKeysRuleNamesTheKeyTheRuleAndTheValue) {
-  EXPECT_ONE_LINE_ERROR(with({"threads=-1"}), "key 'threads': must be >= 0 (0 = all cores), got -1");
+  // threads' bound depends on the machine: the rule says how, the error also what it is here.
+  const auto threads_here = fmt::format("; at most {} on this machine of {} cores", gradaccum::io::max_threads(),
+                                        std::thread::hardware_concurrency());
+  EXPECT_ONE_LINE_ERROR(with({"threads=-1"}), "key 'threads': must be in [0, max(1024, 4 x cores)] (0 = all cores)" +
+                                                  threads_here + ", got -1");
+  EXPECT_ONE_LINE_ERROR(with({"threads=100000"}), threads_here + ", got 100000");
+  EXPECT_EQ(with({fmt::format("threads={}", gradaccum::io::max_threads())}).threads, gradaccum::io::max_threads());
   EXPECT_ONE_LINE_ERROR(with({"adam_epsilon=0"}), "key 'adam_epsilon': must be > 0, got 0");
   EXPECT_ONE_LINE_ERROR(with({"zero_stage=2"}), "key 'zero_stage': must be 0 or 1, got 2");
   EXPECT_ONE_LINE_ERROR(with({"loss_scaler.backoff_factor=1"}),

@@ -478,6 +478,45 @@ TEST(HfCheckpointErrors, Gpt2ConfigMissingWrongOrUnsupportedFields) {
                         "\"architectures\" must be a list of one class name");
 }
 
+// config.json's sizes are checked against the tensors model.safetensors holds as it is read, before
+// a model of the claimed size is built.
+TEST(HfCheckpointErrors, ConfigClaimingOtherSizesThanTheTensorsIsNamed) {
+  const auto dir = make_temp_dir("hf-claims");
+  Gpt2LmHeadModel gpt2(tiny_config(1));
+  BloomForCausalLm bloom(tiny_bloom(1));
+  auto write = [&](const std::string& name, nlohmann::json config, NamedTensors tensors) {
+    write_hf_checkpoint(dir + "/" + name, {std::move(config), std::move(tensors)});
+    return dir + "/" + name;
+  };
+  const auto gpt2_config = gpt2_hf_config(gpt2->config());
+  auto with = [](nlohmann::json config, const char* key, const nlohmann::json& value) {
+    config[key] = value;
+    return config;
+  };
+  const auto layers = write("layers", with(gpt2_config, "n_layer", 100000), hf_tensors(*gpt2, "gpt2"));
+  EXPECT_EQ(
+      error_of([&] { read_hf_checkpoint(layers); }),
+      layers + "/config.json: \"n_layer\" is 100000, but " + layers + "/model.safetensors holds 2 blocks (h.0 to h.1)");
+  const auto vocab = write("vocab", with(gpt2_config, "vocab_size", int64_t{1000000000000}), hf_tensors(*gpt2, "gpt2"));
+  EXPECT_EQ(error_of([&] { read_hf_checkpoint(vocab); }),
+            vocab + "/config.json: \"vocab_size\" is 1000000000000, but " + vocab +
+                "/model.safetensors holds transformer.wte.weight of shape [64, 16]");
+  const auto no_embedding =
+      write("no-embedding", gpt2_config, without(hf_tensors(*gpt2, "gpt2"), "transformer.wte.weight"));
+  EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(no_embedding),
+                        no_embedding + "/model.safetensors: it has no tensor wte.weight (or transformer.wte.weight)");
+  const auto bloom_config = bloom_hf_config(bloom->config());
+  const auto bloom_layers = write("bloom-layers", with(bloom_config, "n_layer", 3), hf_tensors(*bloom, "bloom"));
+  EXPECT_EQ(error_of([&] { read_hf_checkpoint(bloom_layers); }), bloom_layers + "/config.json: \"n_layer\" is 3, but " +
+                                                                     bloom_layers +
+                                                                     "/model.safetensors holds 2 blocks (h.0 to h.1)");
+  const auto bloom_width = write("bloom-width", with(bloom_config, "hidden_size", 4096), hf_tensors(*bloom, "bloom"));
+  EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(bloom_width), "/config.json: \"hidden_size\" is 4096, but ");
+  // What they hold, they may claim.
+  EXPECT_NO_THROW(read_hf_checkpoint(write("gpt2", gpt2_config, hf_tensors(*gpt2, "gpt2"))));
+  EXPECT_NO_THROW(read_hf_checkpoint(write("bloom", bloom_config, hf_tensors(*bloom, "bloom"))));
+}
+
 TEST(HfCheckpointErrors, DirectoryFilesMissingOrCorrupt) {
   const auto dir = make_temp_dir("hf-bad");
   EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir + "/none"), dir + "/none: HF checkpoint directory does not exist");

@@ -36,7 +36,7 @@ struct SampleConfig {
   std::string prompt;  // "" = none
   int64_t max_new_tokens = 40;
   double temperature = 0.8;
-  int64_t top_k = 40;
+  int64_t top_k = 40;  // the key's default, and `gradaccum generate --top-k`'s
 };
 
 struct TrainConfig {
@@ -70,6 +70,10 @@ struct TrainConfig {
   core::TrainerOptions trainer;
   std::string resolved_yaml;  // the whole resolved configuration, as written to config.yaml
 };
+
+// The most intra-op threads a process may ask for (`threads`, `--threads`): max(1024, 4 × the
+// cores). Far more than helps, and below where OpenMP fails in its own words or crashes.
+int64_t max_threads();
 
 // The built-in default run (the README's main job).
 const std::string& default_config_yaml();

@@ -39,6 +39,9 @@ struct ConfigKey {
   // `valid` null: every value of the type.
   std::string rule;
   std::function<bool(const KeyValue&)> valid;
+  // A rule whose bound depends on the machine (threads): that bound here, for its errors; the
+  // rule's text, in the reference, stays the same on every machine.
+  std::function<std::string()> rule_here;
   bool allows_auto = false;  // `auto` is a value too (per_device_train_batch_size, ...)
   // Stores a checked value in the configuration (not called for `auto`).
   std::function<void(TrainConfig&, const KeyValue&)> store;

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "gradaccum/io/config.h"
+
 namespace gradaccum::cli {
 
 struct GenerateArgs {
@@ -18,7 +20,7 @@ struct GenerateArgs {
   std::string prompt;
   int64_t max_new_tokens = 50;
   double temperature = 1.0;
-  int64_t top_k = 0;
+  int64_t top_k = io::SampleConfig{}.top_k;  // the same default as sample.top_k
   uint64_t seed = 0;
   int64_t threads = 0;
 };

@@ -4,6 +4,9 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/cli/config_command.h"
@@ -13,11 +16,53 @@
 #include "gradaccum/cli/tokenize_command.h"
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/cli/verify_command.h"
+#include "gradaccum/io/config.h"
+#include "gradaccum/io/config_keys.h"
 #include "gradaccum/run/runtime.h"
 
 namespace {
 // c10::Error messages carry a C++ backtrace after the first line.
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// The checks of option values that CLI11 runs as it parses; their message follows the option's
+// name ("--threads: must be ...").
+// A floating-point option is finite: "inf" and "nan" parse as numbers.
+const CLI::Validator kFinite(
+    [](std::string& text) {
+      char* end = nullptr;
+      const double value = std::strtod(text.c_str(), &end);
+      return end != text.c_str() && !std::isfinite(value) ? "must be a finite number, got " + text : std::string();
+    },
+    "");
+// --threads follows the `threads` key's rule.
+const CLI::Validator kThreads(
+    [](std::string& text) {
+      const auto& key = *gradaccum::io::find_config_key("threads");
+      char* end = nullptr;
+      const long long value = std::strtoll(text.c_str(), &end, 10);
+      const bool number = end != text.c_str() && *end == '\0';
+      return number && !(value >= 0 && value <= gradaccum::io::max_threads())
+                 ? "must be " + key.rule + key.rule_here() + ", got " + text
+                 : std::string();
+    },
+    "");
+const CLI::Validator kPositive(
+    [](std::string& text) {
+      char* end = nullptr;
+      const long long value = std::strtoll(text.c_str(), &end, 10);
+      return end != text.c_str() && *end == '\0' && value < 1 ? "must be >= 1, got " + text : std::string();
+    },
+    "");
+
+// CLI11's own errors (an unknown option, a missing argument, a value of the wrong type) as one line
+// with exit status 2, like a shell tool's usage errors; help and version exit 0 as CLI11 prints them.
+int command_line_error(const CLI::App& app, const CLI::ParseError& e) {
+  if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+  std::string message = e.what();
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  fmt::print(stderr, "gradaccum: error: {} (see gradaccum --help)\n", message);
+  return 2;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -46,7 +91,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   verify_cmd->add_option("--steps", verify.steps, "Optimizer steps per split")->capture_default_str();
   verify_cmd->add_option("--tolerance", verify.tolerance, "Largest relative difference accepted")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kFinite);
   verify_cmd->add_option("--set", verify.overrides, "Override a key: --set key=value (repeatable)")
       ->allow_extra_args(false)
       ->type_name("KEY=VALUE");
@@ -57,9 +103,11 @@ int main(int argc, char** argv) {
   auto* plan_cmd = app.add_subcommand(
       "plan", "Probe the micro-batches of one global batch for memory and speed; choose the fastest that fits");
   plan_cmd->add_option("config", plan.config_path, "YAML configuration file");
-  plan_cmd->add_option("--global-batch", plan.global_batch, "The global batch (default: the configuration's b x N)");
+  plan_cmd->add_option("--global-batch", plan.global_batch, "The global batch (default: the configuration's b x N)")
+      ->check(kPositive);
   plan_cmd->add_option("--memory", plan.memory,
-                       "Memory limit: 6000 (MB), 6000M, 8G (default: 90% of what is available)");
+                       "Memory limit, used as given (no margin): 6000 (MB), 6000M, 512MiB, 441066KiB, 8G, 8GiB "
+                       "(default: 90% of what is available)");
   plan_cmd->add_option("--steps", plan.steps, "Optimizer steps per probe")->capture_default_str();
   plan_cmd->add_option("--set", plan.overrides, "Override a key: --set key=value (repeatable)")
       ->allow_extra_args(false)
@@ -91,12 +139,13 @@ int main(int argc, char** argv) {
   generate_cmd->add_option("--prompt", generate.prompt, "The text to continue")->required();
   generate_cmd->add_option("--max-new-tokens", generate.max_new_tokens, "Tokens to generate")->capture_default_str();
   generate_cmd->add_option("--temperature", generate.temperature, "Sampling temperature (0 = greedy)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kFinite);
   generate_cmd->add_option("--top-k", generate.top_k, "Sample among the k likeliest tokens (0 = all)")
       ->capture_default_str();
   generate_cmd->add_option("--seed", generate.seed, "Sampling seed")->capture_default_str();
   generate_cmd->add_option("--tokenizer", generate.tokenizer, "Tokenizer (default: the checkpoint's own)");
-  generate_cmd->add_option("--threads", generate.threads, "Intra-op threads (0 = all cores)");
+  generate_cmd->add_option("--threads", generate.threads, "Intra-op threads (0 = all cores)")->check(kThreads);
 
   gradaccum::cli::EvalArgs eval;
   auto* eval_cmd = app.add_subcommand(
@@ -105,7 +154,7 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("file", eval.file, "Text file, one document per line")->required();
   eval_cmd->add_option("--batch-size", eval.batch_size, "Documents per forward pass")->capture_default_str();
   eval_cmd->add_option("--tokenizer", eval.tokenizer, "Tokenizer (default: the checkpoint's own)");
-  eval_cmd->add_option("--threads", eval.threads, "Intra-op threads (0 = all cores)");
+  eval_cmd->add_option("--threads", eval.threads, "Intra-op threads (0 = all cores)")->check(kThreads);
 
   gradaccum::cli::ConfigArgs config;
   auto* config_cmd = app.add_subcommand(
@@ -116,7 +165,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return command_line_error(app, e);
   }
   // The ranks started by --nproc get the same command line without it.
   for (int i = 1; i < argc; ++i) {

@@ -42,6 +42,12 @@ double available_mb() {
   return 0.0;
 }
 
+// What the limit holds back, for the plan's output.
+std::string margin_note(const Plan& plan) {
+  return plan.limit_given ? "--memory as given: no margin; a real run's peak can exceed its probe's by a few percent"
+                          : "90% of the memory available: a 10% margin";
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -92,12 +98,17 @@ PlanCandidate probe(const PlanArgs& args, int64_t b, int64_t n, const fs::path& 
 }  // namespace
 
 double parse_memory_mb(const std::string& text) {
-  static const std::regex size(R"(\s*([0-9]+(\.[0-9]+)?)\s*(|M|MB|MiB|G|GB|GiB)\s*)");
+  // MB here is 2^20 bytes, as the peaks are measured (peak_rss_mb); the SI and IEC spellings of a
+  // unit mean the same size.
+  static const std::regex size(R"(\s*([0-9]+(\.[0-9]+)?)\s*(|K|KB|KiB|M|MB|MiB|G|GB|GiB|T|TB|TiB)\s*)");
   std::smatch m;
   GA_CHECK(std::regex_match(text, m, size), "--memory: '{}' is not a size (e.g. 6000, 6000M, 8G)", text);
   const double value = std::stod(m[1].str());
-  const std::string unit = m[3].str();
-  const double mb = unit.empty() || unit[0] == 'M' ? value : value * 1024.0;
+  const char unit = m[3].str().empty() ? 'M' : m[3].str()[0];
+  const double mb = unit == 'K'   ? value / 1024.0
+                    : unit == 'M' ? value
+                    : unit == 'G' ? value * 1024.0
+                                  : value * 1048576.0;
   GA_CHECK(mb > 0.0, "--memory: '{}' is not a positive size", text);
   return mb;
 }
@@ -108,8 +119,17 @@ Plan make_plan(const PlanArgs& args, bool quiet) {
   const bool cuda = config.trainer.device.is_cuda();
   Plan plan;
   plan.global_batch = args.global_batch > 0 ? args.global_batch : config.trainer.geometry(1).global_batch();
+  try {
+    core::BatchGeometry::from_global(1, plan.global_batch);  // refuses one beyond the largest, naming it
+  } catch (const Error& e) {
+    throw Error(fmt::format("--global-batch: {}", e.what()));
+  }
   plan.memory_kind = cuda ? "CUDA peak allocated" : "peak RSS";
-  plan.limit_mb = args.memory.empty() ? 0.9 * available_mb() : parse_memory_mb(args.memory);
+  GA_CHECK(args.global_batch >= 0, "--global-batch must be >= 1, got {}", args.global_batch);
+  // A probe's peak is compared with the limit as it is: an explicit --memory keeps no margin (a real
+  // run's peak differs from its probe's by a few percent), the default keeps 10% of what is available.
+  plan.limit_given = !args.memory.empty();
+  plan.limit_mb = plan.limit_given ? parse_memory_mb(args.memory) : 0.9 * available_mb();
   GA_CHECK(plan.limit_mb > 0.0, "plan: cannot read the available memory from /proc/meminfo; give --memory");
   GA_CHECK(!cuda || !args.memory.empty(), "plan: with device: cuda give --memory (the GPU's memory to use)");
 
@@ -117,8 +137,9 @@ Plan make_plan(const PlanArgs& args, bool quiet) {
   fs::create_directories(dir);
   if (!quiet) {
     fmt::print(
-        "plan: global batch {} (unchanged), memory limit {:.0f} MB of {}, {} steps per probe, longest samples first\n",
-        plan.global_batch, plan.limit_mb, plan.memory_kind, args.steps);
+        "plan: global batch {} (unchanged), memory limit {:.0f} MB of {} ({}), {} steps per probe, longest samples "
+        "first\n",
+        plan.global_batch, plan.limit_mb, plan.memory_kind, margin_note(plan), args.steps);
     fmt::print("{:>6} {:>6} {:>12} {:>12}  {}\n", "b", "N", "peak MB", "samples/s", "");
   }
   for (int64_t b = 1; b <= plan.global_batch; ++b) {
@@ -170,6 +191,7 @@ int run_plan(const PlanArgs& args) {
     }
     fmt::print("{}\n", nlohmann::json{{"global_batch", plan.global_batch},
                                       {"limit_mb", plan.limit_mb},
+                                      {"limit_margin", margin_note(plan)},
                                       {"memory", plan.memory_kind},
                                       {"candidates", candidates},
                                       {"choice", choice}}
@@ -177,8 +199,9 @@ int run_plan(const PlanArgs& args) {
   } else if (plan.choice) {
     fmt::print(
         "choice: per_device_train_batch_size={} gradient_accumulation_steps={} (global batch {}, peak {:.0f} MB of "
-        "{:.0f})\n",
-        plan.choice->micro_batch, plan.choice->accumulation, plan.global_batch, plan.choice->peak_mb, plan.limit_mb);
+        "{:.0f}{})\n",
+        plan.choice->micro_batch, plan.choice->accumulation, plan.global_batch, plan.choice->peak_mb, plan.limit_mb,
+        plan.limit_given ? ", no margin" : "");
   }
   if (!plan.choice) {
     const auto& first = plan.candidates.front();

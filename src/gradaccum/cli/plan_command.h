@@ -8,7 +8,8 @@
 // samples per second (the median step after the first). The probe holds what the run will hold:
 // forward and backward of a micro-batch, the accumulated gradients and the optimizer's state.
 // Larger b are not probed once one does not fit. The choice is the fastest b that fits LIMIT
-// (default: the memory the system has available, less 10%), where probes within 5% of the
+// (default: the memory the system has available, less 10%; an explicit LIMIT is used as given,
+// with no margin, and the output says so), where probes within 5% of the
 // fastest count as equally fast and the largest of them wins (fewer micro-steps per window).
 // When no b fits, it says so and exits 1: B is never changed.
 //
@@ -43,7 +44,8 @@ struct PlanCandidate {
 struct Plan {
   int64_t global_batch = 0;
   double limit_mb = 0.0;
-  std::string memory_kind;  // "peak RSS" or "CUDA peak allocated"
+  bool limit_given = false;  // --memory: the limit as given, no margin (else 90% of what is available)
+  std::string memory_kind;   // "peak RSS" or "CUDA peak allocated"
   std::vector<PlanCandidate> candidates;
   std::optional<PlanCandidate> choice;
 };
@@ -55,7 +57,8 @@ Plan make_plan(const PlanArgs& args, bool quiet = false);
 // Prints the plan (a table, or JSON with --json); returns 0 with a choice, 1 without.
 int run_plan(const PlanArgs& args);
 
-// "6000" (MB), "6000M", "6000MB", "8G", "8GB", "8GiB", "512MiB" → MB. Throws on anything else.
+// "6000" (MB), "6000M", "6000MB", "512MiB", "441066KiB", "8G", "8GB", "8GiB", "1TiB" → MB (2^20
+// bytes). Throws on anything else.
 double parse_memory_mb(const std::string& text);
 
 }  // namespace gradaccum::cli

@@ -6,6 +6,7 @@
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/cli/plot_command.h"
+#include "gradaccum/core/batch_geometry.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/metrics_writer.h"
@@ -19,6 +20,7 @@ namespace {
 
 struct Split {
   int64_t micro_batch = 0, steps = 0;
+  int64_t global_batch = 0;  // b × N, checked by core::BatchGeometry
   std::string text;
 };
 
@@ -26,19 +28,25 @@ std::vector<Split> parse_splits(const std::string& text) {
   std::vector<Split> splits;
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
-    Split s{0, 0, item};
+    Split s;
+    s.text = item;
     char x = 0;
     std::istringstream parse(item);
     GA_CHECK((parse >> s.micro_batch >> x >> s.steps) && x == 'x' && parse.peek() == EOF && s.micro_batch >= 1 &&
                  s.steps >= 1,
              "--splits: '{}' is not BxN with B, N >= 1 (e.g. 16x4)", item);
+    try {
+      s.global_batch = core::BatchGeometry::from_accumulation(s.micro_batch, s.steps).global_batch();
+    } catch (const Error& e) {
+      throw Error(fmt::format("--splits: '{}': {}", item, e.what()));
+    }
     splits.push_back(s);
   }
   GA_CHECK(splits.size() >= 2, "--splits: give at least two splits, got '{}'", text);
   for (const auto& s : splits) {
-    GA_CHECK(s.micro_batch * s.steps == splits[0].micro_batch * splits[0].steps,
+    GA_CHECK(s.global_batch == splits[0].global_batch,
              "--splits: {} is a global batch of {}, {} one of {}: compare splits of the same batch", s.text,
-             s.micro_batch * s.steps, splits[0].text, splits[0].micro_batch * splits[0].steps);
+             s.global_batch, splits[0].text, splits[0].global_batch);
   }
   return splits;
 }
@@ -84,15 +92,15 @@ int run_verify(const VerifyArgs& args) {
   const auto base = io::load_config(args.config_path, overrides);
   run::configure_threads(base.threads, 1);
 
-  fmt::print("verify: {} steps in float64, global batch {}, tolerance {:.0e}\n", args.steps,
-             splits[0].micro_batch * splits[0].steps, args.tolerance);
+  fmt::print("verify: {} steps in float64, global batch {}, tolerance {:.0e}\n", args.steps, splits[0].global_batch,
+             args.tolerance);
   fmt::print("{:>10}  {:>14}  {:>14}  {:>14}\n", "split", "max rel loss", "max rel |g|", "rel weights");
   Trajectory reference;
   torch::Tensor reference_weights;
   bool ok = true;
   report::VerifyRun record;
   record.steps = args.steps;
-  record.global_batch = splits[0].micro_batch * splits[0].steps;
+  record.global_batch = splits[0].global_batch;
   record.tolerance = args.tolerance;
   for (size_t k = 0; k < splits.size(); ++k) {
     auto options = base.trainer;

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/core/batch_geometry.h"
 
 namespace gradaccum::io {
 
@@ -123,6 +124,38 @@ nlohmann::json position_json(const core::TrainingPosition& p) {
           {"loss_total", p.loss_total},
           {"samples", p.samples},
           {"items", p.items}};
+}
+
+// A position that no run reaches (an edited trainer_state.json) is refused before it is resumed:
+// a run that trained `step` windows of at most B samples has seen at most step·B samples, and
+// is in epoch step·B at the latest (every epoch holds at least one sample), at window `step` of
+// it at the latest.
+void check_position_is_possible(const core::TrainingState& state, const std::string& what) {
+  const auto& p = state.position;
+  core::BatchGeometry geometry = core::BatchGeometry::from_accumulation(1, 1);
+  try {
+    geometry = core::BatchGeometry::from_accumulation(state.micro_batch, state.accumulation_steps, state.world_size);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", what, e.what()));
+  }
+  GA_CHECK(state.global_batch == geometry.global_batch(),
+           "{}: global_batch {} is not micro_batch x accumulation_steps "
+           "x world_size = {}",
+           what, state.global_batch, geometry.to_string());
+  GA_CHECK(p.schedule_step <= p.step, "{}: schedule_step {} is beyond step {}", what, p.schedule_step, p.step);
+  GA_CHECK(p.window <= p.step, "{}: window {} is beyond the {} windows trained", what, p.window, p.step);
+  if (state.window_tokens > 0) {
+    // Windows measured in tokens hold any number of samples, and never span two epochs.
+    GA_CHECK(p.epoch <= p.step, "{}: epoch {} is impossible after {} windows", what, p.epoch, p.step);
+    return;
+  }
+  // step + 1 windows: the samples of an interrupted window may be counted with the ones before.
+  int64_t windows = 0, most = 0;
+  if (__builtin_add_overflow(p.step, 1, &windows) || __builtin_mul_overflow(windows, state.global_batch, &most)) return;
+  GA_CHECK(p.samples <= most, "{}: samples {} is more than {} windows of {} samples hold", what, p.samples, windows,
+           state.global_batch);
+  GA_CHECK(p.epoch <= most, "{}: epoch {} is impossible after {} windows of {} samples", what, p.epoch, p.step,
+           state.global_batch);
 }
 
 template <typename T>
@@ -311,7 +344,8 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   p.loss_total = field<double>(pos, "loss_total", ts_what);
   p.samples = field<int64_t>(pos, "samples", ts_what);
   p.items = field<int64_t>(pos, "items", ts_what);
-  GA_CHECK(p.step >= 0 && p.schedule_step >= 0 && p.epoch >= 0 && p.window >= 0 && p.micro_step >= 0,
+  GA_CHECK(p.step >= 0 && p.schedule_step >= 0 && p.epoch >= 0 && p.window >= 0 && p.micro_step >= 0 &&
+               p.samples >= 0 && p.items >= 0,
            "{}: negative position", ts_what);
   GA_CHECK(ts.is_object() && ts.contains("loss_scaler"), "{}: missing field 'loss_scaler'", ts_what);
   if (!ts.at("loss_scaler").is_null()) {
@@ -327,6 +361,7 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   loaded.state.global_batch = field<int64_t>(ts, "global_batch", ts_what);
   loaded.state.window_tokens = ts.value("window_tokens", int64_t{0});  // absent before token windows
   GA_CHECK(loaded.state.window_tokens >= 0, "{}: negative window_tokens", ts_what);
+  check_position_is_possible(loaded.state, ts_what);
   loaded.seed = field<uint64_t>(ts, "seed", ts_what);
   loaded.resolved_config = field<std::string>(ts, "config", ts_what);
   const bool per_rank = field<bool>(ts, "optimizer_per_rank", ts_what);

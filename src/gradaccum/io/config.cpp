@@ -20,8 +20,40 @@ namespace gradaccum::io {
 
 namespace {
 
+// Text from the user's file inside a one-line error: control bytes and bytes that are not UTF-8
+// become \xNN, so a binary file given as a configuration shows what it holds without sending raw
+// bytes to the terminal.
+std::string printable_bytes(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    // The length of the UTF-8 sequence this byte starts (0: it starts none).
+    const size_t length = byte < 0x80           ? 1
+                          : (byte >> 5) == 0x6  ? 2
+                          : (byte >> 4) == 0xE  ? 3
+                          : (byte >> 3) == 0x1E ? 4
+                                                : 0;
+    bool valid = length > 0 && i + length <= text.size() && !(byte < 0x80 && (byte < 0x20 || byte == 0x7F));
+    for (size_t k = 1; valid && k < length; ++k) valid = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+    if (valid) {
+      out.append(text, i, length);
+      i += length;
+    } else {
+      out += fmt::format("\\x{:02x}", byte);
+      ++i;
+    }
+  }
+  return out;
+}
+
 std::string describe(const YAML::Node& node) {
-  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsScalar()) {
+    // A whole binary file can be one scalar: its start shows what it is.
+    const auto& text = node.Scalar();
+    constexpr size_t kShown = 48;
+    if (text.size() <= kShown) return "'" + printable_bytes(text) + "'";
+    return fmt::format("'{}...' ({} bytes)", printable_bytes(text.substr(0, kShown)), text.size());
+  }
   if (node.IsSequence()) return "a list";
   if (node.IsMap()) return "a mapping";
   return "nothing";
@@ -36,7 +68,7 @@ void merge(YAML::Node base, const YAML::Node& user, const std::string& prefix) {
              describe(item.first));
     const auto key = item.first.as<std::string>();
     const auto path = prefix.empty() ? key : prefix + "." + key;
-    GA_CHECK(base[key].IsDefined(), "unknown key '{}'", path);
+    GA_CHECK(base[key].IsDefined(), "unknown key '{}'", printable_bytes(path));
     if (base[key].IsMap()) {
       merge(base[key], item.second, path);
     } else {
@@ -45,13 +77,55 @@ void merge(YAML::Node base, const YAML::Node& user, const std::string& prefix) {
   }
 }
 
+Error malformed_yaml(const std::string& what, const YAML::Exception& e) {
+  return Error(fmt::format("{}: malformed YAML at line {}, column {}: {}", what, e.mark.line + 1, e.mark.column + 1,
+                           printable_bytes(e.msg)));
+}
+
 YAML::Node parse_yaml(const std::string& text, const std::string& what) {
   try {
     return YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    throw Error(
-        fmt::format("{}: malformed YAML at line {}, column {}: {}", what, e.mark.line + 1, e.mark.column + 1, e.msg));
+    throw malformed_yaml(what, e);
   }
+}
+
+// yaml-cpp keeps both entries of a key written twice in one mapping, and merging would let the
+// last one win without a word: a file names each key once.
+void refuse_duplicate_keys(const YAML::Node& node, const std::string& file, const std::string& prefix) {
+  if (!node.IsMap()) return;
+  std::map<std::string, int> first_line;
+  for (const auto& item : node) {
+    if (!item.first.IsScalar()) continue;  // merge() refuses it, naming it
+    const auto key = item.first.Scalar();
+    const auto path = prefix.empty() ? key : prefix + "." + key;
+    const int line = item.first.Mark().line + 1;
+    const auto [earlier, inserted] = first_line.emplace(key, line);
+    GA_CHECK(inserted, "{}:{}: duplicate key '{}' (first at line {})", file, line, printable_bytes(path),
+             earlier->second);
+    refuse_duplicate_keys(item.second, file, path);
+  }
+}
+
+// A configuration path that is not a regular file, said as what it is.
+void check_configuration_file(const std::string& path) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  switch (status.type()) {
+    case std::filesystem::file_type::regular:
+      return;
+    case std::filesystem::file_type::not_found:
+      throw Error(fmt::format("{}: no such configuration file", path));
+    case std::filesystem::file_type::directory:
+      throw Error(fmt::format("{}: is a directory, not a configuration file", path));
+    case std::filesystem::file_type::character:
+    case std::filesystem::file_type::block:
+      throw Error(fmt::format("{}: is a device, not a configuration file", path));
+    default:
+      break;
+  }
+  GA_CHECK(!error, "{}: cannot read the configuration file: {}", path, error.message());
+  throw Error(fmt::format("{}: is not a regular file (a pipe or socket?), not a configuration file", path));
 }
 
 YAML::Node lookup(const YAML::Node& root, const std::string& path) {
@@ -77,7 +151,7 @@ T as(const YAML::Node& node, const std::string& path, const char* expected) {
 
 std::string one_of(const std::string& path, const std::string& value, const std::vector<std::string>& allowed) {
   GA_CHECK(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), "key '{}': '{}' is not one of {}", path,
-           value, fmt::join(allowed, " | "));
+           printable_bytes(value), fmt::join(allowed, " | "));
   return value;
 }
 
@@ -86,8 +160,13 @@ KeyValue read_value(const ConfigKey& key, const YAML::Node& node) {
   switch (key.type) {
     case KeyType::integer:
       return as<int64_t>(node, key.name, "an integer");
-    case KeyType::number:
-      return as<double>(node, key.name, "a number");
+    case KeyType::number: {
+      // Every number is finite: .inf passes the >= checks (a learning rate of .inf trains
+      // nothing and exits 0) and .nan fails each with a misleading rule.
+      const auto number = as<double>(node, key.name, "a number");
+      GA_CHECK(std::isfinite(number), "key '{}': must be a finite number, got {}", key.name, describe(node));
+      return number;
+    }
     case KeyType::boolean:
       return as<bool>(node, key.name, "true or false");
     case KeyType::text:
@@ -119,7 +198,7 @@ std::string show(const KeyValue& value) {
   if (const auto* i = std::get_if<int64_t>(&value)) return std::to_string(*i);
   if (const auto* d = std::get_if<double>(&value)) return fmt::format("{}", *d);
   if (const auto* b = std::get_if<bool>(&value)) return *b ? "true" : "false";
-  if (const auto* s = std::get_if<std::string>(&value)) return "'" + *s + "'";
+  if (const auto* s = std::get_if<std::string>(&value)) return "'" + printable_bytes(*s) + "'";
   return "a list";
 }
 
@@ -140,6 +219,28 @@ void check_combinations(TrainConfig& c) {
                      : "an image model: model.type mlp, cnn or resnet",
            c.model.type);
   GA_CHECK(c.data.type != "text" || !c.data.path.empty(), "key 'data.path': data.type text needs a file");
+  if (!c.model.hf_checkpoint.empty()) {
+    std::error_code error;
+    const auto parent = std::filesystem::path(c.model.hf_checkpoint).parent_path();
+    GA_CHECK(!std::filesystem::is_regular_file(c.model.hf_checkpoint, error),
+             "key 'model.hf_checkpoint': {} is a file; give the directory that holds config.json and "
+             "model.safetensors ({})",
+             c.model.hf_checkpoint, parent.empty() ? "." : parent.string());
+  }
+  if (!language_model && c.model.norm == "group") {
+    // A group norm over `width` channels splits them into norm_groups groups, or one channel per
+    // group where the width is below norm_groups; any other width would fall back to gcd(width,
+    // norm_groups) groups (7 groups over 32 channels: 1) without a word.
+    const bool mlp = c.model.type == "mlp";
+    const auto& widths = mlp ? c.model.hidden : c.model.channels;
+    const int64_t groups = c.model.norm_groups;
+    for (const int64_t width : widths) {
+      GA_CHECK(width < 1 || width % groups == 0 || groups % width == 0,
+               "key 'model.norm_groups': {} groups do not divide the width {} in model.{} (group norm needs "
+               "norm_groups to divide each width, or each width to divide it)",
+               groups, width, mlp ? "hidden" : "channels");
+    }
+  }
   const bool random_tokens = c.data.type == "random_tokens";
   if (random_tokens) {
     require(c.data.vocab_size >= 2, "data.vocab_size", ">= 2 with data.type random_tokens",
@@ -193,14 +294,14 @@ void resolve_defaults(TrainConfig& c) {
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides, int64_t world_size) {
   YAML::Node root = YAML::Load(default_config_yaml());
   if (!path.empty()) {
-    GA_CHECK(std::filesystem::is_regular_file(path), "{}: no such configuration file", path);
+    check_configuration_file(path);
     YAML::Node user;
     try {
       user = YAML::LoadFile(path);
     } catch (const YAML::Exception& e) {
-      throw Error(
-          fmt::format("{}: malformed YAML at line {}, column {}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg));
+      throw malformed_yaml(path, e);
     }
+    refuse_duplicate_keys(user, path, "");
     if (!user.IsNull()) merge(root, user, "");
   }
   for (const auto& assignment : overrides) {
@@ -258,7 +359,9 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
       continue;
     }
     const auto value = read_value(key, node);
-    if (key.valid) require(key.valid(value), key.name, key.rule, show(value));
+    if (key.valid) {
+      require(key.valid(value), key.name, key.rule_here ? key.rule + key.rule_here() : key.rule, show(value));
+    }
     key.store(c, value);
   }
   if (c.plan_decomposition) c.trainer.gradient_accumulation_steps = 1;  // N follows from b and the global batch

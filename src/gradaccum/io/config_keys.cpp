@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/base/named_table.h"
@@ -123,8 +124,17 @@ std::vector<ConfigKey> make_keys() {
            [](TrainConfig& c, const std::string& v) { c.output_dir = v; }),
       integer("seed", 42, "data order, initialization, dropout and random data", any_value(),
               [](TrainConfig& c, int64_t v) { c.trainer.seed = static_cast<uint64_t>(v); }),
-      integer("threads", 0, "intra-op threads per process", at_least(0, "0 = all cores"),
-              [](TrainConfig& c, int64_t v) { c.threads = v; }),
+      [] {
+        auto key = integer("threads", 0, "intra-op threads per process",
+                           rule("in [0, max(1024, 4 x cores)] (0 = all cores)",
+                                [](double v) { return v >= 0 && v <= static_cast<double>(max_threads()); }),
+                           [](TrainConfig& c, int64_t v) { c.threads = v; });
+        key.rule_here = [] {
+          return fmt::format("; at most {} on this machine of {} cores", max_threads(),
+                             std::thread::hardware_concurrency());
+        };
+        return key;
+      }(),
       choice("dtype", "float32", {"float32", "float64"}, "parameters and compute",
              [](TrainConfig& c, const std::string& v) {
                c.dtype = v;
@@ -211,8 +221,8 @@ std::vector<ConfigKey> make_keys() {
               [](TrainConfig& c, int64_t v) { c.sample.max_new_tokens = v; }),
       number("sample.temperature", "0.8", "softmax temperature", at_least(0, "0 = greedy"),
              [](TrainConfig& c, double v) { c.sample.temperature = v; }),
-      integer("sample.top_k", 40, "sample among the k likeliest", at_least(0, "0 = all"),
-              [](TrainConfig& c, int64_t v) { c.sample.top_k = v; }),
+      integer("sample.top_k", SampleConfig{}.top_k, "sample among the k likeliest (also generate --top-k's default)",
+              at_least(0, "0 = all"), [](TrainConfig& c, int64_t v) { c.sample.top_k = v; }),
 
       [] {
         auto key = integer("per_device_train_batch_size", 16, "b: samples per micro-step and process (auto: planned)",
@@ -425,6 +435,8 @@ std::string cell(const std::string& text) {
 
 }  // namespace
 
+int64_t max_threads() { return std::max<int64_t>(1024, 4 * static_cast<int64_t>(std::thread::hardware_concurrency())); }
+
 const std::vector<ConfigKey>& config_keys() {
   static const std::vector<ConfigKey> keys = make_keys();
   return keys;
@@ -463,7 +475,8 @@ std::string config_reference_markdown() {
       "Generated from the key table (`include/gradaccum/io/config_keys.h`) by `gradaccum config --reference`;\n"
       "a test keeps this file equal to that output. A YAML file (`gradaccum train CONFIG`) and\n"
       "`--set key=value` set these keys; `gradaccum train --print-config` prints the resolved whole.\n"
-      "Names follow HF TrainingArguments where one exists.\n\n"
+      "Names follow HF TrainingArguments where one exists. Every number must be finite (`.inf` and `.nan`\n"
+      "are refused), and a file names each key once.\n\n"
       "Model types (`model.type`):\n\n";
   for (const auto& type : models::model_types()) {
     out += fmt::format("- `{}` ({}): {}\n", type.name,

@@ -87,10 +87,19 @@ void make_text_data(const TrainConfig& config, const data::Tokenizer& tokenizer,
     w.num_labels = 0;
     return;
   }
+  // Labels are class indices 0..K-1, and K sizes the classifier's head and its id2label: a label
+  // is checked against how many documents there are before anything of size K exists (a label of
+  // 10^15 in a file of four lines is a broken file, not a 10^15-way classifier).
+  const auto documents = static_cast<int64_t>(records.size() + eval_records.size());
   int64_t max_label = 0;
   for (const auto* set : {&records, &eval_records}) {
+    const auto& file = set == &eval_records && !d.eval_path.empty() ? d.eval_path : d.path;
     for (const auto& r : *set) {
-      GA_CHECK(r.label >= 0, "{}: every record needs a label once one has", d.path);
+      GA_CHECK(r.label >= 0, "{}: every record needs a label once one has", file);
+      GA_CHECK(r.label < documents,
+               "{}: \"label\" {} is not a class index below the {} labelled documents (labels are 0 to K-1 for K "
+               "classes)",
+               file, r.label, documents);
       max_label = std::max(max_label, r.label);
     }
   }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "gradaccum/base/check.h"
@@ -168,6 +169,77 @@ nlohmann::json read_json_file(const fs::path& path) {
   }
 }
 
+// The tensor named `name` with or without the backbone prefix "transformer.", or null.
+const std::pair<std::string, torch::Tensor>* tensor_named(const formats::NamedTensors& tensors,
+                                                          const std::string& name) {
+  for (const auto& item : tensors) {
+    if (item.first == name || item.first == "transformer." + name) return &item;
+  }
+  return nullptr;
+}
+
+// How many transformer blocks the tensors hold: one more than the largest N of "h.N." (with or
+// without the backbone prefix).
+int64_t blocks_held(const formats::NamedTensors& tensors) {
+  int64_t blocks = 0;
+  for (const auto& item : tensors) {
+    std::string name = item.first;
+    if (has_prefix(name, "transformer.")) name = name.substr(std::string("transformer.").size());
+    if (!has_prefix(name, "h.")) continue;
+    const auto dot = name.find('.', 2);
+    const auto index = name.substr(2, dot == std::string::npos ? std::string::npos : dot - 2);
+    if (index.empty() || index.size() > 9 || index.find_first_not_of("0123456789") != std::string::npos) continue;
+    blocks = std::max<int64_t>(blocks, std::stoll(index) + 1);
+  }
+  return blocks;
+}
+
+// What config.json claims against what model.safetensors holds, checked before a model of the
+// claimed size is built: a config.json edited to 100000 layers or a vocabulary of 10^12 beside a
+// small model.safetensors is one line naming the key, not gigabytes allocated before libtorch's
+// allocator gives up. Keys that are absent or not integers are left to the config conversion,
+// which names them.
+void check_claims_against_tensors(const nlohmann::json& config, const formats::NamedTensors& tensors,
+                                  const std::string& config_file, const std::string& weights_file) {
+  const auto* type = field(config, "model_type");
+  if (type == nullptr || !type->is_string() || (*type != "gpt2" && *type != "bloom")) return;
+  const bool gpt2 = *type == "gpt2";
+  // The first of `keys` that config.json holds as an integer, with the name it has there.
+  auto claimed = [&](std::initializer_list<const char*> keys) -> std::pair<const char*, std::optional<int64_t>> {
+    for (const char* key : keys) {
+      if (const auto* value = field(config, key)) {
+        if (!value->is_number_integer()) break;
+        return {key, value->get<int64_t>()};
+      }
+    }
+    return {*keys.begin(), std::nullopt};
+  };
+  auto check_dimension = [&](std::initializer_list<const char*> keys, const std::string& tensor, int64_t dim) {
+    const auto [key, value] = claimed(keys);
+    if (!value) return;
+    const auto* held = tensor_named(tensors, tensor);
+    GA_CHECK(held != nullptr, "{}: it has no tensor {} (or transformer.{}), so config.json's \"{}\" {} is unchecked",
+             weights_file, tensor, tensor, key, *value);
+    const auto& sizes = held->second.sizes();
+    GA_CHECK(sizes.size() == 2 && sizes[static_cast<size_t>(dim)] == *value,
+             "{}: \"{}\" is {}, but {} holds {} of shape {}", config_file, key, *value, weights_file, held->first,
+             shape_string(sizes));
+  };
+  const std::string embedding = gpt2 ? "wte.weight" : "word_embeddings.weight";
+  check_dimension({"vocab_size"}, embedding, 0);
+  if (gpt2) {
+    check_dimension({"n_embd"}, embedding, 1);
+    check_dimension({"n_positions"}, "wpe.weight", 0);
+  } else {
+    check_dimension({"hidden_size", "n_embed"}, embedding, 1);
+  }
+  const auto [layer_key, layers] = claimed(gpt2 ? std::initializer_list<const char*>{"n_layer"}
+                                                : std::initializer_list<const char*>{"n_layer", "num_hidden_layers"});
+  const int64_t blocks = blocks_held(tensors);
+  GA_CHECK(!layers || *layers == blocks, "{}: \"{}\" is {}, but {} holds {} blocks{}", config_file, layer_key, *layers,
+           weights_file, blocks, blocks > 0 ? fmt::format(" (h.0 to h.{})", blocks - 1) : std::string());
+}
+
 }  // namespace
 
 HfCheckpoint read_hf_checkpoint(const std::string& dir) {
@@ -189,6 +261,7 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   checkpoint.config = read_json_file(config_path);
   GA_CHECK(checkpoint.config.is_object(), "{}: not a JSON object", config_path.string());
   checkpoint.tensors = formats::load_safetensors(weights.string());
+  check_claims_against_tensors(checkpoint.config, checkpoint.tensors, config_path.string(), weights.string());
   return checkpoint;
 }
 
