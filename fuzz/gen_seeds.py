@@ -71,3 +71,11 @@ put("tokenizer_json", "sequence_pairs", hf({"type": "Sequence", "pretokenizers":
 put("tokenizer_json", "bloom", hf({"type": "Sequence", "pretokenizers": [
     {"type": "Split", "pattern": {"Regex": " ?[^(\\s|[.,!?…。，、।۔،])]+"}, "behavior": "Isolated", "invert": False},
     {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}, ["H e"]))
+llama3 = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+          "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+put("tokenizer_json", "llama3_split_digits", hf({"type": "Sequence", "pretokenizers": [
+    {"type": "Digits", "individual_digits": True},
+    {"type": "Split", "pattern": {"Regex": llama3}, "behavior": "MergedWithPrevious", "invert": True},
+    {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": False}]}, ["l o"],
+    [{"id": 10, "content": "<|eot_id|>", "special": True, "single_word": True, "lstrip": True,
+      "rstrip": True, "normalized": True}]))

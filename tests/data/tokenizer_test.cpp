@@ -26,10 +26,9 @@
 #include <vector>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/data/bloom_pretokenizer.h"
 #include "gradaccum/data/byte_level_bpe.h"
-#include "gradaccum/data/gpt2_pretokenizer.h"
 #include "gradaccum/data/kjv.h"
+#include "gradaccum/data/pre_tokenizer.h"
 #include "gradaccum/data/tiktoken_merges.h"
 #include "gradaccum/data/tiktoken_ranks.h"
 #include "gradaccum/data/unicode_tables.h"
@@ -153,12 +152,13 @@ std::string gpt2_tiktoken_path() { return gpt2_dir() + "/gpt2.tiktoken"; }
 
 // The pieces of GPT-2's regex with \s as the tokenizers use it (White_Space).
 std::vector<std::string> pieces(const std::string& utf8) {
-  const std::u32string text = decode_utf8(utf8);
   std::vector<std::string> out;
-  for (const TextSpan& s : gpt2_pretokenize(text, SpaceDefinition::kUnicodeWhiteSpace))
-    out.push_back(to_utf8(text.substr(s.begin, s.end - s.begin)));
+  PreTokenizer::gpt2().split(utf8, out);
   return out;
 }
+
+// BLOOM's Split pattern (its tokenizer.json's, behavior Isolated).
+const std::string kBloomSplitPattern = " ?[^(\\s|[.,!?…。，、।۔،])]+";
 
 // --- UTF-8 and Unicode classes ------------------------------------------------
 
@@ -235,25 +235,22 @@ TEST(TokenizerPretokenizer, SplitsLikeGpt2Regex) {
   EXPECT_EQ(pieces("a \t\n"), (V{"a", " \t\n"}));
 }
 
+// The pieces of BLOOM's pre-tokenizer: its Split, then ByteLevel without regex.
 std::vector<std::string> bloom_pieces(const std::string& utf8) {
-  const std::u32string text = decode_utf8(utf8);
+  const json split = {{"type", "Split"}, {"pattern", {{"Regex", kBloomSplitPattern}}}, {"behavior", "Isolated"}};
+  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+  static const PreTokenizer bloom =
+      PreTokenizer::from_json({{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level})}}, "bloom");
   std::vector<std::string> out;
-  for (const TextSpan& s : bloom_pretokenize(text)) {
-    out.push_back(to_utf8(text.substr(s.begin, s.end - s.begin)));
-  }
+  bloom.split(utf8, out);
   return out;
 }
 
-TEST(TokenizerPretokenizer, HuggingFaceWhiteSpaceDiffersOnNextLineAndByteOrderMark) {
-  const std::u32string text = U"a\u0085b \uFEFFc";
-  const auto spans = [&](SpaceDefinition d) {
-    std::vector<std::u32string> out;
-    for (const TextSpan& s : gpt2_pretokenize(text, d)) out.push_back(text.substr(s.begin, s.end - s.begin));
-    return out;
-  };
-  using V = std::vector<std::u32string>;
-  EXPECT_EQ(spans(SpaceDefinition::kJavaScript), (V{U"a", U"\u0085", U"b", U" ", U"\uFEFF", U"c"}));
-  EXPECT_EQ(spans(SpaceDefinition::kUnicodeWhiteSpace), (V{U"a", U"\u0085", U"b", U" \uFEFF", U"c"}));
+// \s is White_Space as in Hugging Face's Oniguruma (JavaScript's \s, which
+// gpt-3-encoder used, has U+FEFF and lacks U+0085).
+TEST(TokenizerPretokenizer, HuggingFaceWhiteSpaceHasNextLineNotByteOrderMark) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(pieces("a\u0085b \uFEFFc"), (V{"a", "\u0085", "b", " \uFEFF", "c"}));
 }
 
 TEST(TokenizerPretokenizer, SplitsLikeBloomRegex) {
@@ -836,22 +833,25 @@ TEST(TokenizerErrors, MissingOrMalformedFilesNameTheFile) {
   config["normalizer"] = {{"type", "NFKC"}};
   write_bytes(tj, config.dump());
   EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()), "normalizer NFKC is not supported");
-  // BLOOM's Split is the one Split supported; another pattern is named.
+  // A Split of any expression PCRE2 compiles is supported; one it cannot compile is named.
   config = tiny_tokenizer_json();
   const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
   config["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",
        json::array(
-           {{{"type", "Split"}, {"pattern", {{"Regex", std::string(kBloomSplitPattern)}}}, {"behavior", "Isolated"}},
-            byte_level})}};
+           {{{"type", "Split"}, {"pattern", {{"Regex", kBloomSplitPattern}}}, {"behavior", "Isolated"}}, byte_level})}};
   write_bytes(tj, config.dump());
   EXPECT_EQ(Tokenizer::load(tj.string()).encode("hi, hi"), (std::vector<TokenId>{260, 4 + ',', 4 + ' ', 260}));
   config["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+";
   write_bytes(tj, config.dump());
-  EXPECT_ONE_LINE_ERROR(
-      Tokenizer::load(tj.string()),
-      tj.string() + ": pre_tokenizer step Split with pattern {\"Regex\":\"\\\\w+\"} is not supported");
+  EXPECT_EQ(Tokenizer::load(tj.string()).encode("hi, hi"), (std::vector<TokenId>{260, 4 + ',', 4 + ' ', 260}));
+  config["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?<=a+)b";
+  write_bytes(tj, config.dump());
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()),
+                        tj.string() +
+                            ": pre_tokenizer Split pattern \"(?<=a+)b\" does not compile: lookbehind "
+                            "assertion is not fixed length");
   config["pre_tokenizer"]["pretokenizers"] = json::array({{{"type", "Metaspace"}}, byte_level});
   write_bytes(tj, config.dump());
   EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()), "pre_tokenizer step Metaspace is not supported");

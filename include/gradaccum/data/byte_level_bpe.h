@@ -48,12 +48,19 @@ class ByteLevelBpe {
   // cached; safe to call from several threads.
   void encode_piece(std::string_view bytes, std::vector<TokenId>& out) const;
 
-  // Registers a token decoded as its literal text (an added token absent from
-  // the vocabulary, such as a special token); token_id finds it too.
+  // Registers a token outside the merges (an added token absent from the
+  // vocabulary, such as a special token), decoded as a vocabulary token is;
+  // token_id finds it too.
   void add_literal_token(TokenId id, const std::string& content);
 
-  // The bytes the ids stand for: byte characters become their bytes, any other
-  // character is kept as UTF-8. Throws gradaccum::Error on an unknown id.
+  // Hugging Face's BPE option ignore_merges (Llama 3 sets it): a piece that is a
+  // vocabulary token as a whole is that token, whatever the merges would make
+  // of it. Call before add_literal_token.
+  void ignore_merges();
+
+  // The bytes the ids stand for. A token made of byte characters only becomes
+  // their bytes; any other is kept as its UTF-8 (as Hugging Face's ByteLevel
+  // decoder does, token by token). Throws gradaccum::Error on an unknown id.
   std::string decode(const std::vector<TokenId>& ids) const;
 
   std::optional<TokenId> token_id(std::string_view token) const;
@@ -82,6 +89,8 @@ class ByteLevelBpe {
   std::vector<bool> id_known_;             // id -> present in vocab or added
   std::array<TokenId, 256> byte_token_{};  // byte -> id of its one-character token, or -1
   std::unordered_map<std::uint64_t, MergeResult> merges_;
+  // With ignore_merges: the bytes of each byte-level vocabulary token -> its id.
+  std::unordered_map<std::string, TokenId> whole_tokens_;
 
   static constexpr std::size_t kMaxCacheEntries = 1 << 18;
   mutable std::mutex cache_mutex_;

@@ -1,48 +1,50 @@
 // A byte-level BPE tokenizer loaded from GPT-2's BPE in tiktoken's format
 // (gpt2.tiktoken), from GPT-2's original files (encoder.json + vocab.bpe), or
-// from a Hugging Face tokenizer.json with a BPE model.
+// from a Hugging Face tokenizer.json with a BPE model (GPT-2, BLOOM, Llama 3,
+// Qwen2, SmolLM2 and their kind).
 //
 // Text handling, the same for all formats:
 //  - The input is UTF-8. Invalid bytes are not an error: each maximal
-//    ill-formed subsequence is replaced by one U+FFFD before pre-tokenization
+//    ill-formed subsequence is replaced by one U+FFFD before anything else
 //    (see decode_utf8), as Python's bytes.decode("utf-8", errors="replace")
-//    does, so ids match tiktoken's on the text such a decode gives.
-//  - Pre-tokenization is GPT-2's regex (gpt2_pretokenizer.h) with \s meaning
-//    Unicode's White_Space (as in tiktoken and Hugging Face tokenizers) or, for
-//    BLOOM's tokenizer.json, BLOOM's (bloom_pretokenizer.h); Unicode classes
-//    come from generated tables (Unicode 14.0; see scripts/gen_unicode_tables.py).
+//    does, so ids match tiktoken's and Hugging Face's on the text such a decode gives.
+//  - A tokenizer.json's added tokens are cut out first (added_token_split.h),
+//    then its pre-tokenizer (pre_tokenizer.h) cuts the rest into pieces, with
+//    its regular expressions run by PCRE2 as Hugging Face's Oniguruma runs them
+//    (pcre2_regex.h); GPT-2's files get GPT-2's ByteLevel pre-tokenizer.
 //    docs/tokenizer.md lists these decisions and what the tests compare.
 //  - decode() returns the bytes the ids stand for; a cut through a multi-byte
 //    character leaves invalid UTF-8, which is returned as is.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "gradaccum/data/byte_level_bpe.h"
-#include "gradaccum/data/unicode_tables.h"
 
 namespace gradaccum::data {
+
+class PreTokenizer;
+class AddedTokenSplitter;
 
 // Where scripts/setup.sh puts GPT-2's gpt2.tiktoken (from PyPI's openai-whisper).
 // The CLI lets GRADACCUM_TOKENIZER_DIR override it.
 inline constexpr const char* kDefaultTokenizerDir = "/var/lib/gradaccum/gpt2";
 
 // A token outside the BPE merges: tokenizer.json's added_tokens, or GPT-2's
-// <|endoftext|> (50256).
+// <|endoftext|> (50256). The flags are tokenizer.json's (added_token_split.h
+// says how each changes where the token is found).
 struct AddedToken {
   TokenId id;
   std::string content;
-  bool special;
-};
-
-// How plain text is cut into pieces before BPE.
-enum class TextSplit {
-  kGpt2Regex,   // gpt2_pretokenize
-  kBloomRegex,  // bloom_pretokenize
-  kNone,        // the whole text is one piece (ByteLevel with use_regex false)
+  bool special = false;
+  bool single_word = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool normalized = false;
 };
 
 class Tokenizer {
@@ -60,17 +62,18 @@ class Tokenizer {
   static Tokenizer from_tiktoken(const std::string& tiktoken_path);
   // GPT-2's original files: encoder.json (token -> id) and vocab.bpe (merges).
   static Tokenizer from_gpt2_files(const std::string& encoder_json_path, const std::string& vocab_bpe_path);
-  // Supports model.type "BPE" (merges as "a b" strings or ["a", "b"] pairs), no
-  // normalizer, and as pre-tokenizer either ByteLevel (alone or as the only
-  // step of a Sequence: GPT-2's kind) or BLOOM's Sequence of its Split regex
-  // and a ByteLevel without regex. Anything else is rejected with an error
-  // naming it. The text is split as Hugging Face tokenizers does, whose regex
-  // engine (Oniguruma) counts U+0085 as whitespace and U+FEFF not.
+  // Supports model.type "BPE" (merges as "a b" strings or ["a", "b"] pairs;
+  // ignore_merges), no normalizer, a pre-tokenizer of ByteLevel, Split and
+  // Digits steps ending in ByteLevel (pre_tokenizer.h), added tokens with their
+  // flags, and a ByteLevel decoder (or none). Anything else is rejected with
+  // an error naming the file and the part; so are two tokens on one id and ids
+  // far beyond the number of tokens the file holds (checked before the id
+  // tables are allocated).
   static Tokenizer from_hf_json(const std::string& tokenizer_json_path);
 
-  // Token ids of the text. With a tokenizer.json, added tokens found verbatim in
-  // the text become their own ids, leftmost then longest first, as Hugging Face
-  // does (their lstrip/rstrip/single_word options are ignored). With GPT-2's
+  // Token ids of the text. With a tokenizer.json, added tokens found in the
+  // text become their own ids, as Hugging Face does (added_token_split.h).
+  // With GPT-2's
   // files (.tiktoken or encoder.json), "<|endoftext|>" in the text is encoded
   // as plain text, as tiktoken's encode_ordinary does; token_id("<|endoftext|>")
   // gives its id to append.
@@ -87,17 +90,15 @@ class Tokenizer {
 
  private:
   static Tokenizer from_hf_json_checked(const std::string& tokenizer_json_path);
-  Tokenizer(std::string source, ByteLevelBpe bpe);
+  Tokenizer(std::string source, ByteLevelBpe bpe, std::shared_ptr<const PreTokenizer> pre_tokenizer);
   void encode_plain(std::string_view text, std::vector<TokenId>& ids) const;
 
   std::string source_;
   ByteLevelBpe bpe_;
-  TextSplit split_ = TextSplit::kGpt2Regex;
-  SpaceDefinition spaces_ = SpaceDefinition::kUnicodeWhiteSpace;  // for kGpt2Regex
-  bool add_prefix_space_ = false;
+  std::shared_ptr<const PreTokenizer> pre_tokenizer_;
   std::vector<AddedToken> added_;
-  // Indices into added_, longest content first, when they are matched in the text.
-  std::vector<std::size_t> matched_added_;
+  // Finds added_ in the text (tokenizer.json only; null: added tokens are plain text).
+  std::shared_ptr<const AddedTokenSplitter> added_splitter_;
 };
 
 }  // namespace gradaccum::data

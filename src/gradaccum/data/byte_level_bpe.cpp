@@ -22,6 +22,30 @@ TokenId largest_id(const Pairs& pairs, const std::string& source) {
   return max_id;
 }
 
+// The bytes a token's byte characters stand for, when every character is one;
+// else the token's own UTF-8 (Hugging Face's ByteLevel decoder, per token).
+std::string token_bytes(const std::string& token) {
+  static const std::unordered_map<char32_t, int> unicode_to_byte = [] {
+    std::unordered_map<char32_t, int> map;
+    for (int b = 0; b < 256; ++b) map[byte_to_unicode()[b]] = b;
+    return map;
+  }();
+  std::string bytes;
+  for (char32_t c : decode_utf8(token)) {
+    const auto it = unicode_to_byte.find(c);
+    if (it == unicode_to_byte.end()) return token;
+    bytes.push_back(static_cast<char>(it->second));
+  }
+  return bytes;
+}
+
+// Whether every character of token is a byte character.
+bool is_byte_level(const std::string& token, const std::string& bytes) {
+  std::string characters;
+  for (unsigned char b : bytes) append_utf8(characters, byte_to_unicode()[b]);
+  return characters == token;
+}
+
 }  // namespace
 
 const std::array<char32_t, 256>& byte_to_unicode() {
@@ -40,21 +64,9 @@ const std::array<char32_t, 256>& byte_to_unicode() {
 ByteLevelBpe::ByteLevelBpe(const std::unordered_map<std::string, TokenId>& vocab, const std::vector<Merge>& merges,
                            std::string source)
     : source_(std::move(source)), ids_(vocab) {
-  std::unordered_map<char32_t, int> unicode_to_byte;
-  for (int b = 0; b < 256; ++b) unicode_to_byte[byte_to_unicode()[b]] = b;
-
   size_id_tables(largest_id(vocab, source_));
   for (const auto& [token, id] : vocab) {
-    std::string bytes;
-    for (char32_t c : decode_utf8(token)) {
-      const auto it = unicode_to_byte.find(c);
-      if (it != unicode_to_byte.end()) {
-        bytes.push_back(static_cast<char>(it->second));
-      } else {
-        append_utf8(bytes, c);
-      }
-    }
-    id_bytes_[id] = std::move(bytes);
+    id_bytes_[id] = token_bytes(token);
     id_known_[id] = true;
   }
 
@@ -117,7 +129,8 @@ ByteLevelBpe::ByteLevelBpe(const ByteLevelBpe& other)
       id_bytes_(other.id_bytes_),
       id_known_(other.id_known_),
       byte_token_(other.byte_token_),
-      merges_(other.merges_) {}
+      merges_(other.merges_),
+      whole_tokens_(other.whole_tokens_) {}
 
 ByteLevelBpe::ByteLevelBpe(ByteLevelBpe&& other)
     : source_(std::move(other.source_)),
@@ -125,7 +138,8 @@ ByteLevelBpe::ByteLevelBpe(ByteLevelBpe&& other)
       id_bytes_(std::move(other.id_bytes_)),
       id_known_(std::move(other.id_known_)),
       byte_token_(other.byte_token_),
-      merges_(std::move(other.merges_)) {}
+      merges_(std::move(other.merges_)),
+      whole_tokens_(std::move(other.whole_tokens_)) {}
 
 std::optional<TokenId> ByteLevelBpe::token_id(std::string_view token) const {
   const auto it = ids_.find(std::string(token));
@@ -140,9 +154,16 @@ void ByteLevelBpe::add_literal_token(TokenId id, const std::string& content) {
     id_known_.resize(id_bytes_.size(), false);
   }
   if (!id_known_[id]) {
-    id_bytes_[id] = content;
+    id_bytes_[id] = token_bytes(content);
     id_known_[id] = true;
     ids_.emplace(content, id);
+  }
+}
+
+void ByteLevelBpe::ignore_merges() {
+  whole_tokens_.reserve(ids_.size());
+  for (const auto& [token, id] : ids_) {
+    if (is_byte_level(token, id_bytes_[id])) whole_tokens_.emplace(id_bytes_[id], id);
   }
 }
 
@@ -233,6 +254,13 @@ void ByteLevelBpe::merge_symbols_heap(std::vector<TokenId>& symbols) const {
 void ByteLevelBpe::encode_piece(std::string_view bytes, std::vector<TokenId>& out) const {
   if (bytes.empty()) return;
   std::string key(bytes);
+  if (!whole_tokens_.empty()) {
+    const auto whole = whole_tokens_.find(key);
+    if (whole != whole_tokens_.end()) {
+      out.push_back(whole->second);
+      return;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(cache_mutex_);
     const auto it = cache_.find(key);

@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/data/bloom_pretokenizer.h"
-#include "gradaccum/data/gpt2_pretokenizer.h"
+#include "gradaccum/data/added_token_split.h"
+#include "gradaccum/data/pre_tokenizer.h"
 #include "gradaccum/data/tiktoken_merges.h"
 #include "gradaccum/data/tiktoken_ranks.h"
 #include "gradaccum/data/utf8.h"
@@ -47,15 +47,43 @@ json parse_json(const std::string& path) {
   }
 }
 
-// id values of a {"token": id, ...} object.
-std::unordered_map<std::string, TokenId> read_vocab(const json& object, const std::string& path, const char* where) {
+std::string json_quoted(const std::string& token) {
+  return json(token).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// A file's ids index tables of one entry per id: an id far beyond the number of
+// tokens it holds would allocate for nothing (2·10^9 is 64 GB of strings), so
+// ids must stay below twice that number plus this many.
+constexpr TokenId kSpareIds = 1024;
+
+TokenId id_limit(std::size_t tokens) { return 2 * static_cast<TokenId>(tokens) + kSpareIds; }
+
+void check_id_in_range(TokenId id, std::size_t tokens, const std::string& path, const std::string& where,
+                       const std::string& token) {
+  GA_CHECK(id >= 0, "tokenizer file {}: {}: token {} has the negative id {}", path, where, json_quoted(token), id);
+  GA_CHECK(id < id_limit(tokens),
+           "tokenizer file {}: {}: token {} has id {}, far beyond the {} tokens the file holds (ids must be below {})",
+           path, where, json_quoted(token), id, tokens, id_limit(tokens));
+}
+
+// id values of a {"token": id, ...} object; extra_tokens more tokens (added
+// tokens) come with it, which the ids may also leave room for.
+std::unordered_map<std::string, TokenId> read_vocab(const json& object, const std::string& path, const char* where,
+                                                    std::size_t extra_tokens = 0) {
   GA_CHECK(object.is_object(), "tokenizer file {}: {} is not a JSON object of token ids", path, where);
   std::unordered_map<std::string, TokenId> vocab;
   vocab.reserve(object.size());
+  std::unordered_map<TokenId, std::string> token_of;
+  token_of.reserve(object.size());
   for (const auto& [token, id] : object.items()) {
     GA_CHECK(id.is_number_integer(), "tokenizer file {}: {}: the id of token {} is not an integer", path, where,
-             flatten_newlines(json(token).dump()));
-    vocab.emplace(token, id.get<TokenId>());
+             json_quoted(token));
+    const TokenId value = id.get<TokenId>();
+    check_id_in_range(value, object.size() + extra_tokens, path, where, token);
+    const auto [other, fresh] = token_of.emplace(value, token);
+    GA_CHECK(fresh, "tokenizer file {}: {}: tokens {} and {} have the same id {}", path, where,
+             json_quoted(other->second), json_quoted(token), value);
+    vocab.emplace(token, value);
   }
   return vocab;
 }
@@ -115,65 +143,71 @@ std::string type_of(const json& step) {
                                                                                : std::string("?");
 }
 
-struct PreTokenizerConfig {
-  TextSplit split = TextSplit::kGpt2Regex;
-  bool add_prefix_space = false;
-};
-
-std::string describe_step(const json& step) {
-  std::string text = type_of(step);
-  if (step.is_object() && step.contains("pattern")) text += " with pattern " + flatten_newlines(step["pattern"].dump());
-  return text;
-}
-
-// Accepts [ByteLevel] (GPT-2's kind) and [Split(BLOOM's regex), ByteLevel
-// without regex] (BLOOM's), alone or in a Sequence.
-PreTokenizerConfig read_pre_tokenizer(const json& root, const std::string& path) {
-  GA_CHECK(!is_null_or_empty(root, "pre_tokenizer"),
-           "tokenizer file {}: no pre_tokenizer (only byte-level BPE is supported)", path);
-  const json& pre = root["pre_tokenizer"];
-  std::vector<json> steps{pre};
-  if (type_of(pre) == "Sequence") {
-    GA_CHECK(pre.contains("pretokenizers") && pre["pretokenizers"].is_array(),
-             "tokenizer file {}: pre_tokenizer Sequence has no pretokenizers array", path);
-    steps.clear();
-    for (const json& step : pre["pretokenizers"]) steps.push_back(step);
+// tokenizer.json's added_tokens, checked against model.vocab: an added token
+// that is in the vocabulary has its id there, and no two tokens share an id.
+std::vector<AddedToken> read_added_tokens(const json& root, const std::unordered_map<std::string, TokenId>& vocab,
+                                          const std::string& path) {
+  std::vector<AddedToken> tokens;
+  if (!root.contains("added_tokens") || root["added_tokens"].is_null()) return tokens;
+  const json& added = root["added_tokens"];
+  GA_CHECK(added.is_array(), "tokenizer file {}: added_tokens is not an array", path);
+  std::unordered_map<TokenId, std::string> vocab_token_of;
+  vocab_token_of.reserve(vocab.size());
+  for (const auto& [token, id] : vocab) vocab_token_of.emplace(id, token);
+  std::unordered_map<TokenId, std::size_t> added_index_of;
+  std::unordered_map<std::string, std::size_t> added_content_of;
+  for (std::size_t i = 0; i < added.size(); ++i) {
+    const json& t = added[i];
+    GA_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() && t.contains("content") &&
+                 t["content"].is_string() && !t["content"].get<std::string>().empty(),
+             "tokenizer file {}: added_tokens[{}] needs an integer id and a non-empty content", path, i);
+    const auto flag = [&](const char* key, bool fallback) {
+      if (!t.contains(key) || t[key].is_null()) return fallback;
+      GA_CHECK(t[key].is_boolean(), "tokenizer file {}: added_tokens[{}].{} is not true or false", path, i, key);
+      return t[key].get<bool>();
+    };
+    AddedToken token{t["id"].get<TokenId>(), t["content"].get<std::string>()};
+    token.special = flag("special", false);
+    token.single_word = flag("single_word", false);
+    token.lstrip = flag("lstrip", false);
+    token.rstrip = flag("rstrip", false);
+    // tokenizers' default: special tokens are matched before normalization.
+    token.normalized = flag("normalized", !token.special);
+    const std::string where = fmt::format("added_tokens[{}]", i);
+    check_id_in_range(token.id, vocab.size() + added.size(), path, where, token.content);
+    const auto in_vocab = vocab.find(token.content);
+    GA_CHECK(in_vocab == vocab.end() || in_vocab->second == token.id,
+             "tokenizer file {}: {}: token {} has id {}, but model.vocab gives it id {}", path, where,
+             json_quoted(token.content), token.id, in_vocab == vocab.end() ? 0 : in_vocab->second);
+    const auto vocab_token = vocab_token_of.find(token.id);
+    GA_CHECK(vocab_token == vocab_token_of.end() || vocab_token->second == token.content,
+             "tokenizer file {}: {}: tokens {} and {} (model.vocab) have the same id {}", path, where,
+             json_quoted(token.content), json_quoted(vocab_token == vocab_token_of.end() ? "" : vocab_token->second),
+             token.id);
+    const auto [same_id, fresh_id] = added_index_of.emplace(token.id, i);
+    GA_CHECK(fresh_id, "tokenizer file {}: {}: tokens {} and {} (added_tokens[{}]) have the same id {}", path, where,
+             json_quoted(token.content), json_quoted(tokens[same_id->second].content), same_id->second, token.id);
+    const auto [same_content, fresh_content] = added_content_of.emplace(token.content, i);
+    GA_CHECK(fresh_content, "tokenizer file {}: {}: token {} is already added_tokens[{}]", path, where,
+             json_quoted(token.content), same_content->second);
+    tokens.push_back(std::move(token));
   }
-  const auto unsupported = [&](const json& step) {
-    return Error(
-        fmt::format("tokenizer file {}: pre_tokenizer step {} is not supported (only ByteLevel, or "
-                    "BLOOM's Split then ByteLevel)",
-                    path, describe_step(step)));
-  };
-  PreTokenizerConfig config;
-  const json* byte_level = nullptr;
-  if (steps.size() == 1 && type_of(steps[0]) == "ByteLevel") {
-    byte_level = &steps[0];
-    config.split = byte_level->value("use_regex", true) ? TextSplit::kGpt2Regex : TextSplit::kNone;
-  } else if (steps.size() == 2 && type_of(steps[0]) == "Split" && type_of(steps[1]) == "ByteLevel") {
-    const json& split = steps[0];
-    const bool bloom = split.contains("pattern") && split["pattern"].is_object() &&
-                       split["pattern"].value("Regex", std::string()) == kBloomSplitPattern &&
-                       split.value("behavior", std::string()) == "Isolated" && !split.value("invert", false);
-    if (!bloom) throw unsupported(split);
-    byte_level = &steps[1];
-    GA_CHECK(!byte_level->value("use_regex", true),
-             "tokenizer file {}: a ByteLevel step with use_regex after a Split is not supported", path);
-    config.split = TextSplit::kBloomRegex;
-  } else {
-    for (const json& step : steps) {
-      if (type_of(step) != "ByteLevel") throw unsupported(step);
-    }
-    throw Error(
-        fmt::format("tokenizer file {}: pre_tokenizer Sequence of {} steps is not supported", path, steps.size()));
-  }
-  config.add_prefix_space = byte_level->value("add_prefix_space", false);
-  return config;
+  return tokens;
 }
 
 }  // namespace
 
-Tokenizer::Tokenizer(std::string source, ByteLevelBpe bpe) : source_(std::move(source)), bpe_(std::move(bpe)) {}
+Tokenizer::Tokenizer(std::string source, ByteLevelBpe bpe, std::shared_ptr<const PreTokenizer> pre_tokenizer)
+    : source_(std::move(source)), bpe_(std::move(bpe)), pre_tokenizer_(std::move(pre_tokenizer)) {}
+
+namespace {
+
+std::shared_ptr<const PreTokenizer> gpt2_pre_tokenizer() {
+  static const auto pre = std::make_shared<const PreTokenizer>(PreTokenizer::gpt2());
+  return pre;
+}
+
+}  // namespace
 
 Tokenizer Tokenizer::load(const std::string& path) {
   std::error_code ec;
@@ -196,8 +230,7 @@ Tokenizer Tokenizer::from_gpt2_files(const std::string& encoder_json_path, const
   const auto vocab = read_vocab(parse_json(encoder_json_path), encoder_json_path, "the top level");
   const auto merges = read_vocab_bpe(vocab_bpe_path);
   const std::string source = encoder_json_path + " + " + vocab_bpe_path;
-  Tokenizer tokenizer(source, ByteLevelBpe(vocab, merges, source));
-  tokenizer.spaces_ = SpaceDefinition::kUnicodeWhiteSpace;
+  Tokenizer tokenizer(source, ByteLevelBpe(vocab, merges, source), gpt2_pre_tokenizer());
   if (const auto eot = tokenizer.token_id(kGpt2EndOfText)) {
     tokenizer.added_.push_back({*eot, kGpt2EndOfText, true});
   }
@@ -209,8 +242,7 @@ Tokenizer Tokenizer::from_tiktoken(const std::string& path) {
   std::vector<std::pair<std::string_view, TokenId>> bytes_and_ids;
   bytes_and_ids.reserve(tokens.size());
   for (const TiktokenToken& t : tokens) bytes_and_ids.emplace_back(t.bytes, t.rank);
-  Tokenizer tokenizer(path, ByteLevelBpe(bytes_and_ids, tiktoken_merges(tokens, path), path));
-  tokenizer.spaces_ = SpaceDefinition::kUnicodeWhiteSpace;
+  Tokenizer tokenizer(path, ByteLevelBpe(bytes_and_ids, tiktoken_merges(tokens, path), path), gpt2_pre_tokenizer());
   tokenizer.bpe_.add_literal_token(kGpt2EndOfTextId, kGpt2EndOfText);
   tokenizer.added_.push_back({kGpt2EndOfTextId, kGpt2EndOfText, true});
   return tokenizer;
@@ -243,90 +275,57 @@ Tokenizer Tokenizer::from_hf_json_checked(const std::string& path) {
   GA_CHECK(is_null_or_empty(root, "normalizer"), "tokenizer file {}: normalizer {} is not supported", path,
            type_of(root["normalizer"]));
 
-  const PreTokenizerConfig pre = read_pre_tokenizer(root, path);
+  const json decoder = root.value("decoder", json());
+  GA_CHECK(decoder.is_null() || type_of(decoder) == "ByteLevel",
+           "tokenizer file {}: decoder {} is not supported (only ByteLevel)", path, type_of(decoder));
+  GA_CHECK(model.value("ignore_merges", json(false)).is_boolean(),
+           "tokenizer file {}: model.ignore_merges is not true or false", path);
 
-  const auto vocab = read_vocab(model["vocab"], path, "model.vocab");
+  auto pre = std::make_shared<const PreTokenizer>(PreTokenizer::from_json(root.value("pre_tokenizer", json()), path));
+
+  const std::size_t added_count =
+      root.contains("added_tokens") && root["added_tokens"].is_array() ? root["added_tokens"].size() : 0;
+  const auto vocab = read_vocab(model["vocab"], path, "model.vocab", added_count);
+  std::vector<AddedToken> added = read_added_tokens(root, vocab, path);
   const auto merges = read_hf_merges(model["merges"], path);
-  Tokenizer tokenizer(path, ByteLevelBpe(vocab, merges, path));
-  tokenizer.split_ = pre.split;
-  tokenizer.add_prefix_space_ = pre.add_prefix_space;
-  tokenizer.spaces_ = SpaceDefinition::kUnicodeWhiteSpace;
-
-  if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
-    const json& added = root["added_tokens"];
-    GA_CHECK(added.is_array(), "tokenizer file {}: added_tokens is not an array", path);
-    for (std::size_t i = 0; i < added.size(); ++i) {
-      const json& t = added[i];
-      GA_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() && t.contains("content") &&
-                   t["content"].is_string() && !t["content"].get<std::string>().empty(),
-               "tokenizer file {}: added_tokens[{}] needs an integer id and a non-empty content", path, i);
-      AddedToken token{t["id"].get<TokenId>(), t["content"].get<std::string>(), t.value("special", false)};
-      tokenizer.bpe_.add_literal_token(token.id, token.content);
-      tokenizer.added_.push_back(std::move(token));
-    }
-  }
-  for (std::size_t i = 0; i < tokenizer.added_.size(); ++i) tokenizer.matched_added_.push_back(i);
-  std::stable_sort(tokenizer.matched_added_.begin(), tokenizer.matched_added_.end(), [&](std::size_t a, std::size_t b) {
-    return tokenizer.added_[a].content.size() > tokenizer.added_[b].content.size();
-  });
+  Tokenizer tokenizer(path, ByteLevelBpe(vocab, merges, path), std::move(pre));
+  if (model.value("ignore_merges", false)) tokenizer.bpe_.ignore_merges();
+  for (const AddedToken& token : added) tokenizer.bpe_.add_literal_token(token.id, token.content);
+  tokenizer.added_ = std::move(added);
+  if (!tokenizer.added_.empty())
+    tokenizer.added_splitter_ = std::make_shared<const AddedTokenSplitter>(tokenizer.added_);
   return tokenizer;
 }
 
 void Tokenizer::encode_plain(std::string_view text, std::vector<TokenId>& ids) const {
-  if (text.empty()) return;
-  std::u32string code_points = decode_utf8(text);
-  // Hugging Face's ByteLevel step adds the space to each piece it receives,
-  // before its own regex: the whole text here, or each piece of BLOOM's Split.
-  const bool prefix_pieces = add_prefix_space_ && split_ == TextSplit::kBloomRegex;
-  if (add_prefix_space_ && !prefix_pieces && code_points.front() != U' ') code_points.insert(0, 1, U' ');
-  std::string piece;
-  const auto encode_span = [&](const TextSpan& span) {
-    piece.clear();
-    if (prefix_pieces && code_points[span.begin] != U' ') piece.push_back(' ');
-    for (std::size_t i = span.begin; i < span.end; ++i) append_utf8(piece, code_points[i]);
-    bpe_.encode_piece(piece, ids);
-  };
-  switch (split_) {
-    case TextSplit::kGpt2Regex:
-      for (const TextSpan& span : gpt2_pretokenize(code_points, spaces_)) encode_span(span);
-      break;
-    case TextSplit::kBloomRegex:
-      for (const TextSpan& span : bloom_pretokenize(code_points)) encode_span(span);
-      break;
-    case TextSplit::kNone:
-      encode_span({0, code_points.size()});
-      break;
-  }
+  // One buffer per thread: encode runs once per line of a data set.
+  thread_local std::vector<std::string> pieces;
+  pieces.clear();
+  pre_tokenizer_->split(text, pieces);
+  for (const std::string& piece : pieces) bpe_.encode_piece(piece, ids);
 }
 
 std::vector<TokenId> Tokenizer::encode(std::string_view text) const {
   std::vector<TokenId> ids;
   ids.reserve(text.size() / 3 + 1);
-  if (matched_added_.empty()) {
+  std::string replaced;
+  if (!is_valid_utf8(text)) {
+    replaced = replace_invalid_utf8(text);
+    text = replaced;
+  }
+  if (added_splitter_ == nullptr) {
     encode_plain(text, ids);
     return ids;
   }
-  // Split out added tokens (leftmost, then longest), encode the text between.
-  std::size_t plain_begin = 0;
-  for (std::size_t i = 0; i < text.size();) {
-    const AddedToken* found = nullptr;
-    for (std::size_t index : matched_added_) {
-      const AddedToken& t = added_[index];
-      if (text.compare(i, t.content.size(), t.content) == 0) {
-        found = &t;
-        break;
-      }
+  std::vector<TextSection> sections;
+  added_splitter_->split(text, sections);
+  for (const TextSection& section : sections) {
+    if (section.id) {
+      ids.push_back(*section.id);
+    } else {
+      encode_plain(section.text, ids);
     }
-    if (found == nullptr) {
-      ++i;
-      continue;
-    }
-    encode_plain(text.substr(plain_begin, i - plain_begin), ids);
-    ids.push_back(found->id);
-    i += found->content.size();
-    plain_begin = i;
   }
-  encode_plain(text.substr(plain_begin), ids);
   return ids;
 }
 

@@ -56,6 +56,50 @@ std::u32string decode_utf8(std::string_view bytes) {
   return out;
 }
 
+bool is_valid_utf8(std::string_view bytes) {
+  std::size_t i = 0;
+  while (i < bytes.size()) {
+    const unsigned b = static_cast<unsigned char>(bytes[i]);
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    // The lead byte gives the length and the range of the first continuation
+    // byte (narrower after E0, ED, F0, F4), as in decode_utf8.
+    std::size_t length = 0;
+    unsigned lower = 0x80, upper = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) {
+      length = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      length = 3;
+      if (b == 0xE0) lower = 0xA0;
+      if (b == 0xED) upper = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      length = 4;
+      if (b == 0xF0) lower = 0x90;
+      if (b == 0xF4) upper = 0x8F;
+    } else {
+      return false;
+    }
+    if (i + length > bytes.size()) return false;
+    for (std::size_t k = 1; k < length; ++k) {
+      const unsigned c = static_cast<unsigned char>(bytes[i + k]);
+      if (c < lower || c > upper) return false;
+      lower = 0x80;
+      upper = 0xBF;
+    }
+    i += length;
+  }
+  return true;
+}
+
+std::string replace_invalid_utf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size() + 8);
+  for (char32_t cp : decode_utf8(bytes)) append_utf8(out, cp);
+  return out;
+}
+
 void append_utf8(std::string& out, char32_t cp) {
   if (cp < 0x80) {
     out.push_back(static_cast<char>(cp));

@@ -13,6 +13,13 @@ namespace gradaccum::data {
 // Buffer.toString('utf8') and TextDecoder, Python's bytes.decode(errors="replace")).
 std::u32string decode_utf8(std::string_view bytes);
 
+// Whether bytes are valid UTF-8 (then decode_utf8 replaces nothing).
+bool is_valid_utf8(std::string_view bytes);
+
+// bytes with each maximal ill-formed subsequence replaced by U+FFFD, as
+// decode_utf8 does: valid UTF-8.
+std::string replace_invalid_utf8(std::string_view bytes);
+
 // Appends the UTF-8 encoding of a code point (which must not be a surrogate
 // nor above U+10FFFF).
 void append_utf8(std::string& out, char32_t cp);
