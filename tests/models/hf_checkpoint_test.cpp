@@ -264,7 +264,8 @@ TEST(HfCheckpointErrors, MissingWrongShapeUnexpectedOrDuplicateTensorIsNamed) {
       load_hf_tensors(*model, replaced(tensors, "transformer.ln_f.bias", torch::zeros({16}, torch::kLong)), "gpt2",
                       "ck"),
       "ck: tensor transformer.ln_f.bias: dtype Long is not floating point");
-  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*model, tensors, "llama", "ck"), "unknown architecture \"llama\"");
+  EXPECT_ONE_LINE_ERROR(load_hf_tensors(*model, tensors, "opt", "ck"),
+                        "unknown architecture \"opt\" (expected one of gpt2, bloom, llama, qwen2, qwen3, mistral)");
 
   // Every failure above was detected before anything was copied.
   EXPECT_TRUE(torch::equal(gradaccum::testing::flat_params(*model), before));
@@ -460,8 +461,8 @@ TEST(HfCheckpointErrors, Gpt2ConfigMissingWrongOrUnsupportedFields) {
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("layer_norm_epsilon", "tiny"), "d"),
                         "\"layer_norm_epsilon\" must be a number");
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(drop("model_type"), "d"), "d: config.json has no \"model_type\"");
-  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("model_type", "llama"), "d"),
-                        "\"model_type\" is \"llama\"; supported: gpt2, bloom");
+  EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("model_type", "opt"), "d"),
+                        "\"model_type\" is \"opt\"; supported: gpt2, bloom, llama, qwen2, qwen3, mistral");
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("model_type", "bloom"), "d"), "not \"gpt2\"");
   EXPECT_ONE_LINE_ERROR(gpt2_config_from_hf(with("activation_function", "relu"), "d"),
                         "\"activation_function\" is \"relu\"");
@@ -539,9 +540,28 @@ TEST(HfCheckpointErrors, DirectoryFilesMissingOrCorrupt) {
   EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir), dir + ": HF checkpoint has no model.safetensors");
   std::ofstream(dir + "/pytorch_model.bin") << "pickle";
   EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir), dir + ": has only pytorch_model.bin");
-  std::ofstream(dir + "/model.safetensors.index.json") << "{}";
+  // Shards: the index must name, for every tensor, a shard beside it that holds it.
+  const auto index = dir + "/model.safetensors.index.json";
+  std::ofstream(index) << "{}";
+  EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir), index + ": has no \"weight_map\" object");
+  std::ofstream(index) << R"({"weight_map": {"transformer.wte.weight": "../elsewhere.safetensors"}})";
+  EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir), "names \"../elsewhere.safetensors\", not a file beside the index");
+  std::ofstream(index) << R"({"weight_map": {"transformer.wte.weight": "model-1.safetensors"}})";
   EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir),
-                        "sharded checkpoints (model.safetensors.index.json) are not supported");
+                        index + ": shard model-1.safetensors (of tensor transformer.wte.weight) does not exist");
+  fs::copy_file(kGolden + "/model.safetensors", dir + "/model-1.safetensors");
+  EXPECT_ONE_LINE_ERROR(read_hf_checkpoint(dir), "is not listed in " + index);
+  const auto golden_tensors = read_hf_checkpoint(kGolden).tensors;
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (const auto& [name, tensor] : golden_tensors) weight_map[name] = "model-1.safetensors";
+  weight_map["transformer.extra.weight"] = "model-1.safetensors";
+  std::ofstream(index) << nlohmann::json({{"weight_map", weight_map}}).dump();
+  EXPECT_ONE_LINE_ERROR(
+      read_hf_checkpoint(dir),
+      index + ": lists tensor transformer.extra.weight in shard model-1.safetensors, which does not hold it");
+  weight_map.erase("transformer.extra.weight");
+  std::ofstream(index) << nlohmann::json({{"weight_map", weight_map}}).dump();
+  EXPECT_EQ(read_hf_checkpoint(dir).tensors.size(), golden_tensors.size());
 }
 
 }  // namespace hf_checkpoint_test

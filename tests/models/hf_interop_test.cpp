@@ -1,14 +1,15 @@
-// Hugging Face transformers itself as the reference. (1) GPT-2 and BLOOM models,
-// causal LM and sequence classifier, in shapes other than the defaults, saved
-// by transformers' save_pretrained (tests/hf/save_pretrained_models.py, run with
-// the venv's Python when this suite starts) load into gradaccum's models
-// (model.hf_checkpoint's loader) and give transformers' logits on a padded
-// batch: ≤ 1e-12 relative in float64, ≤ 1e-5 in float32; and checkpoints that
-// gradaccum writes load with transformers' from_pretrained, all keys matched,
-// with the same float64 logits. (transformers' BLOOM
-// runs its attention softmax in float32 whatever the dtype; the float64
-// reference runs it in float64, see the script.) Tied and untied LM heads
-// both; a GPT-2 that scales attention by the layer index, which HF allows and
+// Hugging Face transformers itself as the reference. (1) Models of every architecture
+// (GPT-2, BLOOM, Llama, Qwen2, Qwen3, Mistral), causal LM and sequence classifier, in
+// shapes other than the defaults, saved by transformers' save_pretrained
+// (tests/hf/save_pretrained_models.py, run with the venv's Python when this suite starts)
+// load into gradaccum's models (model.hf_checkpoint's loader, one or several shards) and
+// give transformers' logits on a left- and right-padded batch: ≤ 1e-12 relative in float64,
+// ≤ 1e-5 in float32; and checkpoints that gradaccum writes load with transformers'
+// from_pretrained, all keys matched, with the same float64 logits. (transformers' BLOOM
+// runs its attention softmax in float32 whatever the dtype, its Llama family its norms,
+// RoPE and softmax; the float64 reference runs them in float64, see the script.) Tied and
+// untied LM heads; RoPE's inverse frequencies for every scaling HF names equal
+// transformers'; a GPT-2 that scales attention by the layer index, which HF allows and
 // gradaccum does not, is refused with a one-line error.
 // (2) Trajectories: `gradaccum train` equals transformers' Trainer step for step from the
 // same initial weights on the same padded batches, and its naive mode equals HF Accelerate's
@@ -29,9 +30,11 @@
 
 #include "gradaccum/formats/safetensors.h"
 #include "gradaccum/models/bloom.h"
+#include "gradaccum/models/built_model.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/models/hf_checkpoint.h"
+#include "gradaccum/models/rope.h"
 #include "gradaccum/models/sequence_classifier.h"
 #include "test_support.h"
 
@@ -82,17 +85,19 @@ class HfInterop : public ::testing::Test {
 std::string HfInterop::dir_;
 int HfInterop::status_ = -1;
 
-// gradaccum's model for a checkpoint of `architecture` with `labels` (0 = causal LM).
-std::shared_ptr<torch::nn::Module> build(const nlohmann::json& config, const std::string& architecture, int64_t labels,
-                                         const std::string& what) {
-  if (architecture == "gpt2") {
-    const auto c = models::gpt2_config_from_hf(config, what);
-    if (labels == 0) return models::Gpt2LmHeadModel(c).ptr();
-    return models::SequenceClassificationModel(models::as_decoder(models::Gpt2Model(c)), labels).ptr();
+// gradaccum's model for a config.json with `labels` (0 = causal LM), through the architecture table.
+models::BuiltModel build(const nlohmann::json& config, int64_t labels, const std::string& what) {
+  return models::language_model_from_hf_config(config, what, labels, 0);
+}
+
+// The tensor named `key` of a safetensors file's content (an ADD_FAILURE naming `what` when absent).
+torch::Tensor named(const std::vector<std::pair<std::string, torch::Tensor>>& tensors, const std::string& key,
+                    const std::string& what) {
+  for (const auto& [k, t] : tensors) {
+    if (k == key) return t;
   }
-  const auto c = models::bloom_config_from_hf(config, what);
-  if (labels == 0) return models::BloomForCausalLm(c).ptr();
-  return models::SequenceClassificationModel(models::as_decoder(models::BloomModel(c)), labels).ptr();
+  ADD_FAILURE() << what << ": no " << key;
+  return torch::Tensor();
 }
 
 torch::Tensor forward(torch::nn::Module& module, const torch::Tensor& ids, const torch::Tensor& mask) {
@@ -114,22 +119,18 @@ TEST_F(HfInterop, SavePretrainedModelsLoadAndGiveTransformersLogits) {
     EXPECT_EQ(models::hf_model_type(checkpoint.config, name), architecture);
     EXPECT_EQ(models::hf_num_labels(checkpoint.config, name), labels == 0 ? 0 : labels) << name;
     const auto reference = formats::load_safetensors(case_dir + "/reference.safetensors");
-    auto tensor = [&](const std::string& key) {
-      for (const auto& [k, t] : reference) {
-        if (k == key) return t;
-      }
-      ADD_FAILURE() << name << ": no " << key;
-      return torch::Tensor();
-    };
+    auto tensor = [&](const std::string& key) { return named(reference, key, name); };
     const auto ids = tensor("input_ids"), mask = tensor("attention_mask");
     // Positions where both implementations define the logits: the real tokens (a padding
     // query that sees no real key is handled differently by HF and gradaccum).
     const auto real = labels == 0 ? mask.to(torch::kBool) : torch::ones({ids.size(0)}, torch::kBool);
     for (const auto dtype : {torch::kDouble, torch::kFloat}) {
-      auto model = build(checkpoint.config, architecture, labels, name);
-      model->to(dtype);
-      models::load_hf_tensors(*model, checkpoint.tensors, architecture, name);
-      const auto logits = forward(*model, ids, mask);
+      auto built = build(checkpoint.config, labels, name);
+      EXPECT_EQ(built.architecture, architecture);
+      auto& model = built.task->module();
+      model.to(dtype);
+      built.load_weights(checkpoint.tensors, name);
+      const auto logits = forward(model, ids, mask);
       const auto expected = tensor(dtype == torch::kDouble ? "logits64" : "logits32");
       ASSERT_EQ(logits.sizes(), expected.sizes()) << name;
       EXPECT_TRUE(torch::isfinite(logits.index({real})).all().item<bool>()) << name;
@@ -142,7 +143,45 @@ TEST_F(HfInterop, SavePretrainedModelsLoadAndGiveTransformersLogits) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 2 * 8);
+  EXPECT_EQ(compared, 2 * 18);
+}
+
+// RoPE's inverse frequencies and cos/sin scaling for every scaling type transformers names
+// (default, linear, dynamic within and beyond max_position_embeddings, llama3, yarn with and
+// without mscale) equal transformers' own, computed in float64, to 1e-13 relative; yarn's to
+// 1e-8, as transformers computes its ramp between the corrected dimensions in float32 (its
+// linear_ramp_factor names torch.float32), the rest in float64.
+TEST_F(HfInterop, RopeFrequenciesOfEveryScalingEqualTransformers) {
+  std::ifstream in(dir_ + "/rope.json");
+  const auto cases = nlohmann::json::parse(in);
+  const auto reference = formats::load_safetensors(dir_ + "/rope.safetensors");
+  ASSERT_EQ(cases.size(), 7u);
+  for (const auto& c : cases) {
+    const std::string name = c["name"];
+    const auto& p = c["rope_parameters"];
+    models::RopeOptions rope;
+    rope.type = models::parse_rope_type(p["rope_type"], name);
+    rope.theta = p["rope_theta"];
+    rope.factor = p.value("factor", 1.0);
+    rope.low_freq_factor = p.value("low_freq_factor", 1.0);
+    rope.high_freq_factor = p.value("high_freq_factor", 4.0);
+    rope.original_max_position_embeddings = p.value("original_max_position_embeddings", 0);
+    if (p.contains("mscale")) rope.mscale = p["mscale"].get<double>();
+    if (p.contains("mscale_all_dim")) rope.mscale_all_dim = p["mscale_all_dim"].get<double>();
+    if (p.contains("beta_fast")) rope.beta_fast = p["beta_fast"].get<double>();
+    if (p.contains("beta_slow")) rope.beta_slow = p["beta_slow"].get<double>();
+    rope.truncate = p.value("truncate", true);
+    const auto ours = models::rope_frequencies(rope, c["head_dim"], c["max_position_embeddings"], c["seq_len"]);
+    const auto theirs = named(reference, name, name);
+    ASSERT_EQ(ours.inv_freq.sizes(), theirs.sizes()) << name;
+    EXPECT_LE(max_relative_difference(ours.inv_freq, theirs), name.rfind("yarn", 0) == 0 ? 1e-8 : 1e-13) << name;
+    EXPECT_NEAR(ours.attention_scaling, c["attention_scaling"].get<double>(), 1e-15) << name;
+  }
+  // Of substance: the scalings differ from the default, and dynamic scaling only beyond the context.
+  auto frequencies = [&](const std::string& key) { return named(reference, key, key); };
+  EXPECT_TRUE(torch::equal(frequencies("dynamic-within"), frequencies("default")));
+  EXPECT_GT(max_relative_difference(frequencies("dynamic-beyond"), frequencies("default")), 0.01);
+  EXPECT_GT(max_relative_difference(frequencies("linear"), frequencies("default")), 0.1);
 }
 
 TEST_F(HfInterop, AGpt2ThatScalesAttentionByLayerIsRefusedWithTheKeyNamed) {
@@ -151,7 +190,7 @@ TEST_F(HfInterop, AGpt2ThatScalesAttentionByLayerIsRefusedWithTheKeyNamed) {
     if (!c.contains("refused")) continue;
     const std::string name = c["name"], expected = c["refused"];
     const auto checkpoint = models::read_hf_checkpoint(dir_ + "/" + name);
-    EXPECT_ONE_LINE_ERROR(build(checkpoint.config, c["architecture"], c["labels"], name), expected);
+    EXPECT_ONE_LINE_ERROR(build(checkpoint.config, c["labels"], name), expected);
     ++refused;
   }
   EXPECT_EQ(refused, 1);
@@ -167,46 +206,84 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
   struct Case {
     std::string name, architecture;
     int64_t labels;
+    nlohmann::json config;  // the Llama family's config.json (gpt2 and bloom: from their configs)
   };
-  const std::vector<Case> made = {{"gpt2-lm", "gpt2", 0},
-                                  {"gpt2-cls", "gpt2", 4},
-                                  {"bloom-lm", "bloom", 0},
-                                  {"bloom-cls", "bloom", 3},
-                                  {"gpt2-lm-untied", "gpt2", 0}};
+  // The Llama family: grouped-query attention, llama3 RoPE scaling and an untied head; a Qwen2
+  // classifier with a sliding window on its second layer; Qwen3 with an explicit head_dim; Mistral
+  // with multi-query attention and a window shorter than the batch's rows.
+  const nlohmann::json llama = {{"model_type", "llama"},
+                                {"vocab_size", 60},
+                                {"hidden_size", 32},
+                                {"intermediate_size", 40},
+                                {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4},
+                                {"num_key_value_heads", 2},
+                                {"max_position_embeddings", 32},
+                                {"rms_norm_eps", 1e-5},
+                                {"attention_bias", true},
+                                {"rope_theta", 1000.0},
+                                {"rope_scaling",
+                                 {{"rope_type", "llama3"},
+                                  {"factor", 4.0},
+                                  {"low_freq_factor", 1.0},
+                                  {"high_freq_factor", 4.0},
+                                  {"original_max_position_embeddings", 8}}}};
+  const nlohmann::json qwen2 = {{"model_type", "qwen2"},      {"vocab_size", 52},
+                                {"hidden_size", 24},          {"intermediate_size", 32},
+                                {"num_hidden_layers", 2},     {"num_attention_heads", 6},
+                                {"num_key_value_heads", 3},   {"max_position_embeddings", 32},
+                                {"use_sliding_window", true}, {"sliding_window", 3},
+                                {"max_window_layers", 1},     {"tie_word_embeddings", true}};
+  const nlohmann::json qwen3 = {{"model_type", "qwen3"},    {"vocab_size", 55},       {"hidden_size", 32},
+                                {"intermediate_size", 36},  {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                                {"num_key_value_heads", 2}, {"head_dim", 6},          {"max_position_embeddings", 32},
+                                {"rms_norm_eps", 1e-5}};
+  const nlohmann::json mistral = {{"model_type", "mistral"},  {"vocab_size", 51},
+                                  {"hidden_size", 32},        {"intermediate_size", 24},
+                                  {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+                                  {"num_key_value_heads", 1}, {"max_position_embeddings", 32},
+                                  {"sliding_window", 4}};
+  const std::vector<Case> made = {
+      {"gpt2-lm", "gpt2", 0, {}},       {"gpt2-cls", "gpt2", 4, {}},       {"bloom-lm", "bloom", 0, {}},
+      {"bloom-cls", "bloom", 3, {}},    {"gpt2-lm-untied", "gpt2", 0, {}}, {"llama-lm", "llama", 0, llama},
+      {"qwen2-cls", "qwen2", 2, qwen2}, {"qwen3-lm", "qwen3", 0, qwen3},   {"mistral-lm", "mistral", 0, mistral}};
   nlohmann::json listed = nlohmann::json::array();
   std::map<std::string, double> losses;
   for (size_t i = 0; i < made.size(); ++i) {
     const auto& c = made[i];
-    nlohmann::json config;
-    std::shared_ptr<torch::nn::Module> model;
+    nlohmann::json config = c.config;
     if (c.architecture == "gpt2") {
       models::Gpt2Config g;
-      g.vocab_size = 57, g.n_positions = 24, g.n_embd = 30, g.n_layer = 3, g.n_head = 5, g.init_seed = 7 + i;
+      g.vocab_size = 57, g.n_positions = 24, g.n_embd = 30, g.n_layer = 3, g.n_head = 5;
       g.tie_word_embeddings = c.name.find("untied") == std::string::npos;
-      config = models::gpt2_hf_config(g, c.labels);
-      model = build(config, "gpt2", c.labels, c.name);
-    } else {
+      config = models::gpt2_hf_config(g);
+    } else if (c.architecture == "bloom") {
       models::BloomConfig b;
-      b.vocab_size = 53, b.hidden_size = 24, b.n_layer = 2, b.n_head = 4, b.init_seed = 7 + i;
-      config = models::bloom_hf_config(b, c.labels);
-      model = build(config, "bloom", c.labels, c.name);
+      b.vocab_size = 53, b.hidden_size = 24, b.n_layer = 2, b.n_head = 4;
+      config = models::bloom_hf_config(b);
     }
+    auto built = models::language_model_from_hf_config(config, c.name, c.labels, 7 + i);
+    auto* model = &built.task->module();
     {
-      // Every weight redrawn: LayerNorm gains and biases start at 1 and 0, which would hide a
+      // Every weight redrawn: norm gains and biases start at 1 and 0, which would hide a
       // swapped or transposed tensor.
       torch::NoGradGuard no_grad;
       torch::manual_seed(static_cast<uint64_t>(40 + i));
       for (const auto& item : model->named_parameters()) {
         auto p = item.value();
-        const bool gain = item.key().find("ln") != std::string::npos && item.key().ends_with("weight");
+        const bool gain =
+            (item.key().find("ln") != std::string::npos || item.key().find("norm") != std::string::npos) &&
+            item.key().ends_with("weight");
         p.copy_(gain ? 1.0 + 0.2 * torch::randn_like(p) : 0.3 * torch::randn_like(p));
       }
     }
+    // What gradaccum writes: its own config.json for the architecture and task.
+    config = built.hf_config;
     // A classifier's final/ names the pad id its data pads with (cli/workload.cpp): HF finds
     // the pooled token from it, gradaccum from the mask. Here the batch pads with 0.
     if (c.labels > 0) config["pad_token_id"] = 0;
     const std::string case_dir = root + "/" + c.name;
-    models::write_hf_checkpoint(case_dir, {config, models::hf_tensors(*model, c.architecture)});
+    models::write_hf_checkpoint(case_dir, {config, built.weights()});
     // A padded batch: row 0 unpadded, row 1 right-padded, row 2 left-padded (pad id 0,
     // real ids ≥ 4).
     auto ids = torch::randint(4, 50, {3, 9}, torch::kLong);
@@ -247,7 +324,11 @@ TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits
                                                       {"gpt2-cls", "GPT2ForSequenceClassification"},
                                                       {"bloom-lm", "BloomForCausalLM"},
                                                       {"bloom-cls", "BloomForSequenceClassification"},
-                                                      {"gpt2-lm-untied", "GPT2LMHeadModel"}};
+                                                      {"gpt2-lm-untied", "GPT2LMHeadModel"},
+                                                      {"llama-lm", "LlamaForCausalLM"},
+                                                      {"qwen2-cls", "Qwen2ForSequenceClassification"},
+                                                      {"qwen3-lm", "Qwen3ForCausalLM"},
+                                                      {"mistral-lm", "MistralForCausalLM"}};
   for (const auto& c : made) {
     const auto& r = results.at(c.name);
     EXPECT_EQ(r["model_class"], classes.at(c.name));

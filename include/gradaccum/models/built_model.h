@@ -1,7 +1,7 @@
 // A model as the program trains, saves and loads it: the task the engine sees,
 // plus how its weights map to files. Image networks keep libtorch's parameter
-// names; GPT-2 and BLOOM use Hugging Face's names and config.json, so their
-// checkpoints load in HF's own code.
+// names; language models use Hugging Face's names and config.json (the
+// architecture table, architectures.h), so their checkpoints load in HF's own code.
 #pragma once
 
 #include <torch/torch.h>
@@ -22,7 +22,7 @@ using WeightList = std::vector<std::pair<std::string, torch::Tensor>>;
 
 struct BuiltModel {
   std::unique_ptr<core::Trainable> task;
-  std::string architecture;   // "" (image networks) | "gpt2" | "bloom"
+  std::string architecture;   // "" (image networks) | a name of decoder_architectures()
   nlohmann::json hf_config;   // null for image networks
   int64_t num_labels = 0;     // 0: a causal language model
   int64_t max_positions = 0;  // the longest sequence (0: unbounded)
@@ -48,13 +48,20 @@ struct BuiltModel {
   Decoder backbone{nullptr};  // the transformer (null for image networks)
 };
 
-// A fresh GPT-2 or BLOOM from the `model:` section: a causal LM when
-// `num_labels` is 0, else a sequence classifier with that many labels.
-// `vocab_size` comes from the tokenizer unless the config sets one.
-BuiltModel make_gpt2(const ModelConfig& config, int64_t vocab_size, int64_t num_labels, uint64_t init_seed);
-BuiltModel make_bloom(const ModelConfig& config, int64_t vocab_size, int64_t num_labels, uint64_t init_seed);
+// A fresh language model of architecture `name` (architectures.h) from the `model:` section: a
+// causal LM when `num_labels` is 0, else a sequence classifier with that many labels.
+// `vocab_size` comes from the tokenizer unless the config sets one. The section's dropout keys
+// must be the architecture's (an error names them otherwise).
+BuiltModel make_language_model(const std::string& name, const ModelConfig& config, int64_t vocab_size,
+                               int64_t num_labels, uint64_t init_seed);
 
-// A model from an HF checkpoint directory (config.json + model.safetensors).
+// The model a config.json describes (its "model_type" picks the architecture), with fresh weights
+// from `init_seed`: a causal LM when `num_labels` is 0, else a classifier. `what` names the
+// config in errors.
+BuiltModel language_model_from_hf_config(const nlohmann::json& config, const std::string& what, int64_t num_labels,
+                                         uint64_t init_seed);
+
+// A model from an HF checkpoint directory (config.json + model.safetensors or its shards).
 // `num_labels` < 0: the task the checkpoint was saved for; 0: a causal LM;
 // > 0: a classifier — from a causal-LM checkpoint the `score` head starts
 // fresh (seeded by `init_seed`), as HF's from_pretrained does. `config`, when given, overrides

@@ -109,6 +109,11 @@ void check_decoder_inputs(const std::string& model, const torch::Tensor& input_i
 // mask, the key is a real token. [B or 1, 1, T, T] bool.
 torch::Tensor causal_attention_allowed(const torch::Tensor& input_ids, const torch::Tensor& attention_mask);
 
+// HF's position ids for a padded batch (what its generate() passes): the number of real tokens
+// before each position, cumsum(mask) - 1, and 1 at padding (no real token attends to padding, so
+// any valid index would do). attention_mask [B, T] (1 = real); returns [B, T] int64.
+torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask);
+
 // The most negative finite value of `dtype` (double, float, bfloat16, half; float's
 // for any other): what attention masks fill where a key is not allowed, since -inf
 // would make a row without any allowed key NaN.

@@ -1,10 +1,13 @@
-// Hugging Face checkpoint directories (`config.json` + `model.safetensors`)
-// for GPT-2 and BLOOM: reading and writing them, mapping their tensors onto a
-// libtorch module and back, and converting their configs.
+// Hugging Face checkpoint directories (`config.json` + `model.safetensors`, or
+// shards listed in `model.safetensors.index.json`) for every architecture of the
+// table (architectures.h): reading and writing them, mapping their tensors onto a
+// libtorch module and back, and converting GPT-2's and BLOOM's configs.
 //
-// Our modules register their parameters under HF's names (models/gpt2.h), so
-// the mapping is the module's own named_parameters() plus a small rule set per
-// architecture for what differs:
+// Our modules register their parameters under HF's names (models/gpt2.h,
+// models/transformer.h), so the mapping is the module's own named_parameters()
+// plus the table entry's rules (HfTensorNames) for what differs:
+//   - The heads hold the backbone as `transformer.`; a family whose HF classes
+//     call it otherwise (the Llama family's `model.`) has it renamed on save and load.
 //   - GPT-2 uses HF's Conv1D, weight [in, out], where we use nn::Linear,
 //     weight [out, in]: attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj
 //     weights are transposed on save and load. BLOOM's are nn::Linear in HF
@@ -42,8 +45,9 @@ struct HfCheckpoint {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
 };
 
-// Reads `dir`/config.json (a JSON object) and `dir`/model.safetensors.
-// Sharded (model.safetensors.index.json) and pickle (pytorch_model.bin)
+// Reads `dir`/config.json (a JSON object) and `dir`/model.safetensors, or
+// without it the shards that `dir`/model.safetensors.index.json's weight_map
+// lists (each tensor in the shard the index names). Pickle (pytorch_model.bin)
 // checkpoints are refused with an error saying so.
 HfCheckpoint read_hf_checkpoint(const std::string& dir);
 
@@ -55,7 +59,7 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
 
 // Copies `tensors` (HF names and layouts) into `module`'s parameters, converted
 // to each parameter's dtype and device, under NoGradGuard. `architecture` is
-// "gpt2" or "bloom"; `what` names the source in errors. Everything is checked
+// a name of decoder_architectures(); `what` names the source in errors. Everything is checked
 // before anything is copied, so on error the module is unchanged. Errors name
 // the tensor: a parameter with no tensor, a shape mismatch (in the checkpoint's
 // layout), a tensor that is no parameter (except the ignored ones above), two
@@ -72,7 +76,7 @@ void load_hf_tensors(torch::nn::Module& module, const std::vector<std::pair<std:
 std::vector<std::pair<std::string, torch::Tensor>> hf_tensors(torch::nn::Module& module,
                                                               const std::string& architecture);
 
-// config.json's "model_type" ("gpt2" or "bloom"; anything else is an error).
+// config.json's "model_type" (a name of decoder_architectures(); anything else is an error).
 std::string hf_model_type(const nlohmann::json& config, const std::string& what);
 
 // 0 for a causal-LM checkpoint; the number of labels of a

@@ -25,13 +25,19 @@ struct ModelConfig {
   int64_t n_head = 4;
   int64_t n_positions = 128;  // GPT-2's position table; BLOOM has none
   int64_t vocab_size = 0;     // 0: the tokenizer's
-  std::string hf_checkpoint;  // a directory with config.json + model.safetensors
+  // The Llama family (llama, qwen2, qwen3, mistral) of a fresh model.
+  int64_t n_kv_head = 0;          // key-value heads (0: n_head)
+  int64_t head_dim = 0;           // 0: n_embd / n_head
+  int64_t intermediate_size = 0;  // SwiGLU width (0: 4 n_embd)
+  double rope_theta = 10000.0;
+  int64_t sliding_window = 0;  // mistral, qwen2, qwen3: every layer's window (0: none)
+  std::string hf_checkpoint;   // a directory with config.json + model.safetensors
   // Memory savings (top-level keys, as in HF TrainingArguments).
   bool gradient_checkpointing = false;  // recompute block activations in backward
   int64_t loss_chunk_tokens = 0;        // fused LM-head loss chunk; 0 = automatic
   // Dropout under HF's config names; -1: the hf_checkpoint's config.json value, else 0.
   double resid_pdrop = -1, embd_pdrop = -1, attn_pdrop = -1;  // GPT-2
-  double hidden_dropout = -1, attention_dropout = -1;         // BLOOM
+  double hidden_dropout = -1, attention_dropout = -1;         // BLOOM (attention_dropout: the Llama family's too)
   double dropout = 0.0;                                       // the cnn: after its dense layer
   DropoutRng dropout_rng = DropoutRng::per_sample;
 };

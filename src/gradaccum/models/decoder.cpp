@@ -46,6 +46,11 @@ torch::Tensor causal_attention_allowed(const torch::Tensor& input_ids, const tor
   return causal.logical_and(real_key);
 }
 
+torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask) {
+  auto mask = attention_mask.to(torch::kLong);
+  return (mask.cumsum(-1) - 1).masked_fill(mask.eq(0), 1);
+}
+
 double lowest_finite(torch::ScalarType dtype) {
   switch (dtype) {
     case torch::kDouble:

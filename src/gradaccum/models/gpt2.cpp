@@ -51,10 +51,7 @@ void init_weights(torch::nn::Module& model, const Gpt2Config& config) {
 }
 }  // namespace
 
-torch::Tensor gpt2_position_ids(const torch::Tensor& attention_mask) {
-  auto mask = attention_mask.to(torch::kLong);
-  return (mask.cumsum(-1) - 1).masked_fill(mask.eq(0), 1);
-}
+torch::Tensor gpt2_position_ids(const torch::Tensor& attention_mask) { return position_ids_from_mask(attention_mask); }
 
 // Dropout sites: 0 the embeddings, then per block 3i + 1 the attention probabilities, 3i + 2 the
 // attention's output, 3i + 3 the MLP's output.

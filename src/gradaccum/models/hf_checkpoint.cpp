@@ -11,9 +11,12 @@
 #include <initializer_list>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/models/architectures.h"
+#include "gradaccum/models/hf_config_fields.h"
 
 namespace gradaccum::models {
 
@@ -21,30 +24,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// What differs between a module's named_parameters() and HF's tensors.
-struct ArchitectureRules {
-  // The backbone's attribute name in HF's head classes (base_model_prefix).
-  std::string base_prefix = "transformer.";
-  // The tied LM head and the parameter it shares.
-  std::string tied_head = "lm_head.weight";
-  std::string tied_to;
-  // Parameter name suffixes whose HF tensor is the transpose of ours.
-  std::vector<std::string> transposed;
-  // Name suffixes of non-parameter buffers that checkpoints may carry.
-  std::vector<std::string> ignored;
-};
+// The heads' name of the backbone (decoder.h), and the untied LM head's parameter.
+const std::string kModulePrefix = "transformer.";
+const std::string kHeadName = "lm_head.weight";
 
-const ArchitectureRules& rules_for(const std::string& architecture) {
-  static const ArchitectureRules gpt2{
-      "transformer.",
-      "lm_head.weight",
-      "transformer.wte.weight",
-      {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"},
-      {".attn.bias", ".attn.masked_bias"}};
-  static const ArchitectureRules bloom{"transformer.", "lm_head.weight", "transformer.word_embeddings.weight", {}, {}};
-  if (architecture == "gpt2") return gpt2;
-  if (architecture == "bloom") return bloom;
-  throw Error(fmt::format("HF checkpoint: unknown architecture \"{}\" (expected gpt2 or bloom)", architecture));
+// The architecture table's (architectures.h) rules for `architecture`.
+const HfTensorNames& rules_for(const std::string& architecture) {
+  if (const auto* found = find_decoder_architecture(architecture)) return found->tensors;
+  std::string known;
+  for (const auto& a : decoder_architectures()) known += (known.empty() ? "" : ", ") + a.name;
+  throw Error(fmt::format("HF checkpoint: unknown architecture \"{}\" (expected one of {})", architecture, known));
 }
 
 bool has_suffix(const std::string& s, const std::string& suffix) {
@@ -52,7 +41,7 @@ bool has_suffix(const std::string& s, const std::string& suffix) {
 }
 bool has_prefix(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
-bool is_transposed(const ArchitectureRules& rules, const std::string& name) {
+bool is_transposed(const HfTensorNames& rules, const std::string& name) {
   return std::any_of(rules.transposed.begin(), rules.transposed.end(),
                      [&](const std::string& suffix) { return has_suffix(name, suffix); });
 }
@@ -88,71 +77,23 @@ ModuleParameters module_parameters(torch::nn::Module& module) {
   return result;
 }
 
-// A module's parameter name for checkpoint tensor `name`, with or without the
-// backbone prefix; empty when there is none.
-std::string parameter_name(const ModuleParameters& params, const ArchitectureRules& rules, const std::string& name) {
+// A module's parameter name for checkpoint tensor `name`: the family's backbone prefix (HF's
+// `model.`) read as the module's `transformer.`, and names with or without a backbone prefix
+// (checkpoints of the bare backbone); empty when there is none.
+std::string parameter_name(const ModuleParameters& params, const HfTensorNames& rules, const std::string& name) {
   auto known = [&](const std::string& n) { return params.own.count(n) > 0 || params.alias_of.count(n) > 0; };
   if (known(name)) return name;
-  if (known(rules.base_prefix + name)) return rules.base_prefix + name;
-  if (has_prefix(name, rules.base_prefix) && known(name.substr(rules.base_prefix.size())))
-    return name.substr(rules.base_prefix.size());
+  if (has_prefix(name, rules.hf_prefix) && known(kModulePrefix + name.substr(rules.hf_prefix.size())))
+    return kModulePrefix + name.substr(rules.hf_prefix.size());
+  if (known(kModulePrefix + name)) return kModulePrefix + name;
+  if (has_prefix(name, kModulePrefix) && known(name.substr(kModulePrefix.size())))
+    return name.substr(kModulePrefix.size());
   return {};
 }
 
-const nlohmann::json* field(const nlohmann::json& config, const char* key) {
-  auto it = config.find(key);
-  return it == config.end() ? nullptr : &*it;
-}
-
-int64_t required_positive_int(const nlohmann::json& config, const char* key, const std::string& what) {
-  const auto* value = field(config, key);
-  GA_CHECK(value != nullptr, "{}: config.json has no \"{}\"", what, key);
-  GA_CHECK(value->is_number_integer(), "{}: config.json \"{}\" must be an integer, got {}", what, key, value->dump());
-  const auto n = value->get<int64_t>();
-  GA_CHECK(n > 0, "{}: config.json \"{}\" must be positive, got {}", what, key, n);
-  return n;
-}
-
-// The first of `keys` present (HF configs renamed some fields over time).
-int64_t required_positive_int(const nlohmann::json& config, std::initializer_list<const char*> keys,
-                              const std::string& what) {
-  for (const char* key : keys)
-    if (field(config, key)) return required_positive_int(config, key, what);
-  return required_positive_int(config, *keys.begin(), what);  // reports the missing field
-}
-
-double optional_positive_number(const nlohmann::json& config, const char* key, double fallback,
-                                const std::string& what) {
-  const auto* value = field(config, key);
-  if (value == nullptr) return fallback;
-  GA_CHECK(value->is_number(), "{}: config.json \"{}\" must be a number, got {}", what, key, value->dump());
-  const auto x = value->get<double>();
-  GA_CHECK(x > 0, "{}: config.json \"{}\" must be positive, got {}", what, key, x);
-  return x;
-}
-
-double optional_probability(const nlohmann::json& config, const char* key, double fallback, const std::string& what) {
-  const auto* value = field(config, key);
-  if (value == nullptr) return fallback;
-  GA_CHECK(value->is_number(), "{}: config.json \"{}\" must be a number, got {}", what, key, value->dump());
-  const auto x = value->get<double>();
-  GA_CHECK(x >= 0.0 && x < 1.0, "{}: config.json \"{}\" must be a probability in [0, 1), got {}", what, key, x);
-  return x;
-}
-
-bool optional_bool(const nlohmann::json& config, const char* key, bool fallback, const std::string& what) {
-  const auto* value = field(config, key);
-  if (value == nullptr) return fallback;
-  GA_CHECK(value->is_boolean(), "{}: config.json \"{}\" must be true or false, got {}", what, key, value->dump());
-  return value->get<bool>();
-}
-
-// An optional setting our model supports only with one value.
-void require_if_present(const nlohmann::json& config, const char* key, const nlohmann::json& only,
-                        const std::string& what) {
-  const auto* value = field(config, key);
-  GA_CHECK(value == nullptr || *value == only, "{}: config.json \"{}\" is {}; this model supports only {}", what, key,
-           value ? value->dump() : "", only.dump());
+// The checkpoint's name of module parameter `name`: `transformer.` becomes the family's prefix.
+std::string hf_name(const HfTensorNames& rules, const std::string& name) {
+  return has_prefix(name, kModulePrefix) ? rules.hf_prefix + name.substr(kModulePrefix.size()) : name;
 }
 
 nlohmann::json read_json_file(const fs::path& path) {
@@ -169,75 +110,104 @@ nlohmann::json read_json_file(const fs::path& path) {
   }
 }
 
-// The tensor named `name` with or without the backbone prefix "transformer.", or null.
-const std::pair<std::string, torch::Tensor>* tensor_named(const formats::NamedTensors& tensors,
-                                                          const std::string& name) {
+// The tensor named `name` with or without the family's file prefix ("transformer.", "model."),
+// or null.
+const std::pair<std::string, torch::Tensor>* tensor_named(const formats::NamedTensors& tensors, const std::string& name,
+                                                          const std::string& prefix) {
   for (const auto& item : tensors) {
-    if (item.first == name || item.first == "transformer." + name) return &item;
+    if (item.first == name || item.first == prefix + name) return &item;
   }
   return nullptr;
 }
 
-// How many transformer blocks the tensors hold: one more than the largest N of "h.N." (with or
-// without the backbone prefix).
-int64_t blocks_held(const formats::NamedTensors& tensors) {
+// How many blocks the tensors hold: one more than the largest i of "<block_prefix><i>." (with or
+// without the file prefix).
+int64_t blocks_held(const formats::NamedTensors& tensors, const std::string& block_prefix, const std::string& prefix) {
   int64_t blocks = 0;
   for (const auto& item : tensors) {
     std::string name = item.first;
-    if (has_prefix(name, "transformer.")) name = name.substr(std::string("transformer.").size());
-    if (!has_prefix(name, "h.")) continue;
-    const auto dot = name.find('.', 2);
-    const auto index = name.substr(2, dot == std::string::npos ? std::string::npos : dot - 2);
+    if (has_prefix(name, prefix)) name = name.substr(prefix.size());
+    if (!has_prefix(name, block_prefix)) continue;
+    const auto dot = name.find('.', block_prefix.size());
+    const auto index =
+        name.substr(block_prefix.size(), dot == std::string::npos ? std::string::npos : dot - block_prefix.size());
     if (index.empty() || index.size() > 9 || index.find_first_not_of("0123456789") != std::string::npos) continue;
     blocks = std::max<int64_t>(blocks, std::stoll(index) + 1);
   }
   return blocks;
 }
 
-// What config.json claims against what model.safetensors holds, checked before a model of the
-// claimed size is built: a config.json edited to 100000 layers or a vocabulary of 10^12 beside a
-// small model.safetensors is one line naming the key, not gigabytes allocated before libtorch's
-// allocator gives up. Keys that are absent or not integers are left to the config conversion,
-// which names them.
+// What config.json claims against what the checkpoint's tensors hold (the architecture's
+// size_claims), checked before a model of the claimed size is built: a config.json edited to
+// 100000 layers or a vocabulary of 10^12 beside a small model.safetensors is one line naming the
+// key, not gigabytes allocated before libtorch's allocator gives up. Keys that are absent or not
+// integers are left to the config conversion, which names them.
 void check_claims_against_tensors(const nlohmann::json& config, const formats::NamedTensors& tensors,
                                   const std::string& config_file, const std::string& weights_file) {
-  const auto* type = field(config, "model_type");
-  if (type == nullptr || !type->is_string() || (*type != "gpt2" && *type != "bloom")) return;
-  const bool gpt2 = *type == "gpt2";
+  const auto* type = hf_fields::field(config, "model_type");
+  if (type == nullptr || !type->is_string()) return;
+  const auto* architecture = find_decoder_architecture(type->get<std::string>());
+  if (architecture == nullptr) return;
+  const auto& claims = architecture->size_claims;
+  const auto& prefix = architecture->tensors.hf_prefix;
   // The first of `keys` that config.json holds as an integer, with the name it has there.
-  auto claimed = [&](std::initializer_list<const char*> keys) -> std::pair<const char*, std::optional<int64_t>> {
-    for (const char* key : keys) {
-      if (const auto* value = field(config, key)) {
+  auto claimed = [&](const std::vector<std::string>& keys) -> std::pair<std::string, std::optional<int64_t>> {
+    for (const auto& key : keys) {
+      if (const auto* value = hf_fields::field(config, key.c_str())) {
         if (!value->is_number_integer()) break;
         return {key, value->get<int64_t>()};
       }
     }
-    return {*keys.begin(), std::nullopt};
+    return {keys.empty() ? std::string() : keys.front(), std::nullopt};
   };
-  auto check_dimension = [&](std::initializer_list<const char*> keys, const std::string& tensor, int64_t dim) {
-    const auto [key, value] = claimed(keys);
-    if (!value) return;
-    const auto* held = tensor_named(tensors, tensor);
-    GA_CHECK(held != nullptr, "{}: it has no tensor {} (or transformer.{}), so config.json's \"{}\" {} is unchecked",
-             weights_file, tensor, tensor, key, *value);
+  for (const auto& claim : claims.dimensions) {
+    const auto [key, value] = claimed(claim.keys);
+    if (!value) continue;
+    const auto* held = tensor_named(tensors, claim.tensor, prefix);
+    GA_CHECK(held != nullptr, "{}: it has no tensor {} (or {}{}), so config.json's \"{}\" {} is unchecked",
+             weights_file, claim.tensor, prefix, claim.tensor, key, *value);
     const auto& sizes = held->second.sizes();
-    GA_CHECK(sizes.size() == 2 && sizes[static_cast<size_t>(dim)] == *value,
+    GA_CHECK(sizes.size() == 2 && sizes[static_cast<size_t>(claim.dim)] == *value,
              "{}: \"{}\" is {}, but {} holds {} of shape {}", config_file, key, *value, weights_file, held->first,
              shape_string(sizes));
-  };
-  const std::string embedding = gpt2 ? "wte.weight" : "word_embeddings.weight";
-  check_dimension({"vocab_size"}, embedding, 0);
-  if (gpt2) {
-    check_dimension({"n_embd"}, embedding, 1);
-    check_dimension({"n_positions"}, "wpe.weight", 0);
-  } else {
-    check_dimension({"hidden_size", "n_embed"}, embedding, 1);
   }
-  const auto [layer_key, layers] = claimed(gpt2 ? std::initializer_list<const char*>{"n_layer"}
-                                                : std::initializer_list<const char*>{"n_layer", "num_hidden_layers"});
-  const int64_t blocks = blocks_held(tensors);
-  GA_CHECK(!layers || *layers == blocks, "{}: \"{}\" is {}, but {} holds {} blocks{}", config_file, layer_key, *layers,
-           weights_file, blocks, blocks > 0 ? fmt::format(" (h.0 to h.{})", blocks - 1) : std::string());
+  if (claims.layer_keys.empty()) return;
+  const auto [layer_key, layers] = claimed(claims.layer_keys);
+  const int64_t blocks = blocks_held(tensors, claims.block_prefix, prefix);
+  GA_CHECK(
+      !layers || *layers == blocks, "{}: \"{}\" is {}, but {} holds {} blocks{}", config_file, layer_key, *layers,
+      weights_file, blocks,
+      blocks > 0 ? fmt::format(" ({}0 to {}{})", claims.block_prefix, claims.block_prefix, blocks - 1) : std::string());
+}
+
+// The tensors of a sharded checkpoint: model.safetensors.index.json's "weight_map" names each
+// tensor's shard (a file beside it); every shard is read once, and a tensor the index lists
+// that its shard lacks, or a shard's tensor the index does not list, is an error.
+std::vector<std::pair<std::string, torch::Tensor>> read_shards(const fs::path& root, const fs::path& index_path) {
+  const auto index = read_json_file(index_path);
+  const std::string what = index_path.string();
+  GA_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+           "{}: has no \"weight_map\" object", what);
+  std::map<std::string, std::set<std::string>> listed;  // shard -> its tensors
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    GA_CHECK(file.is_string(), "{}: \"weight_map\" entry {} must name a file, got {}", what, name, file.dump());
+    const auto shard = file.get<std::string>();
+    GA_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard != "." && shard != "..",
+             "{}: \"weight_map\" entry {} names {}, not a file beside the index", what, name, file.dump());
+    listed[shard].insert(name);
+  }
+  GA_CHECK(!listed.empty(), "{}: \"weight_map\" lists no tensor", what);
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (auto& [shard, names] : listed) {
+    const fs::path path = root / shard;
+    GA_CHECK(fs::exists(path), "{}: shard {} (of tensor {}) does not exist", what, shard, *names.begin());
+    for (auto& item : formats::load_safetensors(path.string())) {
+      GA_CHECK(names.erase(item.first) == 1, "{}: tensor {} is not listed in {}", path.string(), item.first, what);
+      tensors.push_back(std::move(item));
+    }
+    GA_CHECK(names.empty(), "{}: lists tensor {} in shard {}, which does not hold it", what, *names.begin(), shard);
+  }
+  return tensors;
 }
 
 }  // namespace
@@ -248,9 +218,16 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   const fs::path config_path = root / "config.json";
   GA_CHECK(fs::exists(config_path), "{}: HF checkpoint has no config.json", dir);
   const fs::path weights = root / "model.safetensors";
+  const fs::path index = root / "model.safetensors.index.json";
+  if (!fs::exists(weights) && fs::exists(index)) {
+    HfCheckpoint checkpoint;
+    checkpoint.config = read_json_file(config_path);
+    GA_CHECK(checkpoint.config.is_object(), "{}: not a JSON object", config_path.string());
+    checkpoint.tensors = read_shards(root, index);
+    check_claims_against_tensors(checkpoint.config, checkpoint.tensors, config_path.string(), index.string());
+    return checkpoint;
+  }
   if (!fs::exists(weights)) {
-    GA_CHECK(!fs::exists(root / "model.safetensors.index.json"),
-             "{}: sharded checkpoints (model.safetensors.index.json) are not supported", dir);
     GA_CHECK(!fs::exists(root / "pytorch_model.bin"),
              "{}: has only pytorch_model.bin; convert it to model.safetensors (pickle files are "
              "not read)",
@@ -320,12 +297,12 @@ void load_hf_tensors(torch::nn::Module& module, const std::vector<std::pair<std:
     std::string target = parameter_name(params, rules, name);
     if (target.empty()) {
       const std::string head_source = parameter_name(params, rules, rules.tied_to);
-      if (name == rules.tied_head && !head_source.empty()) {
+      if (name == kHeadName && !head_source.empty()) {
         // A tied head HF saved anyway: it must at least fit the embedding.
         const auto& source =
             params.own.count(head_source) ? params.own.at(head_source) : params.own.at(params.alias_of.at(head_source));
         GA_CHECK(tensor.sizes() == source.sizes(), "{}: tensor {}: shape {} does not match the tied {} {}", what, name,
-                 shape_string(tensor.sizes()), head_source, shape_string(source.sizes()));
+                 shape_string(tensor.sizes()), hf_name(rules, head_source), shape_string(source.sizes()));
         continue;
       }
       const bool ignored = std::any_of(rules.ignored.begin(), rules.ignored.end(),
@@ -337,7 +314,7 @@ void load_hf_tensors(torch::nn::Module& module, const std::vector<std::pair<std:
     if (params.alias_of.count(target)) {
       const auto& source = params.own.at(params.alias_of.at(target));
       GA_CHECK(tensor.sizes() == source.sizes(), "{}: tensor {}: shape {} does not match the tied {} {}", what, name,
-               shape_string(tensor.sizes()), params.alias_of.at(target), shape_string(source.sizes()));
+               shape_string(tensor.sizes()), hf_name(rules, params.alias_of.at(target)), shape_string(source.sizes()));
       continue;
     }
     const auto& param = params.own.at(target);
@@ -349,14 +326,15 @@ void load_hf_tensors(torch::nn::Module& module, const std::vector<std::pair<std:
     GA_CHECK(tensor.is_floating_point() || !param.is_floating_point(), "{}: tensor {}: dtype {} is not floating point",
              what, name, c10::toString(tensor.scalar_type()));
     auto [it, inserted] = assigned.emplace(target, std::make_pair(name, tensor));
-    GA_CHECK(inserted, "{}: tensors {} and {} both hold parameter {}", what, it->second.first, name, target);
+    GA_CHECK(inserted, "{}: tensors {} and {} both hold parameter {}", what, it->second.first, name,
+             hf_name(rules, target));
   }
 
   std::vector<std::string> missing;
   for (const auto& name : params.order) {
     if (assigned.count(name) == 0 &&
         std::find(may_be_missing.begin(), may_be_missing.end(), name) == may_be_missing.end())
-      missing.push_back(name);
+      missing.push_back(hf_name(rules, name));
   }
   if (!missing.empty()) {
     throw Error(fmt::format("{}: missing tensor {}{}", what, missing.front(),
@@ -380,48 +358,29 @@ std::vector<std::pair<std::string, torch::Tensor>> hf_tensors(torch::nn::Module&
   for (const auto& name : params.order) {
     auto t = params.own.at(name).detach();
     if (is_transposed(rules, name)) t = t.t();
-    out.emplace_back(name, t.to(torch::kCPU).contiguous().clone());
+    out.emplace_back(hf_name(rules, name), t.to(torch::kCPU).contiguous().clone());
   }
   return out;
 }
 
-// id2label / label2id for labels LABEL_0 .. LABEL_{n-1}, as HF writes them.
-void add_labels(nlohmann::json& j, int64_t num_labels) {
-  nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
-  for (int64_t i = 0; i < num_labels; ++i) {
-    const auto label = fmt::format("LABEL_{}", i);
-    id2label[std::to_string(i)] = label;
-    label2id[label] = i;
-  }
-  j["id2label"] = id2label;
-  j["label2id"] = label2id;
-}
-
 std::string hf_model_type(const nlohmann::json& config, const std::string& what) {
-  GA_CHECK(config.is_object(), "{}: config.json is not a JSON object", what);
-  const auto* type = field(config, "model_type");
-  GA_CHECK(type != nullptr, "{}: config.json has no \"model_type\"", what);
-  GA_CHECK(type->is_string(), "{}: config.json \"model_type\" must be a string, got {}", what, type->dump());
-  const auto name = type->get<std::string>();
-  GA_CHECK(name == "gpt2" || name == "bloom", "{}: config.json \"model_type\" is \"{}\"; supported: gpt2, bloom", what,
-           name);
-  return name;
+  return decoder_architecture_of(config, what).name;
 }
 
 int64_t hf_num_labels(const nlohmann::json& config, const std::string& what) {
   GA_CHECK(config.is_object(), "{}: config.json is not a JSON object", what);
-  const auto* architectures = field(config, "architectures");
+  const auto* architectures = hf_fields::field(config, "architectures");
   if (architectures == nullptr || architectures->is_null()) return 0;
   GA_CHECK(architectures->is_array() && architectures->size() == 1 && (*architectures)[0].is_string(),
            "{}: config.json \"architectures\" must be a list of one class name, got {}", what, architectures->dump());
   const auto name = (*architectures)[0].get<std::string>();
   if (!has_suffix(name, "ForSequenceClassification")) return 0;
-  if (const auto* id2label = field(config, "id2label")) {
+  if (const auto* id2label = hf_fields::field(config, "id2label")) {
     GA_CHECK(id2label->is_object() && !id2label->empty(),
              "{}: config.json \"id2label\" must be a non-empty object, got {}", what, id2label->dump());
     return static_cast<int64_t>(id2label->size());
   }
-  if (field(config, "num_labels")) return required_positive_int(config, "num_labels", what);
+  if (hf_fields::field(config, "num_labels")) return hf_fields::required_positive_int(config, "num_labels", what);
   return 2;  // PretrainedConfig's default
 }
 
@@ -452,7 +411,7 @@ nlohmann::json gpt2_hf_config(const Gpt2Config& config, int64_t num_labels) {
     j["bos_token_id"] = 50256;
     j["eos_token_id"] = 50256;
   }
-  if (num_labels > 0) add_labels(j, num_labels);
+  if (num_labels > 0) hf_fields::add_labels(j, num_labels);
   return j;
 }
 
@@ -460,35 +419,35 @@ Gpt2Config gpt2_config_from_hf(const nlohmann::json& config, const std::string& 
   GA_CHECK(hf_model_type(config, what) == "gpt2", "{}: config.json \"model_type\" is \"{}\", not \"gpt2\"", what,
            config["model_type"].get<std::string>());
   Gpt2Config c;
-  c.vocab_size = required_positive_int(config, "vocab_size", what);
-  c.n_positions = required_positive_int(config, "n_positions", what);
-  c.n_embd = required_positive_int(config, "n_embd", what);
-  c.n_layer = required_positive_int(config, "n_layer", what);
-  c.n_head = required_positive_int(config, "n_head", what);
+  c.vocab_size = hf_fields::required_positive_int(config, "vocab_size", what);
+  c.n_positions = hf_fields::required_positive_int(config, "n_positions", what);
+  c.n_embd = hf_fields::required_positive_int(config, "n_embd", what);
+  c.n_layer = hf_fields::required_positive_int(config, "n_layer", what);
+  c.n_head = hf_fields::required_positive_int(config, "n_head", what);
   GA_CHECK(c.n_embd % c.n_head == 0, "{}: config.json \"n_embd\" {} is not divisible by \"n_head\" {}", what, c.n_embd,
            c.n_head);
-  c.layer_norm_epsilon = optional_positive_number(config, "layer_norm_epsilon", 1e-5, what);
-  c.initializer_range = optional_positive_number(config, "initializer_range", 0.02, what);
+  c.layer_norm_epsilon = hf_fields::optional_positive_number(config, "layer_norm_epsilon", 1e-5, what);
+  c.initializer_range = hf_fields::optional_positive_number(config, "initializer_range", 0.02, what);
   c.init_seed = 0;
 
   // gelu_pytorch_tanh is the same function as gelu_new (the tanh approximation).
-  if (const auto* act = field(config, "activation_function")) {
+  if (const auto* act = hf_fields::field(config, "activation_function")) {
     GA_CHECK(*act == "gelu_new" || *act == "gelu_pytorch_tanh",
              "{}: config.json \"activation_function\" is {}; this model supports only \"gelu_new\"", what, act->dump());
   }
-  if (const auto* inner = field(config, "n_inner"); inner != nullptr && !inner->is_null()) {
+  if (const auto* inner = hf_fields::field(config, "n_inner"); inner != nullptr && !inner->is_null()) {
     GA_CHECK(*inner == 4 * c.n_embd,
              "{}: config.json \"n_inner\" is {}; this model supports only null or 4 * n_embd = {}", what, inner->dump(),
              4 * c.n_embd);
   }
-  c.tie_word_embeddings = optional_bool(config, "tie_word_embeddings", true, what);
+  c.tie_word_embeddings = hf_fields::optional_bool(config, "tie_word_embeddings", true, what);
   // HF's GPT2Config defaults when absent.
-  c.resid_pdrop = optional_probability(config, "resid_pdrop", 0.1, what);
-  c.embd_pdrop = optional_probability(config, "embd_pdrop", 0.1, what);
-  c.attn_pdrop = optional_probability(config, "attn_pdrop", 0.1, what);
-  require_if_present(config, "scale_attn_weights", true, what);
-  require_if_present(config, "scale_attn_by_inverse_layer_idx", false, what);
-  require_if_present(config, "add_cross_attention", false, what);
+  c.resid_pdrop = hf_fields::optional_probability(config, "resid_pdrop", 0.1, what);
+  c.embd_pdrop = hf_fields::optional_probability(config, "embd_pdrop", 0.1, what);
+  c.attn_pdrop = hf_fields::optional_probability(config, "attn_pdrop", 0.1, what);
+  hf_fields::require_if_present(config, "scale_attn_weights", true, what);
+  hf_fields::require_if_present(config, "scale_attn_by_inverse_layer_idx", false, what);
+  hf_fields::require_if_present(config, "add_cross_attention", false, what);
   return c;
 }
 
@@ -516,7 +475,7 @@ nlohmann::json bloom_hf_config(const BloomConfig& config, int64_t num_labels) {
     j["eos_token_id"] = 2;
     j["pad_token_id"] = 3;
   }
-  if (num_labels > 0) add_labels(j, num_labels);
+  if (num_labels > 0) hf_fields::add_labels(j, num_labels);
   return j;
 }
 
@@ -524,20 +483,20 @@ BloomConfig bloom_config_from_hf(const nlohmann::json& config, const std::string
   GA_CHECK(hf_model_type(config, what) == "bloom", "{}: config.json \"model_type\" is \"{}\", not \"bloom\"", what,
            config["model_type"].get<std::string>());
   BloomConfig c;
-  c.vocab_size = required_positive_int(config, "vocab_size", what);
-  c.hidden_size = required_positive_int(config, {"hidden_size", "n_embed"}, what);
-  c.n_layer = required_positive_int(config, {"n_layer", "num_hidden_layers"}, what);
-  c.n_head = required_positive_int(config, {"n_head", "num_attention_heads"}, what);
+  c.vocab_size = hf_fields::required_positive_int(config, "vocab_size", what);
+  c.hidden_size = hf_fields::required_positive_int(config, {"hidden_size", "n_embed"}, what);
+  c.n_layer = hf_fields::required_positive_int(config, {"n_layer", "num_hidden_layers"}, what);
+  c.n_head = hf_fields::required_positive_int(config, {"n_head", "num_attention_heads"}, what);
   GA_CHECK(c.hidden_size % c.n_head == 0, "{}: config.json \"hidden_size\" {} is not divisible by \"n_head\" {}", what,
            c.hidden_size, c.n_head);
-  c.layer_norm_epsilon = optional_positive_number(config, "layer_norm_epsilon", 1e-5, what);
-  c.initializer_range = optional_positive_number(config, "initializer_range", 0.02, what);
+  c.layer_norm_epsilon = hf_fields::optional_positive_number(config, "layer_norm_epsilon", 1e-5, what);
+  c.initializer_range = hf_fields::optional_positive_number(config, "initializer_range", 0.02, what);
   c.init_seed = 0;
-  require_if_present(config, "apply_residual_connection_post_layernorm", false, what);
-  c.tie_word_embeddings = optional_bool(config, "tie_word_embeddings", true, what);
+  hf_fields::require_if_present(config, "apply_residual_connection_post_layernorm", false, what);
+  c.tie_word_embeddings = hf_fields::optional_bool(config, "tie_word_embeddings", true, what);
   // HF's BloomConfig defaults when absent.
-  c.hidden_dropout = optional_probability(config, "hidden_dropout", 0.0, what);
-  c.attention_dropout = optional_probability(config, "attention_dropout", 0.0, what);
+  c.hidden_dropout = hf_fields::optional_probability(config, "hidden_dropout", 0.0, what);
+  c.attention_dropout = hf_fields::optional_probability(config, "attention_dropout", 0.0, what);
   return c;
 }
 

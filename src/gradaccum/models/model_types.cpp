@@ -4,6 +4,7 @@
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/base/named_table.h"
+#include "gradaccum/models/architectures.h"
 
 namespace gradaccum::models {
 
@@ -19,22 +20,26 @@ BuiltModel image_model(std::unique_ptr<core::Trainable> task, int64_t classes) {
 }  // namespace
 
 const std::vector<ModelType>& model_types() {
-  static const std::vector<ModelType> types{
-      {"mlp", ModelFamily::image, "a multilayer perceptron: model.hidden widths, a norm after each",
-       [](const ModelConfig& c, const ModelInputs& in) { return image_model(make_mlp(c, in.classes), in.classes); }},
-      {"cnn", ModelFamily::image, "1 to 4 conv blocks (model.channels) and a dense layer (model.hidden[0])",
-       [](const ModelConfig& c, const ModelInputs& in) { return image_model(make_cnn(c, in.classes), in.classes); }},
-      {"resnet", ModelFamily::image, "residual blocks of model.channels widths",
-       [](const ModelConfig& c, const ModelInputs& in) { return image_model(make_resnet(c, in.classes), in.classes); }},
-      {"gpt2", ModelFamily::language, "GPT-2 (HF GPT2LMHeadModel / GPT2ForSequenceClassification)",
-       [](const ModelConfig& c, const ModelInputs& in) {
-         return make_gpt2(c, in.vocab_size, in.num_labels, in.init_seed);
-       }},
-      {"bloom", ModelFamily::language, "BLOOM, ALiBi positions (HF BloomForCausalLM / BloomForSequenceClassification)",
-       [](const ModelConfig& c, const ModelInputs& in) {
-         return make_bloom(c, in.vocab_size, in.num_labels, in.init_seed);
-       }},
-  };
+  static const std::vector<ModelType> types = [] {
+    std::vector<ModelType> t{
+        {"mlp", ModelFamily::image, "a multilayer perceptron: model.hidden widths, a norm after each",
+         [](const ModelConfig& c, const ModelInputs& in) { return image_model(make_mlp(c, in.classes), in.classes); }},
+        {"cnn", ModelFamily::image, "1 to 4 conv blocks (model.channels) and a dense layer (model.hidden[0])",
+         [](const ModelConfig& c, const ModelInputs& in) { return image_model(make_cnn(c, in.classes), in.classes); }},
+        {"resnet", ModelFamily::image, "residual blocks of model.channels widths",
+         [](const ModelConfig& c, const ModelInputs& in) {
+           return image_model(make_resnet(c, in.classes), in.classes);
+         }},
+    };
+    // The language models: one per decoder architecture (architectures.h).
+    for (const auto& architecture : decoder_architectures()) {
+      const std::string name = architecture.name;
+      t.push_back({name, ModelFamily::language, architecture.help, [name](const ModelConfig& c, const ModelInputs& in) {
+                     return make_language_model(name, c, in.vocab_size, in.num_labels, in.init_seed);
+                   }});
+    }
+    return t;
+  }();
   return types;
 }
 
