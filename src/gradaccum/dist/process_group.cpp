@@ -40,15 +40,37 @@ using Clock = std::chrono::steady_clock;
 // c10d logs each failed rendezvous attempt to stderr with a C++ stack trace (some 35 lines for two
 // attempts) before it throws; the rendezvous is reported in one line instead (the exception's first
 // line), so c10's log threshold stays above ERROR while it runs.
+// Rendezvous of several ranks in one process (threads) nest: the first raises the threshold,
+// the last puts it back.
 class QuietC10dLog {
  public:
-  QuietC10dLog() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = std::max(saved_, c10::GLOG_FATAL); }
-  ~QuietC10dLog() { FLAGS_caffe2_log_level = saved_; }
+  QuietC10dLog() {
+    std::lock_guard<std::mutex> lock(mutex());
+    if (depth()++ == 0) {
+      saved() = FLAGS_caffe2_log_level;
+      FLAGS_caffe2_log_level = std::max(saved(), c10::GLOG_FATAL);
+    }
+  }
+  ~QuietC10dLog() {
+    std::lock_guard<std::mutex> lock(mutex());
+    if (--depth() == 0) FLAGS_caffe2_log_level = saved();
+  }
   QuietC10dLog(const QuietC10dLog&) = delete;
   QuietC10dLog& operator=(const QuietC10dLog&) = delete;
 
  private:
-  int saved_;
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static int& depth() {
+    static int d = 0;
+    return d;
+  }
+  static int& saved() {
+    static int level = 0;
+    return level;
+  }
 };
 
 std::chrono::milliseconds left_until(Clock::time_point deadline) {
