@@ -73,6 +73,20 @@ class QuietC10dLog {
   }
 };
 
+// The cause in c10d's or Gloo's exception text, for a one-line message: its first line, without
+// Gloo's "[/path/to/pair.cc:561] " source location, up to the end of its first sentence (Gloo goes
+// on with advice and a joke).
+std::string cause_of(const std::exception& e) {
+  std::string text = e.what();
+  text = text.substr(0, text.find('\n'));
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find("] ");
+    if (close != std::string::npos && text.find(':') < close) text = text.substr(close + 2);
+  }
+  if (const auto end = text.find(". "); end != std::string::npos) text = text.substr(0, end + 1);
+  return text;
+}
+
 std::chrono::milliseconds left_until(Clock::time_point deadline) {
   return std::max(std::chrono::milliseconds(0),
                   std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
@@ -196,9 +210,7 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(env.rank),
                                                        static_cast<int>(env.world_size), gloo);
   } catch (const std::exception& e) {
-    const std::string what = e.what();
-    throw Error(
-        fmt::format("rank {}: cannot connect the Gloo process group: {}", env.rank, what.substr(0, what.find('\n'))));
+    throw Error(fmt::format("rank {}: cannot connect the Gloo process group: {}", env.rank, cause_of(e)));
   }
 }
 
@@ -220,9 +232,7 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(env.rank),
                                                        static_cast<int>(env.world_size), nccl);
   } catch (const std::exception& e) {
-    const std::string what = e.what();
-    throw Error(
-        fmt::format("rank {}: cannot connect the NCCL process group: {}", env.rank, what.substr(0, what.find('\n'))));
+    throw Error(fmt::format("rank {}: cannot connect the NCCL process group: {}", env.rank, cause_of(e)));
   }
 }
 #endif
@@ -257,8 +267,7 @@ Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout
             "a program there accepted the connection but never answered as a rendezvous store (another program "
             "may hold MASTER_PORT)");
       }
-      const std::string what = e.what();
-      throw failure(what.substr(0, what.find('\n')));
+      throw failure(cause_of(e));
     }
     // Connected just as the watchdog shut the connection down: the store is of no use.
     if (watchdog.fired()) throw failure("the rendezvous store answered too late");
@@ -287,9 +296,8 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t rank, const st
   try {
     work->wait();
   } catch (const std::exception& e) {
-    const std::string message = e.what();
-    throw Error(fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}", rank, what,
-                            message.substr(0, message.find('\n'))));
+    throw Error(
+        fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}", rank, what, cause_of(e)));
   }
 }
 
