@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh gradaccum_cli
-exec build/gradaccum train "$@"
+# A second quick start trains again into the same runs/default (a fresh run into an output_dir
+# that holds checkpoints is refused otherwise); arguments given here come after and win.
+exec build/gradaccum train --set overwrite_output_dir=true "$@"

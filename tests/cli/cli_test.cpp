@@ -141,8 +141,8 @@ TEST(CliEndToEnd, BatchNormWithAccumulationWarns) {
                               " --set model.norm=batch --set max_steps=1 "
                               "--set per_device_train_batch_size=64 --set gradient_accumulation_steps=1 "
                               "--set output_dir=" +
-                              out);
-  ASSERT_EQ(single.exit_code, 0);
+                              out + "-single");
+  ASSERT_EQ(single.exit_code, 0) << single.err;
   EXPECT_EQ(single.err.find("BatchNorm"), std::string::npos);
 }
 

@@ -178,6 +178,18 @@ TEST(LmEndToEnd, FinalCheckpointEvalAndGenerate) {
   const double perplexity = std::exp(sum / static_cast<double>(tokens));
   EXPECT_NEAR(result["perplexity"].get<double>(), perplexity, 1e-5 * perplexity);
 
+  // The same documents as JSON lines are read as train reads them: their "text" fields.
+  const auto jsonl = dir + "/eval.jsonl";
+  {
+    std::ofstream lines(jsonl);
+    for (const auto& record : gradaccum::data::read_text_lines(text)) {
+      lines << nlohmann::json{{"text", record.text}, {"source", "kjv"}}.dump() << "\n";
+    }
+  }
+  const auto from_jsonl = run_cli("eval --checkpoint " + final_dir + " " + jsonl + " --batch-size 2");
+  ASSERT_EQ(from_jsonl.exit_code, 0) << from_jsonl.err;
+  EXPECT_EQ(nlohmann::json::parse(from_jsonl.out), result) << from_jsonl.out;
+
   // generate: the prompt then its continuation; a seed makes it repeatable.
   const auto g1 =
       run_cli("generate --checkpoint " + final_dir + " --prompt 'In the beginning' --max-new-tokens 8 --seed 3");

@@ -267,7 +267,8 @@ TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
   // the same run at micro-batch 4 trains (without recovery) and the least under which micro-batch
   // 8 gets through its first step (~180 MiB apart); micro-batch 16 must then fail at it.
   const std::string plain =
-      kLimited + " --set oom_recovery=false --set save_steps=2 --set output_dir=" + dir + "/probe";
+      kLimited +
+      " --set oom_recovery=false --set save_steps=2 --set overwrite_output_dir=true --set output_dir=" + dir + "/probe";
   const TrainsUnder trains = [&](int64_t b, int64_t steps, int64_t limit) {
     return run_limited(plain + micro_batch_and_steps(b, steps), limit).exit_code == 0;
   };
@@ -324,7 +325,10 @@ TEST(OomRecoveryUnderRlimit, TooLittleMemoryForOneSampleIsAOneLineError) {
   const auto dir = make_temp_dir("oom-one");
   // The most memory under which even one sample fails: below what micro-batch 1 needs, above
   // what the program needs to start (found by stepping down from where 1 fits).
-  const std::string one = kLimited + " --set per_device_train_batch_size=1 --set max_steps=1 --set output_dir=" + dir;
+  const std::string one = kLimited +
+                          " --set per_device_train_batch_size=1 --set max_steps=1 --set overwrite_output_dir=true "
+                          "--set output_dir=" +
+                          dir;
   int64_t fits1 = 0;
   for (int64_t limit = 300 * 1024; limit <= 1600 * 1024 && fits1 == 0; limit += 25 * 1024) {
     if (run_limited(one + "/probe --set oom_recovery=false", limit).exit_code == 0) fits1 = limit;
@@ -390,7 +394,8 @@ TEST(OomRecoveryUnderRlimit, OneRanksLimitSwitchesBothProcessesAtTheSameWindow) 
   // its first step (limit_between). Four layers widen the gap between the bounds to ~250 MiB.
   const std::string four_layers = kLimited + " --set model.n_layer=4";
   const std::string common = four_layers + " --set dist_timeout=20";
-  const std::string plain = common + " --set oom_recovery=false --set output_dir=" + dir + "/probe";
+  const std::string plain =
+      common + " --set oom_recovery=false --set overwrite_output_dir=true --set output_dir=" + dir + "/probe";
   const TrainsUnder trains = [&](int64_t b, int64_t steps, int64_t limit) {
     return run_two_ranks(plain + micro_batch_and_steps(b, steps), limit).rank1_exit == 0;
   };

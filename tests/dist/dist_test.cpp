@@ -1,8 +1,11 @@
 // Data parallel: launcher environments, equivalence of W × N with 1 × W·N and
 // the full batch, communication counts, and failures (a dead rank, a wrong
 // rendezvous, mismatched configurations).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -344,8 +347,11 @@ TEST(DataParallelFailures, KilledRankStopsTheJobAndIsNamed) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 1);
-  EXPECT_NE(read_text(dir + "/stderr").find("gradaccum: error: rank 1 was killed by signal 9"), std::string::npos)
-      << read_text(dir + "/stderr");
+  const auto err = read_text(dir + "/stderr");
+  EXPECT_NE(err.find("gradaccum: error: rank 1 was killed by signal 9"), std::string::npos) << err;
+  // The surviving rank's line carries Gloo's cause, not its source location and advice.
+  EXPECT_EQ(err.find(".cc:"), std::string::npos) << err;
+  EXPECT_EQ(err.find("GLHF"), std::string::npos) << err;
   fs::remove_all(dir);
 }
 
@@ -392,6 +398,117 @@ TEST(DataParallelFailures, NoRendezvousIsAClearErrorWithinTheTimeout) {
   EXPECT_NE(err.find("gradaccum: error: rank 1: cannot rendezvous at MASTER_ADDR=127.0.0.1 MASTER_PORT=9 within 3 s"),
             std::string::npos)
       << err;
+  fs::remove_all(dir);
+}
+
+// A TCP listener on a loopback port of its own that accepts connections and never answers (the
+// port held by some other program); the connections stay open until it is destroyed.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    EXPECT_EQ(listen(fd_, 16), 0);
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length), 0);
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] {
+      for (;;) {
+        const int connection = accept(fd_, nullptr, nullptr);
+        if (connection < 0) return;  // shut down
+        connections_.push_back(connection);
+      }
+    });
+  }
+  ~SilentListener() {
+    shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    for (int c : connections_) close(c);
+    close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+  std::vector<int> connections_;
+  std::thread thread_;
+};
+
+// Every rendezvous wait of a non-zero rank ends within dist_timeout, with one line: whether
+// nothing listens at MASTER_PORT or a program there accepts and never answers (c10d's client
+// waits for that answer without a timeout of its own, and logs C++ stack traces as it retries).
+TEST(DataParallelFailures, RendezvousWaitsEndWithinTheTimeoutInOneLine) {
+  const auto dir = make_temp_dir("dp-silent");
+  SilentListener silent;
+  for (const int port : {silent.port(), 9}) {
+    const auto err_path = dir + "/stderr" + std::to_string(port);
+    const auto start = std::chrono::steady_clock::now();
+    const pid_t pid =
+        spawn(split_args("train --set dist_timeout=3 --set data.train_limit=64 --set output_dir=" + dir + "/out"),
+              {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
+              err_path);
+    KillOnExit guard{{pid}};
+    const int status = wait_within(pid, std::chrono::seconds(20));
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    const auto err = read_text(err_path);
+    ASSERT_NE(status, -1) << "rank 1 still waited after 20 s with dist_timeout=3 (port " << port << ")";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << err;
+    // Start-up (libtorch, the data) takes a second or two before the rendezvous begins.
+    EXPECT_LT(elapsed, std::chrono::seconds(3 + 4)) << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_NE(err.find(fmt::format("gradaccum: error: rank 1: cannot rendezvous at MASTER_ADDR=127.0.0.1 "
+                                   "MASTER_PORT={} within 3 s: ",
+                                   port)),
+              std::string::npos)
+        << err;
+    if (port == silent.port()) {
+      EXPECT_NE(err.find("accepted the connection but never answered"), std::string::npos) << err;
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir + "/out"));
+  fs::remove_all(dir);
+}
+
+// The ranks of a SIGKILLed `--nproc` launcher die with it (PR_SET_PDEATHSIG) instead of training on
+// into output_dir.
+TEST(DataParallelFailures, RanksDieWithTheirKilledLauncher) {
+  const auto dir = make_temp_dir("dp-orphans");
+  const pid_t launcher = spawn(split_args("train --set data.train_limit=60000 --set data.eval_limit=-1 "
+                                          "--set max_steps=100000 --set threads=1 --nproc 2 --set output_dir=" +
+                                          dir + "/out"),
+                               {}, dir + "/stderr");
+  KillOnExit guard{{launcher}};
+  const auto metrics = dir + "/out/metrics.jsonl";
+  for (int i = 0; i < 600 && (!fs::exists(metrics) || fs::file_size(metrics) < 400); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(fs::exists(metrics)) << read_text(dir + "/stderr");
+  const pid_t rank0 = gradaccum::testing::rank_pid(launcher, 0);
+  const pid_t rank1 = gradaccum::testing::rank_pid(launcher, 1);
+  ASSERT_GT(rank0, 0);
+  ASSERT_GT(rank1, 0);
+  ASSERT_EQ(kill(launcher, SIGKILL), 0);
+  waitpid(launcher, nullptr, 0);
+  // Gone, or a zombie waiting for whoever adopted it.
+  const auto running = [](pid_t pid) {
+    const auto stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+    const auto close_paren = stat.rfind(')');
+    return close_paren != std::string::npos && close_paren + 2 < stat.size() && stat[close_paren + 2] != 'Z';
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while ((running(rank0) || running(rank1)) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const bool orphans = running(rank0) || running(rank1);
+  if (orphans) {
+    kill(rank0, SIGKILL);
+    kill(rank1, SIGKILL);
+  }
+  EXPECT_FALSE(orphans) << "a rank still ran 1 s after its launcher's SIGKILL";
   fs::remove_all(dir);
 }
 

@@ -5,8 +5,10 @@
 #include "gradaccum/io/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/inotify.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +17,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "gradaccum/core/trainer.h"
@@ -161,13 +165,24 @@ TEST(CheckpointResume, AnotherGlobalBatchIsRefusedUnlessAllowed) {
   fs::remove_all(dir);
 }
 
-// A process started in the background, for signals.
+// A process started in the background, for signals: the program, or `wrapper` (a command such as
+// "timeout 600") running it; with `own_group`, the leader of a process group of its own (whose id
+// is its pid).
 struct Child {
   pid_t pid = -1;
-  explicit Child(const std::string& args, const std::string& log) {
-    const std::string command = std::string("exec '") + GRADACCUM_CLI + "' " + args + " > '" + log + "' 2>&1";
+  explicit Child(const std::string& args, const std::string& log, const std::string& wrapper = "",
+                 bool own_group = false) {
+    const std::string command =
+        "exec " + wrapper + " '" + std::string(GRADACCUM_CLI) + "' " + args + " > '" + log + "' 2>&1";
     const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
-    EXPECT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    if (own_group) {
+      posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+      posix_spawnattr_setpgroup(&attributes, 0);
+    }
+    EXPECT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, &attributes, const_cast<char**>(argv), environ), 0);
+    posix_spawnattr_destroy(&attributes);
   }
   int wait() {
     int status = 0;
@@ -177,11 +192,29 @@ struct Child {
   }
   ~Child() {
     if (pid > 0) {
+      kill(-pid, SIGKILL);  // its group, where it leads one
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
     }
   }
 };
+
+// The pid of a child process of `parent`, or -1.
+pid_t child_of(pid_t parent) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto stat = read_text(entry.path().string() + "/stat");
+    const auto close_paren = stat.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close_paren + 2));
+    std::string state;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid == parent) return std::stoi(name);
+  }
+  return -1;
+}
 
 // Waits until metrics.jsonl holds `lines` lines (or the child ended).
 void wait_for_lines(const std::string& path, size_t lines, pid_t pid) {
@@ -208,6 +241,32 @@ TEST(CheckpointSignals, SigtermSavesAndExitsZeroThenResumesBitIdentically) {
     EXPECT_EQ(WEXITSTATUS(status), 0) << read_text(dir + "/log");
   }
   EXPECT_NE(read_text(dir + "/log").find("resume with: --set resume_from_checkpoint=latest"), std::string::npos);
+  run_ok("train " + kLongWindows + " --set output_dir=" + dir + "/stopped --set resume_from_checkpoint=latest");
+  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(dir + "/stopped/metrics.jsonl"), 1, 20);
+  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(dir + "/stopped/final/model.safetensors"));
+  fs::remove_all(dir);
+}
+
+// One stop request that reaches the process as several copies: GNU timeout, itself sent a
+// SIGTERM, passes it to its child and then to the child's process group, and a supervisor's copy
+// follows 100 ms later. The copies count once: the run saves, exits 0 and resumes exactly.
+TEST(CheckpointSignals, CopiesOfOneRequestThroughTimeoutSaveAndResumeExactly) {
+  const auto dir = make_temp_dir("ckpt-sigterm-copies");
+  run_ok("train " + kLongWindows + " --set output_dir=" + dir + "/straight");
+  {
+    Child child("train " + kLongWindows + " --set output_dir=" + dir + "/stopped", dir + "/log", "timeout 600");
+    wait_for_lines(dir + "/stopped/metrics.jsonl", 3, child.pid);
+    const pid_t program = child_of(child.pid);
+    ASSERT_GT(program, 0);
+    kill(child.pid, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    kill(program, SIGTERM);
+    const int status = child.wait();
+    ASSERT_TRUE(WIFEXITED(status)) << read_text(dir + "/log");
+    EXPECT_EQ(WEXITSTATUS(status), 0) << read_text(dir + "/log");
+  }
+  EXPECT_NE(read_text(dir + "/log").find("resume with: --set resume_from_checkpoint=latest"), std::string::npos)
+      << read_text(dir + "/log");
   run_ok("train " + kLongWindows + " --set output_dir=" + dir + "/stopped --set resume_from_checkpoint=latest");
   expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(dir + "/stopped/metrics.jsonl"), 1, 20);
   EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(dir + "/stopped/final/model.safetensors"));
@@ -272,6 +331,33 @@ TEST(CheckpointSignals, TwoRanksStopInsideAWindowAndResumeBitIdentically) {
 
 TEST(CheckpointSignals, SigtermToOneRankStopsBothInsideAWindow) {
   expect_two_rank_preemption_inside_a_window("ckpt-sigterm-rank1", /*to_rank1_only=*/true);
+}
+
+// A `--nproc 2` job sent one SIGTERM that reaches each rank twice: directly and through the
+// launcher's forwarding. Once under GNU timeout (signalled itself: it signals the launcher, then
+// the whole process group) and once by a kill of the job's process group. Each time the job
+// saves, exits 0, and resumes exactly.
+TEST(CheckpointSignals, TwoRanksSignalledThroughTimeoutAndTheirProcessGroupSaveAndResumeExactly) {
+  const auto dir = make_temp_dir("ckpt-sigterm-group");
+  run_ok("train " + kTwoRanks + " --set output_dir=" + dir + "/straight");
+  for (const bool through_timeout : {true, false}) {
+    const auto out = dir + (through_timeout ? "/timeout" : "/group");
+    {
+      Child child("train " + kTwoRanks + " --set output_dir=" + out, out + ".log", through_timeout ? "timeout 600" : "",
+                  /*own_group=*/!through_timeout);
+      wait_for_lines(out + "/metrics.jsonl", 3, child.pid);
+      kill(through_timeout ? child.pid : -child.pid, SIGTERM);
+      const int status = child.wait();
+      ASSERT_TRUE(WIFEXITED(status)) << read_text(out + ".log");
+      EXPECT_EQ(WEXITSTATUS(status), 0) << read_text(out + ".log");
+    }
+    ASSERT_TRUE(fs::exists(gradaccum::io::resolve_checkpoint("latest", out) + "/manifest.json"))
+        << read_text(out + ".log");
+    run_ok("train " + kTwoRanks + " --set output_dir=" + out + " --set resume_from_checkpoint=latest");
+    expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(out + "/metrics.jsonl"), 1, 20);
+    EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(out + "/final/model.safetensors"));
+  }
+  fs::remove_all(dir);
 }
 
 TEST(CheckpointSignals, SigkillAtARandomPointLosesOnlyWorkSinceTheLastCheckpoint) {
@@ -426,6 +512,148 @@ TEST_F(CheckpointCorruption, CheckpointOfAnotherModelIsNamed) {
                          "/other --set resume_from_checkpoint=" + dir_ + "/run/checkpoints/step-2");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("has shape [32, 784], the model expects [16, 784]"), std::string::npos) << r.err;
+}
+
+// A reused output_dir: a fresh run there is refused while it holds checkpoints, unless
+// overwrite_output_dir; then `latest` considers only the new run's checkpoints (each records its
+// run's id) and says what newer ones it passes over.
+TEST(CheckpointOutputDir, AReusedOutputDirIsRefusedAndLatestKeepsToItsOwnRun) {
+  const auto dir = make_temp_dir("ckpt-reused");
+  const auto out = dir + "/out";
+  run_ok("train " + kRun + " --set max_steps=4 --set output_dir=" + out);
+  const auto old_config = read_text(out + "/config.yaml");
+  const auto old_metrics = read_text(out + "/metrics.jsonl");
+
+  const auto refused = run_cli("train " + kRun + " --set max_steps=2 --set output_dir=" + out);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_EQ(refused.err, "gradaccum: error: output_dir " + out + ": it holds checkpoints of an earlier run (" + out +
+                             "/checkpoints/step-4); continue that run with resume_from_checkpoint=latest, or set "
+                             "overwrite_output_dir=true to start a new one there\n");
+  EXPECT_EQ(read_text(out + "/config.yaml"), old_config);
+  EXPECT_EQ(read_text(out + "/metrics.jsonl"), old_metrics);
+
+  // A new run of 2 steps in the same directory, allowed; the old run's step-4 stays.
+  run_ok("train " + kRun + " --set max_steps=2 --set overwrite_output_dir=true --set output_dir=" + out);
+  ASSERT_TRUE(fs::exists(out + "/checkpoints/step-4/manifest.json"));
+  const auto old_id = gradaccum::io::read_checkpoint(out + "/checkpoints/step-4", 0).run_id;
+  const auto new_id = gradaccum::io::read_checkpoint(out + "/checkpoints/step-2", 0).run_id;
+  EXPECT_EQ(new_id.size(), 16u);
+  EXPECT_NE(old_id, new_id);
+  EXPECT_EQ(gradaccum::io::read_run_id(out), new_id);
+  // A step-6 directory without its manifest (a copy cut short), newer than both.
+  fs::create_directories(out + "/checkpoints/step-6");
+
+  // `latest` resumes the new run at its step 2 (and goes on to 4), not the old run's step 4.
+  const auto resumed =
+      run_cli("train " + kRun + " --set max_steps=4 --set output_dir=" + out + " --set resume_from_checkpoint=latest");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resuming from " + out + "/checkpoints/step-2 at step 2"), std::string::npos)
+      << resumed.out;
+  EXPECT_NE(resumed.err.find("resume_from_checkpoint=latest: " + out +
+                             "/checkpoints/step-6 has no manifest.json (a save that did not finish, or a damaged "
+                             "copy); passing over it"),
+            std::string::npos)
+      << resumed.err;
+  EXPECT_NE(
+      resumed.err.find("resume_from_checkpoint=latest: " + out + "/checkpoints/step-4 is of another run (run id " +
+                       old_id + "; " + out + "/run.json names run " + new_id + "); passing over it"),
+      std::string::npos)
+      << resumed.err;
+  const auto steps = gradaccum::testing::step_records(out + "/metrics.jsonl");
+  ASSERT_EQ(steps.size(), 4u);
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i]["step"], i + 1);
+  // The resumed run saved its own step-4 over the old run's, under its own id.
+  EXPECT_EQ(gradaccum::io::read_checkpoint(out + "/checkpoints/step-4", 0).run_id, new_id);
+  fs::remove_all(dir);
+}
+
+// Nothing is written until every check that bad input can fail has passed: a resume refused for
+// another model leaves config.yaml and metrics.jsonl as they were, and a logging_dir that cannot be
+// made is reported before output_dir exists.
+TEST(CheckpointOutputDir, ARefusedRunLeavesTheOutputsAsTheyWere) {
+  const auto dir = make_temp_dir("ckpt-refused");
+  const auto out = dir + "/out";
+  run_ok("train " + kRun + " --set max_steps=2 --set output_dir=" + out);
+  std::map<std::string, std::string> before;
+  for (const auto& entry : fs::recursive_directory_iterator(out)) {
+    if (entry.is_regular_file()) before[entry.path().string()] = read_text(entry.path().string());
+  }
+  const auto other_model =
+      run_cli("train " + kRun + " --set model.hidden=[16] --set max_steps=4 --set output_dir=" + out +
+              " --set resume_from_checkpoint=latest");
+  EXPECT_EQ(other_model.exit_code, 1);
+  EXPECT_NE(other_model.err.find("has shape [32, 784], the model expects [16, 784]"), std::string::npos)
+      << other_model.err;
+  std::map<std::string, std::string> after;
+  for (const auto& entry : fs::recursive_directory_iterator(out)) {
+    if (entry.is_regular_file()) after[entry.path().string()] = read_text(entry.path().string());
+  }
+  EXPECT_EQ(after.size(), before.size());
+  for (const auto& [path, text] : before) EXPECT_TRUE(after.count(path) && after[path] == text) << path;
+
+  std::ofstream(dir + "/a-file") << "not a directory";
+  const auto bad_logging_dir = run_cli("train " + kRun + " --set max_steps=2 --set report_to=tensorboard --set " +
+                                       "logging_dir=" + dir + "/a-file/runs --set output_dir=" + dir + "/fresh");
+  EXPECT_EQ(bad_logging_dir.exit_code, 1);
+  EXPECT_EQ(bad_logging_dir.err, "gradaccum: error: key 'logging_dir': cannot create " + dir + "/a-file/runs: " + dir +
+                                     "/a-file is not a directory\n");
+  EXPECT_FALSE(fs::exists(dir + "/fresh"));
+  fs::remove_all(dir);
+}
+
+// SIGKILL during the final save, as soon as its first file or directory appears in output_dir:
+// final/ is whole or absent (published as a checkpoint is), and the next run's start removes what
+// the save left. That run resumes at the last step: it trains nothing and shows no throughput.
+TEST(CheckpointFinalSave, AKillDuringTheFinalSaveLeavesNoHalfModelBehind) {
+  const auto dir = make_temp_dir("ckpt-final-kill");
+  const auto out = dir + "/out";
+  const auto run = kRun + " --set max_steps=4";
+  run_ok("train " + run + " --set output_dir=" + dir + "/straight");
+  {
+    Child child("train " + run + " --set output_dir=" + out, dir + "/log");
+    // Watch output_dir for the final save's first entry (the run makes output_dir first).
+    while (!fs::exists(out) && waitpid(child.pid, nullptr, WNOHANG) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const int watch = inotify_init1(IN_CLOEXEC);
+    ASSERT_GE(watch, 0);
+    ASSERT_GE(inotify_add_watch(watch, out.c_str(), IN_CREATE | IN_MOVED_TO), 0);
+    bool killed = false;
+    alignas(inotify_event) char buffer[4096];
+    while (!killed) {
+      pollfd p{watch, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) {
+        if (waitpid(child.pid, nullptr, WNOHANG) == child.pid) break;  // done before we saw it
+        continue;
+      }
+      const auto n = read(watch, buffer, sizeof(buffer));
+      for (ssize_t at = 0; at < n;) {
+        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
+        if (event->len > 0 && std::string(event->name).find("final") != std::string::npos) {
+          kill(child.pid, SIGKILL);
+          killed = true;
+        }
+        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+      }
+    }
+    close(watch);
+    ASSERT_TRUE(killed) << "the run ended before its final save was seen";
+    child.wait();
+  }
+  if (fs::exists(out + "/final")) {
+    EXPECT_EQ(read_text(out + "/final/model.safetensors"), read_text(dir + "/straight/final/model.safetensors"));
+  }
+  const auto resumed = run_cli("train " + run + " --set output_dir=" + out + " --set resume_from_checkpoint=latest");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("done: 4 steps, 256 samples (all trained before the checkpoint this run resumed)"),
+            std::string::npos)
+      << resumed.out;
+  EXPECT_EQ(nlohmann::json::parse(read_text(out + "/summary.json"))["samples_per_s"], 0.0);
+  EXPECT_EQ(read_text(out + "/final/model.safetensors"), read_text(dir + "/straight/final/model.safetensors"));
+  for (const auto& entry : fs::recursive_directory_iterator(out)) {
+    EXPECT_EQ(entry.path().filename().string().find("tmp"), std::string::npos) << entry.path();
+  }
+  fs::remove_all(dir);
 }
 
 TEST(NanPolicy, AbortNamesTheStepAndMicroStepSkipLeavesWeightsUnchanged) {

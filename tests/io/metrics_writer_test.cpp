@@ -4,7 +4,10 @@
 #include "gradaccum/io/metrics_writer.h"
 
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -101,10 +104,14 @@ TEST(MetricsWriter, AResumedRunKeepsTheLinesUpToItsStepAndAppends) {
     MetricsWriter resumed(dir, true, /*resumed_at_step=*/2);
     resumed.on_start({core::BatchGeometry::from_accumulation(4, 2, 2), 10, 5, 80, 0, 1234});
     resumed.on_step(record(3));
+    // The summary counts the checkpoint's samples too (48); this process trained one step of 16
+    // samples and 120 items in 0.2 s, and the throughput is over those.
     core::TrainSummary summary;
     summary.steps = 3;
     summary.samples = 48;
-    summary.items_per_s = 600.0;
+    summary.wall_s = 0.2;
+    summary.samples_per_s = 240.0;
+    summary.items_per_s = 1800.0;
     resumed.on_end(summary);
   }
   lines = gradaccum::testing::read_jsonl(dir + "/metrics.jsonl");
@@ -123,9 +130,58 @@ TEST(MetricsWriter, AResumedRunKeepsTheLinesUpToItsStepAndAppends) {
   EXPECT_EQ(summary["world_size"], 2);
   EXPECT_EQ(summary["global_batch_size"], 16);
   EXPECT_EQ(summary["parameters"], 1234);
+  EXPECT_DOUBLE_EQ(summary["samples_per_s"].get<double>(), 80.0);
   EXPECT_DOUBLE_EQ(summary["tokens_per_s"].get<double>(), 600.0);
-  EXPECT_FALSE(std::filesystem::exists(dir + "/summary.json.tmp"));
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().filename().string().find("tmp"), std::string::npos) << entry.path();
+  }
   std::filesystem::remove_all(dir);
+}
+
+// A tmpfs of `size` mounted on a fresh directory for the guard's lifetime, or "" (and `why` says
+// why) where this process may not mount one.
+class SmallTmpfs {
+ public:
+  SmallTmpfs(const std::string& name, const std::string& size) {
+    const auto dir = gradaccum::testing::make_temp_dir(name) + "/mnt";
+    std::filesystem::create_directories(dir);
+    if (mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, ("size=" + size).c_str()) == 0) {
+      path_ = dir;
+    } else {
+      why_ = std::string("cannot mount a tmpfs (") + std::strerror(errno) + "; it needs CAP_SYS_ADMIN)";
+    }
+  }
+  ~SmallTmpfs() {
+    if (!path_.empty()) umount2(path_.c_str(), MNT_DETACH);
+  }
+  const std::string& path() const { return path_; }
+  const std::string& why() const { return why_; }
+
+ private:
+  std::string path_, why_;
+};
+
+// A full disk stops the run with one line naming metrics.jsonl, which ends after its last whole
+// record (it used to stop at 4096 bytes, cut mid-record, while training went on).
+TEST(MetricsWriter, AFullFilesystemStopsTheRunAndLeavesWholeRecords) {
+  const SmallTmpfs disk("metrics-full", "16k");
+  if (disk.path().empty()) GTEST_SKIP() << disk.why();
+  const auto out = disk.path() + "/out";
+  const auto r = gradaccum::testing::run_cli(
+      "train --set model.type=mlp --set model.hidden=[8] --set data.train_limit=256 --set data.eval_limit=-1 "
+      "--set per_device_train_batch_size=4 --set gradient_accumulation_steps=1 --set max_steps=60 "
+      "--set grad_flow_steps=0 --set threads=1 --set output_dir=" +
+      out);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err, "gradaccum: error: " + out + "/metrics.jsonl: write failed: No space left on device\n");
+  const auto text = gradaccum::testing::read_text(out + "/metrics.jsonl");
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n');
+  const auto lines = gradaccum::testing::read_jsonl(out + "/metrics.jsonl");  // each line parses
+  ASSERT_FALSE(lines.empty());
+  EXPECT_LT(lines.size(), 60u);
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i]["step"], i + 1);
+  EXPECT_FALSE(std::filesystem::exists(out + "/final"));
 }
 
 }  // namespace metrics_writer_test

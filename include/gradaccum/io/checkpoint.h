@@ -17,8 +17,8 @@
 //                            step, epoch, window, rank 0's micro-step, running
 //                            sums), the
 //                            decomposition b×N×W, the fp16 loss scaler (scale,
-//                            growth tracker; null otherwise), seed, and the
-//                            resolved configuration
+//                            growth tracker; null otherwise), seed, the
+//                            resolved configuration, and the run's id (below)
 //   manifest.json            size and CRC-32 of every file above, written last
 //
 // Atomicity: every rank writes its files into `checkpoints/.tmp-step-K/`, each
@@ -27,6 +27,12 @@
 // previous checkpoints alone or a `.tmp-*` directory that readers ignore and
 // the next save removes. Corruption after the fact (a truncated or flipped
 // file) is caught by the manifest's checksums, not by a crash in a parser.
+//
+// Runs: a run has an id, written to `output_dir/run.json` when it starts and
+// recorded in every checkpoint it saves; a resumed run keeps the id of the
+// checkpoint it continues. "latest" and save_total_limit consider only the
+// checkpoints of output_dir's run (and those saved before run ids existed), so
+// checkpoints left by another run in a reused output_dir are never resumed.
 #pragma once
 
 #include <torch/torch.h>
@@ -59,6 +65,7 @@ struct CheckpointContents {
   bool optimizer_per_rank = false;  // ZeRO-1: every rank saves its own shard
   std::string resolved_config;      // the run's YAML
   uint64_t seed = 0;
+  std::string run_id;  // the run that saves it ("" = none recorded)
 };
 
 // A checkpoint as read back, for one rank.
@@ -70,6 +77,7 @@ struct LoadedCheckpoint {
   torch::Tensor rng_state;          // the CPU generator's state (uint8)
   std::string resolved_config;
   uint64_t seed = 0;
+  std::string run_id;  // "" for a checkpoint saved before run ids existed
 };
 
 struct CheckpointStoreOptions {
@@ -97,8 +105,32 @@ class CheckpointStore {
   std::string root_;  // output_dir/checkpoints
 };
 
+// A fresh run id: 16 hexadecimal digits, random.
+std::string new_run_id();
+
+// The id in output_dir/run.json; "" when there is none (an output_dir of a run
+// older than run ids, or none yet). Throws naming the file when it is malformed.
+std::string read_run_id(const std::string& output_dir);
+
+// Writes output_dir/run.json (atomically) naming `run_id`.
+void write_run_id(const std::string& output_dir, const std::string& run_id);
+
+// The newest step-K directory under output_dir/checkpoints, complete or not; "" when none.
+std::string newest_checkpoint_directory(const std::string& output_dir);
+
+struct CheckpointChoice {
+  std::string directory;
+  // What "latest" passed over that was newer than its choice, one line each
+  // (a step without its manifest, a checkpoint of another run).
+  std::vector<std::string> notes;
+};
+
 // `spec` is a checkpoint directory, or "latest": the newest complete
-// checkpoint under output_dir/checkpoints. Throws naming what is missing.
+// checkpoint of output_dir's run (read_run_id) under output_dir/checkpoints.
+// Throws naming what is missing.
+CheckpointChoice choose_checkpoint(const std::string& spec, const std::string& output_dir);
+
+// choose_checkpoint(...).directory.
 std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir);
 
 // Reads and verifies (manifest checksums, format version) rank `rank`'s view of

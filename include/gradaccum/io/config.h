@@ -63,6 +63,7 @@ struct TrainConfig {
   int64_t save_steps = 0;              // also in trainer.save_steps
   int64_t save_total_limit = 0;        // > 0: keep the newest K checkpoints
   std::string resume_from_checkpoint;  // "" | a directory | "latest"
+  bool overwrite_output_dir = false;   // a fresh run may start where checkpoints are (HF's key)
   bool allow_batch_change = false;
   models::ModelConfig model;
   DataConfig data;

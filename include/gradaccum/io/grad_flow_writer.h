@@ -3,10 +3,10 @@
 // with the parameters in registration order (input to output, the x axis of seed 002's chart).
 #pragma once
 
-#include <fstream>
 #include <string>
 
 #include "gradaccum/core/training_observer.h"
+#include "gradaccum/io/metrics_writer.h"
 
 namespace gradaccum::io {
 
@@ -18,7 +18,7 @@ class GradFlowWriter final : public core::TrainingObserver {
   void on_grad_flow(const core::GradFlowRecord& record) override;
 
  private:
-  std::ofstream out_;
+  RecordLog out_;
 };
 
 }  // namespace gradaccum::io

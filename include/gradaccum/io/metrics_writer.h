@@ -2,13 +2,36 @@
 // summary.json in the output directory (DESIGN.md §3).
 #pragma once
 
-#include <fstream>
+#include <sys/types.h>
+
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "gradaccum/core/training_observer.h"
 
 namespace gradaccum::io {
+
+// A JSON-lines log whose lines carry a "step" (metrics.jsonl, grad_flow.jsonl), written a whole
+// record at a time: each line is one checked write to the file; a write that fails, also part-way,
+// is cut back so that the file ends after the last whole record, and throws gradaccum::Error
+// naming the file and the cause (a full disk stops the run instead of losing its records).
+class RecordLog {
+ public:
+  // Truncated for a new run; for a run resumed at `resumed_at_step` (>= 0), the lines up to that
+  // step are kept and the log continues after them, so the file reads as one uninterrupted run.
+  RecordLog(std::string path, int64_t resumed_at_step);
+  ~RecordLog();
+  RecordLog(const RecordLog&) = delete;
+  RecordLog& operator=(const RecordLog&) = delete;
+
+  void append(const nlohmann::json& record);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  off_t size_ = 0;  // bytes of whole records
+};
 
 class MetricsWriter final : public core::TrainingObserver {
  public:
@@ -30,18 +53,17 @@ class MetricsWriter final : public core::TrainingObserver {
 
   std::string output_dir_;
   bool items_are_tokens_;
-  std::ofstream metrics_;
+  RecordLog metrics_;
   core::RunInfo info_{core::BatchGeometry::from_accumulation(1, 1)};
   int64_t last_micro_batch_ = 0, last_accumulation_ = 0;  // of the last step written
+  // What this process trained (a resumed run's summary counts the checkpoint's samples too):
+  // the throughput in summary.json is over these.
+  int64_t trained_samples_ = 0, trained_items_ = 0;
 };
 
-// Writes `text` to `path` through a temporary file and a rename, so a reader
-// never sees a half-written file.
+// Writes `text` to `path` through a temporary file (.tmp-<pid>-<name>, which a run's start removes
+// if a crash left it), fsynced and renamed, so a reader never sees a half-written file. Every
+// step is checked: a failure throws gradaccum::Error naming `path`, and `path` is unchanged.
 void write_file_atomically(const std::string& path, const std::string& text);
-
-// Opens the JSON-lines log `path` whose lines carry a "step": truncated for a new run; for a
-// run resumed at `resumed_at_step` (>= 0), keeping the lines up to that step and appending, so
-// the file reads as one uninterrupted run. Throws gradaccum::Error when it cannot be written.
-void open_step_log(std::ofstream& out, const std::string& path, int64_t resumed_at_step);
 
 }  // namespace gradaccum::io

@@ -6,13 +6,17 @@
 //      a process group (Gloo on the CPU, NCCL on CUDA), the same configuration on every rank,
 //      the gradient sync, ZeRO-1 when asked.
 //   3. Resume from a checkpoint ("latest" or a directory): weights, optimizer, generator, position,
-//      and a window saved half-way through.
-//   4. Rank 0's outputs in output_dir: config.yaml, metrics.jsonl, summary.json, grad_flow.jsonl,
-//      TensorBoard events, the console. Other ranks write rank<R>.json (their memory).
+//      and a window saved half-way through. A fresh run into an output_dir that holds checkpoints
+//      is refused unless overwrite_output_dir. Everything bad input can fail is checked (the
+//      checkpoint loaded into the model and optimizer included) before anything is written.
+//   4. Rank 0's outputs in output_dir: run.json (the run's id, io/checkpoint.h), config.yaml,
+//      metrics.jsonl, summary.json, grad_flow.jsonl, TensorBoard events, the console; temporaries
+//      a crash left there are removed first. Other ranks write rank<R>.json (their memory).
 //   5. Checkpoints every save_steps and at the end (save_total_limit kept); SIGTERM / SIGINT save the
 //      window in flight and stop (run/stop_signals.h).
 //   6. The final model in output_dir/final: model.safetensors, and config.json when the model has one
-//      (an HF checkpoint for GPT-2 and BLOOM).
+//      (an HF checkpoint for GPT-2 and BLOOM), with `final_files` beside them; published as a
+//      checkpoint is (a temporary directory, fsynced, renamed), so final/ is whole or absent.
 //
 // Exactness is the Trainer's: fit() adds no arithmetic of its own.
 #pragma once
@@ -46,6 +50,7 @@ struct RunOptions {
   bool tensorboard = false;               // event files in logging_dir
   std::string logging_dir;                // "" = output_dir/runs
   std::string resume_from_checkpoint;     // "" | "latest" (under output_dir) | a checkpoint directory
+  bool overwrite_output_dir = false;      // a fresh run may start in an output_dir holding checkpoints
   bool allow_batch_change = false;        // resume with another global batch (not exact)
   int64_t save_total_limit = 0;           // > 0: keep the newest K checkpoints
   int64_t dist_timeout_s = 60;            // a stalled rank is an error after this long
@@ -61,6 +66,8 @@ struct RunOptions {
   // compared across ranks (they must agree). "" writes no config.yaml.
   std::string description;
   std::string data_description;  // one console line about the data ("" = none)
+  // Files copied into final/ beside the model (a language model's tokenizer files).
+  std::vector<std::string> final_files;
 };
 
 // How the model's weights are named in files. Default (empty functions): the module's parameter

@@ -64,7 +64,9 @@ int run_eval(const EvalArgs& args) {
   auto model = load_causal_lm(args.checkpoint);
   const auto tokenizer = load_tokenizer(args.tokenizer, args.checkpoint);
   GA_CHECK(!args.file.empty(), "eval: a text FILE is required");
-  const auto records = data::read_text_lines(args.file);
+  // The formats train reads (data/text_source.h): JSON lines' "text" fields for .jsonl and .json
+  // files, one document per line otherwise.
+  const auto records = data::read_text_records(args.file);
 
   data::LmDatasetOptions options;
   // The model's context; BLOOM has no position limit, so documents are kept whole.

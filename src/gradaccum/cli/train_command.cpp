@@ -21,12 +21,9 @@ namespace {
 // A language model's final/ also holds the tokenizer's files (gpt2.tiktoken, tokenizer.json, or
 // encoder.json + vocab.bpe: whatever it was loaded from), so that `generate` and HF's loaders
 // need nothing else.
-void copy_tokenizer_files(const io::Workload& workload, const std::string& dir) {
-  if (!workload.tokenizer || !workload.model.is_language_model()) return;
-  for (const auto& file : io::tokenizer_files(*workload.tokenizer)) {
-    std::filesystem::copy_file(file, std::filesystem::path(dir) / std::filesystem::path(file).filename(),
-                               std::filesystem::copy_options::overwrite_existing);
-  }
+std::vector<std::string> final_files(const io::Workload& workload) {
+  if (!workload.tokenizer || !workload.model.is_language_model()) return {};
+  return io::tokenizer_files(*workload.tokenizer);
 }
 
 void print_sample(io::Workload& workload, const io::SampleConfig& sample) {
@@ -60,6 +57,7 @@ run::RunOptions run_options(const io::TrainConfig& config, const io::Workload& w
       std::find(config.report_to.begin(), config.report_to.end(), "tensorboard") != config.report_to.end();
   options.logging_dir = config.logging_dir;
   options.resume_from_checkpoint = config.resume_from_checkpoint;
+  options.overwrite_output_dir = config.overwrite_output_dir;
   options.allow_batch_change = config.allow_batch_change;
   options.save_total_limit = config.save_total_limit;
   options.dist_timeout_s = config.dist_timeout_s;
@@ -71,6 +69,7 @@ run::RunOptions run_options(const io::TrainConfig& config, const io::Workload& w
   options.items_are_tokens = workload.items_are_tokens;
   options.description = config.resolved_yaml;
   options.data_description = workload.description;
+  options.final_files = final_files(workload);
   return options;
 }
 
@@ -127,11 +126,9 @@ int run_train(const TrainArgs& args) {
   const auto options = run_options(config, workload);
   const auto result =
       run::fit(options, *workload.model.task, *workload.train, workload.eval.get(), run::model_files(workload.model));
-  if (!result.final_dir.empty()) {
-    copy_tokenizer_files(workload, result.final_dir);
-    if (workload.tokenizer && workload.model.causal_lm() != nullptr && !config.sample.prompt.empty()) {
-      print_sample(workload, config.sample);
-    }
+  if (!result.final_dir.empty() && workload.tokenizer && workload.model.causal_lm() != nullptr &&
+      !config.sample.prompt.empty()) {
+    print_sample(workload, config.sample);
   }
   if (result.rank == 0 && args.plots) write_plots_and_report(config.output_dir);
   return 0;

@@ -1,11 +1,13 @@
 #include "gradaccum/io/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string_view>
 
@@ -23,6 +25,7 @@ constexpr const char* kTrainerState = "trainer_state.json";
 constexpr const char* kStateTensors = "state.safetensors";
 constexpr const char* kModel = "model.safetensors";
 constexpr const char* kModelConfig = "config.json";
+constexpr const char* kRunFile = "run.json";  // in output_dir
 
 std::string step_name(int64_t step) { return fmt::format("step-{}", step); }
 
@@ -100,19 +103,41 @@ void remove_checkpoint(const fs::path& dir) {
   fs::remove_all(doomed);
 }
 
-// Complete checkpoints (a manifest present) under `root`, oldest first.
-std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& root) {
+// The step-K directories under `root`, complete or not, oldest first.
+std::vector<std::pair<int64_t, fs::path>> step_directories(const fs::path& root) {
   std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return found;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     const auto k = step_of(entry.path());
-    if (k >= 0 && entry.is_directory() && fs::exists(entry.path() / kManifest)) {
-      found.emplace_back(k, entry.path());
-    }
+    if (k >= 0 && entry.is_directory(ec)) found.emplace_back(k, entry.path());
   }
   std::sort(found.begin(), found.end());
   return found;
+}
+
+bool is_complete(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(dir / kManifest, ec);
+}
+
+// The run id a checkpoint's trainer_state.json records; "" when it records none (or cannot be
+// read: read_checkpoint reports that when it is chosen).
+std::string run_id_of(const fs::path& dir) {
+  std::ifstream in(dir / kTrainerState, std::ios::binary);
+  if (!in.good()) return "";
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  const auto ts = nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
+  if (!ts.is_object() || !ts.contains("run_id") || !ts["run_id"].is_string()) return "";
+  return ts["run_id"].get<std::string>();
+}
+
+// A checkpoint saved before run ids existed belongs to any run.
+bool of_run(const fs::path& dir, const std::string& run_id) {
+  if (run_id.empty()) return true;
+  const auto id = run_id_of(dir);
+  return id.empty() || id == run_id;
 }
 
 nlohmann::json position_json(const core::TrainingPosition& p) {
@@ -226,7 +251,8 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
                                             : nlohmann::json(nullptr)},
         {"seed", c.seed},
         {"optimizer_per_rank", c.optimizer_per_rank},
-        {"config", c.resolved_config}};
+        {"config", c.resolved_config},
+        {"run_id", c.run_id}};
     formats::write_file_atomically_fsync((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
   }
   if (c.state.position.micro_step > 0) {
@@ -260,24 +286,86 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
     formats::fsync_directory(root.string());
 
     if (options_.save_total_limit > 0) {
-      auto all = complete_checkpoints(root);
-      const auto excess = static_cast<int64_t>(all.size()) - options_.save_total_limit;
-      for (int64_t i = 0; i < excess; ++i) remove_checkpoint(all[static_cast<size_t>(i)].second);
+      // This run's checkpoints only: another run's in a reused output_dir are not its to rotate.
+      std::vector<fs::path> own;
+      for (const auto& [k, dir] : step_directories(root)) {
+        if (is_complete(dir) && of_run(dir, c.run_id)) own.push_back(dir);
+      }
+      const auto excess = static_cast<int64_t>(own.size()) - options_.save_total_limit;
+      for (int64_t i = 0; i < excess; ++i) remove_checkpoint(own[static_cast<size_t>(i)]);
     }
   }
   barrier();  // published before any rank moves on
   return final_dir.string();
 }
 
-std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir) {
+std::string new_run_id() {
+  std::random_device random;
+  const uint64_t high = random(), low = random();
+  return fmt::format("{:016x}", (high << 32) ^ low ^ static_cast<uint64_t>(::getpid()));
+}
+
+std::string read_run_id(const std::string& output_dir) {
+  const auto path = fs::path(output_dir) / kRunFile;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return "";
+  nlohmann::json run;
+  try {
+    run = nlohmann::json::parse(read_bytes(path));
+  } catch (const nlohmann::json::exception&) {
+    throw Error(fmt::format("{}: not valid JSON (remove it to start a new run there)", path.string()));
+  }
+  return field<std::string>(run, "run_id", path.string());
+}
+
+void write_run_id(const std::string& output_dir, const std::string& run_id) {
+  formats::write_file_atomically_fsync((fs::path(output_dir) / kRunFile).string(),
+                                       nlohmann::json{{"run_id", run_id}}.dump() + "\n");
+}
+
+std::string newest_checkpoint_directory(const std::string& output_dir) {
+  const auto all = step_directories(fs::path(output_dir) / "checkpoints");
+  return all.empty() ? "" : all.back().second.string();
+}
+
+CheckpointChoice choose_checkpoint(const std::string& spec, const std::string& output_dir) {
   if (spec != "latest") {
     GA_CHECK(fs::is_directory(spec), "key 'resume_from_checkpoint': {} is not a directory", spec);
-    return spec;
+    return {spec, {}};
   }
   const auto root = fs::path(output_dir) / "checkpoints";
-  const auto all = complete_checkpoints(root);
-  GA_CHECK(!all.empty(), "key 'resume_from_checkpoint': latest: no complete checkpoint under {}", root.string());
-  return all.back().second.string();
+  const auto run_id = read_run_id(output_dir);
+  const auto all = step_directories(root);
+  CheckpointChoice choice;
+  int64_t complete = 0;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const auto& dir = it->second;
+    if (!is_complete(dir)) {
+      choice.notes.push_back(fmt::format(
+          "resume_from_checkpoint=latest: {} has no manifest.json (a save that did not finish, or a damaged copy); "
+          "passing over it",
+          dir.string()));
+      continue;
+    }
+    ++complete;
+    if (!of_run(dir, run_id)) {
+      choice.notes.push_back(fmt::format(
+          "resume_from_checkpoint=latest: {} is of another run (run id {}; {} names run {}); passing over it",
+          dir.string(), run_id_of(dir), (fs::path(output_dir) / kRunFile).string(), run_id));
+      continue;
+    }
+    choice.directory = dir.string();
+    return choice;
+  }
+  GA_CHECK(complete > 0, "key 'resume_from_checkpoint': latest: no complete checkpoint under {}", root.string());
+  throw Error(fmt::format(
+      "key 'resume_from_checkpoint': latest: no checkpoint under {} is of this output_dir's run {} ({} of other "
+      "runs); name one as resume_from_checkpoint=DIR, or start afresh with overwrite_output_dir=true",
+      root.string(), run_id, complete));
+}
+
+std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir) {
+  return choose_checkpoint(spec, output_dir).directory;
 }
 
 LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
@@ -364,6 +452,8 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   check_position_is_possible(loaded.state, ts_what);
   loaded.seed = field<uint64_t>(ts, "seed", ts_what);
   loaded.resolved_config = field<std::string>(ts, "config", ts_what);
+  // Absent in checkpoints saved before run ids existed.
+  if (ts.contains("run_id")) loaded.run_id = field<std::string>(ts, "run_id", ts_what);
   const bool per_rank = field<bool>(ts, "optimizer_per_rank", ts_what);
   GA_CHECK(!per_rank || rank < loaded.state.world_size,
            "checkpoint {}: rank {} has no optimizer shard (saved by {} ranks with zero_stage 1)", directory, rank,

@@ -373,6 +373,8 @@ std::vector<ConfigKey> make_keys() {
               [](TrainConfig& c, int64_t v) { c.save_total_limit = v; }),
       text("resume_from_checkpoint", "\"\"", "a checkpoint directory, or \"latest\" (under output_dir)",
            [](TrainConfig& c, const std::string& v) { c.resume_from_checkpoint = v; }),
+      boolean("overwrite_output_dir", false, "true: a new run may start in an output_dir that holds checkpoints",
+              [](TrainConfig& c, bool v) { c.overwrite_output_dir = v; }),
       boolean("allow_batch_change", false, "resume with another global batch size (not exact)",
               [](TrainConfig& c, bool v) { c.allow_batch_change = v; }),
       choice("nan_policy", "abort", {"abort", "skip"}, "what a non-finite window loss does",

@@ -7,9 +7,8 @@
 
 namespace gradaccum::io {
 
-GradFlowWriter::GradFlowWriter(const std::string& output_dir, int64_t resumed_at_step) {
-  open_step_log(out_, (std::filesystem::path(output_dir) / "grad_flow.jsonl").string(), resumed_at_step);
-}
+GradFlowWriter::GradFlowWriter(const std::string& output_dir, int64_t resumed_at_step)
+    : out_((std::filesystem::path(output_dir) / "grad_flow.jsonl").string(), resumed_at_step) {}
 
 void GradFlowWriter::on_grad_flow(const core::GradFlowRecord& r) {
   nlohmann::json parameters = nlohmann::json::array();
@@ -19,8 +18,7 @@ void GradFlowWriter::on_grad_flow(const core::GradFlowRecord& r) {
                           {"max_abs", r.max_abs[i]},
                           {"zero_fraction", r.zero_fraction[i]}});
   }
-  out_ << nlohmann::json{{"step", r.step}, {"parameters", parameters}}.dump() << '\n';
-  out_.flush();
+  out_.append({{"step", r.step}, {"parameters", parameters}});
 }
 
 }  // namespace gradaccum::io

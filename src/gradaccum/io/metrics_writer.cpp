@@ -1,33 +1,33 @@
 #include "gradaccum/io/metrics_writer.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/formats/safetensors.h"
 #include "gradaccum/io/process_stats.h"
 
 namespace gradaccum::io {
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    GA_CHECK(out.good(), "{}: cannot write", temporary);
-    out << text;
-    out.flush();
-    GA_CHECK(out.good(), "{}: write failed", temporary);
-  }
-  GA_CHECK(std::rename(temporary.c_str(), path.c_str()) == 0, "{}: cannot rename to {}", temporary, path);
+  formats::write_file_atomically_fsync(path, text);
 }
 
-void open_step_log(std::ofstream& out, const std::string& path, int64_t resumed_at_step) {
+RecordLog::RecordLog(std::string path, int64_t resumed_at_step) : path_(std::move(path)) {
   if (resumed_at_step >= 0) {
     // Keep the lines of the steps the checkpoint holds; later ones describe
-    // work that is lost and will be redone.
+    // work that is lost and will be redone (and a line cut short is no record).
     std::string kept;
-    std::ifstream in(path);
+    std::ifstream in(path_);
     for (std::string line; std::getline(in, line);) {
       const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
@@ -35,18 +35,43 @@ void open_step_log(std::ofstream& out, const std::string& path, int64_t resumed_
         kept += line + "\n";
       }
     }
-    write_file_atomically(path, kept);
-    out.open(path, std::ios::app);
-  } else {
-    out.open(path, std::ios::trunc);
+    write_file_atomically(path_, kept);
   }
-  GA_CHECK(out.good(), "{}: cannot write", path);
+  const int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (resumed_at_step >= 0 ? 0 : O_TRUNC);
+  fd_ = ::open(path_.c_str(), flags, 0644);
+  GA_CHECK(fd_ >= 0, "{}: cannot write: {}", path_, std::strerror(errno));
+  struct stat info {};
+  if (::fstat(fd_, &info) == 0) size_ = info.st_size;
+}
+
+RecordLog::~RecordLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void RecordLog::append(const nlohmann::json& record) {
+  const std::string line = record.dump() + "\n";
+  size_t written = 0;
+  while (written < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + written, line.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : ENOSPC;
+      // No half record stays behind: the file ends after the last whole one.
+      if (written > 0 && ::ftruncate(fd_, size_) != 0) {
+        throw Error(fmt::format("{}: write failed: {}; and cutting the partial record failed: {}", path_,
+                                std::strerror(error), std::strerror(errno)));
+      }
+      throw Error(fmt::format("{}: write failed: {}", path_, std::strerror(error)));
+    }
+    written += static_cast<size_t>(n);
+  }
+  size_ += static_cast<off_t>(line.size());
 }
 
 MetricsWriter::MetricsWriter(const std::string& output_dir, bool items_are_tokens, int64_t resumed_at_step)
-    : output_dir_(output_dir), items_are_tokens_(items_are_tokens) {
-  open_step_log(metrics_, (std::filesystem::path(output_dir) / "metrics.jsonl").string(), resumed_at_step);
-}
+    : output_dir_(output_dir),
+      items_are_tokens_(items_are_tokens),
+      metrics_((std::filesystem::path(output_dir) / "metrics.jsonl").string(), resumed_at_step) {}
 
 nlohmann::json MetricsWriter::to_json(const core::StepRecord& r, bool items_are_tokens) {
   nlohmann::json j = {
@@ -102,22 +127,24 @@ nlohmann::json MetricsWriter::to_json(const core::EvalRecord& r) {
   return j;
 }
 
-void MetricsWriter::write_line(const nlohmann::json& line) {
-  metrics_ << line.dump() << '\n';
-  metrics_.flush();  // a crashed run keeps every completed step
-}
+// Written through at once: a crashed run keeps every completed step.
+void MetricsWriter::write_line(const nlohmann::json& line) { metrics_.append(line); }
 
 void MetricsWriter::on_start(const core::RunInfo& info) { info_ = info; }
 
 void MetricsWriter::on_step(const core::StepRecord& record) {
   last_micro_batch_ = record.micro_batch_size;
   last_accumulation_ = record.gradient_accumulation_steps;
+  trained_samples_ += record.samples;
+  trained_items_ += record.items;
   write_line(to_json(record, items_are_tokens_));
 }
 
 void MetricsWriter::on_eval(const core::EvalRecord& record) { write_line(to_json(record)); }
 
 void MetricsWriter::on_end(const core::TrainSummary& s) {
+  const double samples_per_s = s.wall_s > 0 ? static_cast<double>(trained_samples_) / s.wall_s : 0.0;
+  const double items_per_s = s.wall_s > 0 ? static_cast<double>(trained_items_) / s.wall_s : 0.0;
   nlohmann::json j = {
       {"steps", s.steps},
       {"samples", s.samples},
@@ -125,8 +152,8 @@ void MetricsWriter::on_end(const core::TrainSummary& s) {
       {"wall_s", s.wall_s},
       {"train_loss", s.train_loss},
       {"final_loss", s.final_loss},
-      {"samples_per_s", s.samples_per_s},
-      {"items_per_s", s.items_per_s},
+      {"samples_per_s", samples_per_s},
+      {"items_per_s", items_per_s},
       {"peak_rss_mb", peak_rss_mb()},
       // The decomposition of the last step: smaller than the configured one after an OOM.
       {"micro_batch", last_micro_batch_ > 0 ? last_micro_batch_ : info_.geometry.micro_batch()},
@@ -137,7 +164,7 @@ void MetricsWriter::on_end(const core::TrainSummary& s) {
       {"parameters", info_.parameters},
       {"preempted", s.preempted},
   };
-  if (items_are_tokens_) j["tokens_per_s"] = s.items_per_s;
+  if (items_are_tokens_) j["tokens_per_s"] = items_per_s;
   if (const double device_mb = peak_cuda_mb(); device_mb > 0.0) j["peak_device_mb"] = device_mb;
   if (s.has_eval) {
     const auto eval = to_json(s.eval);

@@ -6,13 +6,14 @@
 namespace gradaccum::run {
 
 CheckpointWriter::CheckpointWriter(io::CheckpointStore& store, const ModelFiles& files, bool rank0,
-                                   bool optimizer_per_rank, std::string description, uint64_t seed)
+                                   bool optimizer_per_rank, std::string description, uint64_t seed, std::string run_id)
     : store_(store),
       files_(files),
       rank0_(rank0),
       optimizer_per_rank_(optimizer_per_rank),
       description_(std::move(description)),
-      seed_(seed) {}
+      seed_(seed),
+      run_id_(std::move(run_id)) {}
 
 void CheckpointWriter::set_optimizer(torch::optim::Optimizer& optimizer, optim::NamedParameters parameters) {
   optimizer_ = &optimizer;
@@ -31,6 +32,7 @@ void CheckpointWriter::save(const core::TrainingState& state, core::SaveReason /
   contents.optimizer_per_rank = optimizer_per_rank_;
   contents.resolved_config = description_;
   contents.seed = seed_;
+  contents.run_id = run_id_;
   last_ = store_.save(contents);
 }
 

@@ -16,8 +16,9 @@ class CheckpointWriter final : public core::CheckpointHook {
  public:
   // `files` names the weights; rank 0 saves them, every rank its optimizer shard under ZeRO-1
   // (`optimizer_per_rank`), else rank 0 the whole optimizer.
+  // `run_id` is recorded in every checkpoint (io/checkpoint.h, "Runs").
   CheckpointWriter(io::CheckpointStore& store, const ModelFiles& files, bool rank0, bool optimizer_per_rank,
-                   std::string description, uint64_t seed);
+                   std::string description, uint64_t seed, std::string run_id);
 
   void set_optimizer(torch::optim::Optimizer& optimizer, optim::NamedParameters parameters);
   void save(const core::TrainingState& state, core::SaveReason reason) override;
@@ -30,6 +31,7 @@ class CheckpointWriter final : public core::CheckpointHook {
   bool optimizer_per_rank_;
   std::string description_;
   uint64_t seed_;
+  std::string run_id_;
   torch::optim::Optimizer* optimizer_ = nullptr;
   optim::NamedParameters parameters_;
   std::string last_;

@@ -1,6 +1,8 @@
 #include "gradaccum/run/fit.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -158,6 +160,62 @@ DataParallel connect(const RunOptions& options, const dist::DistEnvironment& env
   return dp;
 }
 
+// 3. Refuses, before anything is written, a directory that cannot be made: one that exists as
+// something else, or whose nearest existing ancestor is not a writable directory.
+void check_directory_can_be_made(const std::string& dir, const std::string& key) {
+  std::error_code ec;
+  const fs::path target = fs::absolute(dir, ec);
+  fs::path existing = target;
+  while (!fs::exists(existing, ec) && existing.has_relative_path()) existing = existing.parent_path();
+  if (existing == target) {
+    GA_CHECK(fs::is_directory(target, ec), "key '{}': {} exists and is not a directory", key, dir);
+  } else {
+    GA_CHECK(fs::is_directory(existing, ec), "key '{}': cannot create {}: {} is not a directory", key, dir,
+             existing.string());
+  }
+  GA_CHECK(::access(existing.c_str(), W_OK | X_OK) == 0, "key '{}': cannot create or write {}: {}: {}", key, dir,
+           existing.string(), std::strerror(errno));
+}
+
+// A fresh run must not mix its checkpoints with an earlier run's: `latest` and save_total_limit
+// would then pick among both.
+void check_fresh_output_dir(const RunOptions& options) {
+  if (!options.resume_from_checkpoint.empty() || options.overwrite_output_dir) return;
+  const auto newest = io::newest_checkpoint_directory(options.output_dir);
+  GA_CHECK(newest.empty(),
+           "output_dir {}: it holds checkpoints of an earlier run ({}); continue that run with "
+           "resume_from_checkpoint=latest, or set overwrite_output_dir=true to start a new one there",
+           options.output_dir, newest);
+}
+
+std::string logging_dir_of(const RunOptions& options) {
+  return options.logging_dir.empty() ? (fs::path(options.output_dir) / "runs").string() : options.logging_dir;
+}
+
+// What a save cut short by a crash left in output_dir: atomic writes' temporaries (.tmp-<pid>-<file>,
+// <file>.tmp of earlier versions), the final model's staging and swapped-out directories, and
+// partial files inside final/. Nothing else of a run is named so. (checkpoints/ has its own:
+// io::CheckpointStore removes them.)
+void remove_stale_temporaries(const std::string& output_dir) {
+  std::error_code ec;
+  const auto stale = [](const std::string& name) {
+    const auto ends_with = [&](const char* tail) {
+      const std::string t = tail;
+      return name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+    };
+    return name.rfind(".tmp-", 0) == 0 || name.rfind("final.tmp-", 0) == 0 || name.rfind("final.old-", 0) == 0 ||
+           ends_with(".yaml.tmp") || ends_with(".json.tmp") || ends_with(".jsonl.tmp");
+  };
+  for (const auto& dir : {fs::path(output_dir), fs::path(output_dir) / "final"}) {
+    if (!fs::is_directory(dir, ec)) continue;
+    std::vector<fs::path> doomed;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      if (stale(entry.path().filename().string())) doomed.push_back(entry.path());
+    }
+    for (const auto& path : doomed) fs::remove_all(path, ec);
+  }
+}
+
 // 4. Rank 0's outputs, every figure global.
 struct Outputs {
   std::unique_ptr<io::MetricsWriter> metrics;
@@ -166,9 +224,12 @@ struct Outputs {
   std::unique_ptr<io::GradFlowWriter> grad_flow;
 };
 
-Outputs open_outputs(const RunOptions& options, int64_t resumed_step, core::ObserverList& observers) {
+Outputs open_outputs(const RunOptions& options, int64_t resumed_step, const std::string& run_id,
+                     core::ObserverList& observers) {
   Outputs out;
   fs::create_directories(options.output_dir);
+  remove_stale_temporaries(options.output_dir);
+  io::write_run_id(options.output_dir, run_id);
   if (!options.description.empty()) {
     io::write_file_atomically((fs::path(options.output_dir) / "config.yaml").string(), options.description);
   }
@@ -183,23 +244,63 @@ Outputs open_outputs(const RunOptions& options, int64_t resumed_step, core::Obse
     observers.add(*out.grad_flow);
   }
   if (options.tensorboard) {
-    const auto dir =
-        options.logging_dir.empty() ? (fs::path(options.output_dir) / "runs").string() : options.logging_dir;
-    out.tensorboard = std::make_unique<io::TensorBoardWriter>(dir, options.items_are_tokens, options.logging_steps);
+    out.tensorboard = std::make_unique<io::TensorBoardWriter>(logging_dir_of(options), options.items_are_tokens,
+                                                              options.logging_steps);
     observers.add(*out.tensorboard);
   }
   return out;
 }
 
-// 6. The trained model on its own: an HF checkpoint when the model has a config.json, else the
-// weights alone.
-void save_final(const ModelFiles& files, const std::string& dir) {
-  if (!files.config.is_null()) {
-    models::write_hf_checkpoint(dir, {files.config, files.weights()});
-    return;
+// Puts `staging` in place of `target` in one step: renameat2's RENAME_EXCHANGE swaps the two
+// directories where the filesystem can, so `target` is never missing; elsewhere the old one is
+// moved aside first. The old one is then removed.
+void publish_directory(const fs::path& staging, const fs::path& target) {
+  std::error_code ec;
+  if (!fs::exists(target, ec)) {
+    GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it: {}", target.string(),
+             staging.string(), std::strerror(errno));
+  } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(staging, ec);  // now the old one
+  } else {
+    const fs::path old = target.parent_path() / (".tmp-old-" + target.filename().string());
+    fs::remove_all(old, ec);
+    GA_CHECK(std::rename(target.c_str(), old.c_str()) == 0, "{}: cannot move the old one aside to {}: {}",
+             target.string(), old.string(), std::strerror(errno));
+    GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it: {}", target.string(),
+             staging.string(), std::strerror(errno));
+    fs::remove_all(old, ec);
   }
-  fs::create_directories(dir);
-  formats::save_safetensors(dir + "/model.safetensors", files.weights());
+  formats::fsync_directory(target.parent_path().string());
+}
+
+// 6. The trained model on its own: an HF checkpoint when the model has a config.json, else the
+// weights alone; `extra_files` copied beside them. Written into output_dir/.tmp-final-<pid>, each
+// file fsynced, and published as final/ in one rename: a crash leaves the previous final/ or the
+// new one, and a temporary that the next run's start removes.
+void save_final(const ModelFiles& files, const std::vector<std::string>& extra_files, const fs::path& final_dir) {
+  const fs::path staging =
+      final_dir.parent_path() / (".tmp-" + final_dir.filename().string() + "-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(staging, ec);
+  GA_CHECK(fs::create_directories(staging, ec), "{}: cannot create {}: {}", final_dir.string(), staging.string(),
+           ec.message());
+  try {
+    if (!files.config.is_null()) {
+      formats::write_file_atomically_fsync((staging / "config.json").string(), files.config.dump(2) + "\n");
+    }
+    formats::save_safetensors((staging / "model.safetensors").string(), files.weights());
+    for (const auto& file : extra_files) {
+      const auto copy = staging / fs::path(file).filename();
+      fs::copy_file(file, copy, fs::copy_options::overwrite_existing, ec);
+      GA_CHECK(!ec, "{}: cannot copy {} into it: {}", final_dir.string(), file, ec.message());
+      formats::fsync_file(copy.string());
+    }
+    formats::fsync_directory(staging.string());
+    publish_directory(staging, final_dir);
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
 }
 
 }  // namespace
@@ -211,11 +312,17 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   const auto files = complete(given_files, model);
   const int threads = set_up_process(options, env.local_world_size, rank0);
 
-  // 3. Everything that can fail on bad input happens before output_dir is created.
+  // 3. Everything that can fail on bad input happens before anything is written.
+  check_directory_can_be_made(options.output_dir, "output_dir");
+  if (options.tensorboard) check_directory_can_be_made(logging_dir_of(options), "logging_dir");
+  check_fresh_output_dir(options);
   std::optional<io::LoadedCheckpoint> checkpoint;
   if (!options.resume_from_checkpoint.empty()) {
-    checkpoint =
-        io::read_checkpoint(io::resolve_checkpoint(options.resume_from_checkpoint, options.output_dir), env.rank);
+    const auto choice = io::choose_checkpoint(options.resume_from_checkpoint, options.output_dir);
+    if (rank0) {
+      for (const auto& note : choice.notes) fmt::print(stderr, "{}\n", note);
+    }
+    checkpoint = io::read_checkpoint(choice.directory, env.rank);
   }
   const auto geometry = options.trainer.geometry(env.world_size);
   if (const auto warning =
@@ -225,6 +332,8 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   }
   std::optional<core::TrainingState> resumed;
   if (checkpoint) resumed = resume_state(*checkpoint, options, geometry);
+  // A resumed run continues the run of its checkpoint (one saved before run ids existed starts one).
+  const std::string run_id = checkpoint && !checkpoint->run_id.empty() ? checkpoint->run_id : io::new_run_id();
 
   auto dp = connect(options, env, model);
 
@@ -232,9 +341,27 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   StepPeakRss step_peak;
   observers.add(step_peak);
   if (observer != nullptr) observers.add(*observer);
+
+  // The checkpoint goes into the model and the optimizer before any output exists: a checkpoint
+  // of another model or optimizer is refused with output_dir untouched.
+  const bool optimizer_per_rank = dp.sharded != nullptr;
+  core::Trainer trainer(options.trainer, model, train_data, rank0 ? eval_data : nullptr, observers, dp.sync.get(),
+                        std::move(dp.sharded));
+  if (checkpoint) {
+    const auto& dir = checkpoint->directory;
+    files.load(checkpoint->model, dir + "/model.safetensors");
+    dist::load_named_optimizer_state(trainer.optimizer(), trainer.named_parameters(), checkpoint->optimizer, dir);
+    if (checkpoint->rng_state.defined()) {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(checkpoint->rng_state);
+    }
+    trainer.restore(*resumed);
+  }
+
   Outputs outputs;
   if (rank0) {
-    outputs = open_outputs(options, resumed ? resumed->position.step : -1, observers);
+    outputs = open_outputs(options, resumed ? resumed->position.step : -1, run_id, observers);
     if (options.console) {
       fmt::print("threads: {}, dtype: {}, device: {}, world size: {}, output: {}\n", threads,
                  options.trainer.dtype == torch::kDouble ? "float64" : "float32", options.trainer.device.str(),
@@ -242,6 +369,11 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
       fmt::print("libtorch: {}\nkernels: {}; custom: {}\n", libtorch_description(), kernels_description(),
                  kernels::custom_kernels_description());
       if (!options.data_description.empty()) fmt::print("data: {}\n", options.data_description);
+      if (checkpoint) {
+        fmt::print("resuming from {} at step {} (epoch {}, window {}, micro-step {})\n", checkpoint->directory,
+                   resumed->position.step, resumed->position.epoch, resumed->position.window,
+                   resumed->position.micro_step);
+      }
     }
   }
 
@@ -258,25 +390,6 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
     }
   }
 
-  const bool optimizer_per_rank = dp.sharded != nullptr;
-  core::Trainer trainer(options.trainer, model, train_data, rank0 ? eval_data : nullptr, observers, dp.sync.get(),
-                        std::move(dp.sharded));
-  if (checkpoint) {
-    const auto& dir = checkpoint->directory;
-    files.load(checkpoint->model, dir + "/model.safetensors");
-    dist::load_named_optimizer_state(trainer.optimizer(), trainer.named_parameters(), checkpoint->optimizer, dir);
-    if (checkpoint->rng_state.defined()) {
-      auto generator = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(checkpoint->rng_state);
-    }
-    trainer.restore(*resumed);
-    if (rank0 && options.console) {
-      fmt::print("resuming from {} at step {} (epoch {}, window {}, micro-step {})\n", dir, resumed->position.step,
-                 resumed->position.epoch, resumed->position.window, resumed->position.micro_step);
-    }
-  }
-
   // 5. Checkpoints and preemption.
   io::CheckpointStoreOptions store_options;
   store_options.output_dir = options.output_dir;
@@ -285,7 +398,7 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   store_options.save_total_limit = options.save_total_limit;
   if (dp.group) store_options.barrier = [&dp] { dist::barrier(*dp.group, "the checkpoint barrier"); };
   io::CheckpointStore store(store_options);
-  CheckpointWriter writer(store, files, rank0, optimizer_per_rank, options.description, options.trainer.seed);
+  CheckpointWriter writer(store, files, rank0, optimizer_per_rank, options.description, options.trainer.seed, run_id);
   writer.set_optimizer(trainer.optimizer(), trainer.named_parameters());
   trainer.set_checkpointing(&writer, &install_stop_signals(), dp.stop_agreement.get());
 
@@ -301,7 +414,7 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
     }
   } else if (rank0) {
     result.final_dir = (fs::path(options.output_dir) / "final").string();
-    save_final(files, result.final_dir);
+    save_final(files, options.final_files, result.final_dir);
   }
   if (!rank0) {
     // Memory is per process: every rank leaves its own figures beside the summary, for the whole

@@ -3,16 +3,19 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <thread>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/run/stop_signals.h"
 
 namespace gradaccum::run {
 
@@ -48,8 +51,16 @@ std::string describe(int status) {
 constexpr int kMaxRanks = 1024;
 pid_t g_children[kMaxRanks];
 volatile sig_atomic_t g_child_count = 0;
+std::atomic<int64_t> g_first_forward_ns{0};
 
+// Copies of one request (GNU `timeout` signals the launcher and then its process group) are
+// passed on once, by the rule the ranks apply (run/stop_signals.h): the launcher never turns one
+// request into two. A deliberate second request is passed on as well.
 extern "C" void forward_signal(int signal_number) {
+  const int64_t now = monotonic_ns();
+  const int64_t first = g_first_forward_ns.load();
+  if (!is_new_stop_request(first, now)) return;
+  if (first == 0) g_first_forward_ns.store(now);
   for (int i = 0; i < g_child_count; ++i) kill(g_children[i], signal_number);
 }
 
@@ -60,11 +71,27 @@ extern "C" void ignore_signal(int) {}
 int launch_local(int64_t nproc, const std::vector<std::string>& child_args) {
   GA_CHECK(nproc <= kMaxRanks, "--nproc {}: at most {} local ranks", nproc, kMaxRanks);
   const int port = free_port();
+  // Before the first fork, so that a SIGTERM arriving while the ranks start reaches those started.
+  struct sigaction action {};
+  action.sa_handler = forward_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  action.sa_handler = ignore_signal;
+  sigaction(SIGINT, &action, nullptr);
+
+  const pid_t launcher = getpid();
   std::map<pid_t, int64_t> ranks;
   for (int64_t rank = 0; rank < nproc; ++rank) {
     const pid_t pid = fork();
     GA_CHECK(pid >= 0, "--nproc: fork failed: {}", std::strerror(errno));
     if (pid == 0) {
+      // A rank dies with its launcher (a SIGKILLed launcher must not leave ranks training into
+      // output_dir), also when the launcher died before this line: checked once it is set.
+      if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher) _exit(127);
+      // The launcher's handlers are not the rank's (exec resets them too; this covers the moment
+      // before it).
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGINT, SIG_DFL);
       setenv("RANK", std::to_string(rank).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
@@ -86,12 +113,6 @@ int launch_local(int64_t nproc, const std::vector<std::string>& child_args) {
     g_children[g_child_count] = pid;
     g_child_count = g_child_count + 1;
   }
-  struct sigaction action {};
-  action.sa_handler = forward_signal;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGTERM, &action, nullptr);
-  action.sa_handler = ignore_signal;
-  sigaction(SIGINT, &action, nullptr);
 
   int exit_code = 0;
   while (!ranks.empty()) {

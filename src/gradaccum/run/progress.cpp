@@ -33,6 +33,8 @@ void Progress::on_micro_batch_change(const core::MicroBatchChange& c) {
 }
 
 void Progress::on_step(const core::StepRecord& r) {
+  ++trained_steps_;
+  trained_samples_ += r.samples;
   if (terminal_) {
     // Redraw at most ~10 times a second.
     const auto now = std::chrono::steady_clock::now();
@@ -60,8 +62,15 @@ void Progress::on_eval(const core::EvalRecord& r) {
 }
 
 void Progress::on_end(const core::TrainSummary& s) {
-  fmt::print(out_, "done: {} steps, {} samples in {:.1f} s ({:.0f} samples/s), train loss {:.4f}\n", s.steps, s.samples,
-             s.wall_s, s.samples_per_s, s.train_loss);
+  if (trained_steps_ == 0) {
+    // Resumed at the last step: nothing was trained here, so there is no rate to show.
+    fmt::print(out_,
+               "done: {} steps, {} samples (all trained before the checkpoint this run resumed), train loss {:.4f}\n",
+               s.steps, s.samples, s.train_loss);
+  } else {
+    fmt::print(out_, "done: {} steps, {} samples in {:.1f} s ({:.0f} samples/s), train loss {:.4f}\n", s.steps,
+               s.samples, s.wall_s, static_cast<double>(trained_samples_) / s.wall_s, s.train_loss);
+  }
   if (s.has_eval && !std::isnan(s.eval.accuracy)) {
     fmt::print(out_, "test accuracy: {:.2f}% ({} samples)\n", 100.0 * s.eval.accuracy, s.eval.samples);
   }

@@ -26,6 +26,10 @@ class Progress final : public core::TrainingObserver {
   int64_t logging_steps_;
   int64_t interval_ = 1;
   int64_t total_ = 0;
+  // The steps this process trained: a resumed run's throughput counts only those (the summary's
+  // samples include the checkpoint's).
+  int64_t trained_steps_ = 0;
+  int64_t trained_samples_ = 0;
   std::chrono::steady_clock::time_point last_draw_{};
 };
 
