@@ -125,7 +125,8 @@ TEST(Config, TheChoicesOfModelAndDataTypesAreTheirTables) {
 TEST(Config, KeysThatTieTogetherAreCheckedAfterEachOnItsOwn) {
   EXPECT_ONE_LINE_ERROR(with({"nesterov=true"}), "key 'nesterov': must be false unless momentum > 0, got true");
   EXPECT_NO_THROW(with({"nesterov=true", "momentum=0.9", "optim=sgd"}));
-  EXPECT_ONE_LINE_ERROR(with({"dtype=float64", "mixed_precision=bf16"}), "key 'mixed_precision': must be \"no\"");
+  EXPECT_ONE_LINE_ERROR(with({"dtype=float64", "mixed_precision=bf16"}),
+                        "key 'mixed_precision': bf16 keeps parameters in float32 and needs dtype: float32");
   EXPECT_ONE_LINE_ERROR(with({"window_tokens=64", "last_window=carry"}),
                         "key 'window_tokens': cannot be combined with last_window: carry");
   EXPECT_ONE_LINE_ERROR(with({"deterministic_accumulation=true"}, 3),

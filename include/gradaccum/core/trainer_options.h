@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 #include "gradaccum/core/batch_geometry.h"
 #include "gradaccum/core/loss_normalizer.h"
@@ -73,5 +75,29 @@ struct TrainerOptions {
   // b × N × W from the options (derives N when global_batch_size is set).
   BatchGeometry geometry(int64_t world_size) const;
 };
+
+// How a message names an option. The library's names are TrainerOptions' field names, in
+// messages "option 'window_tokens'"; the configuration passes its own (io/config.cpp: "key
+// 'window_tokens'", and its key where a field is named otherwise), so core never spells a key.
+class OptionNames {
+ public:
+  OptionNames() = default;
+  // `keys`: field → the name it has there (fields not in it keep their own); `noun`: what an
+  // option is called there.
+  OptionNames(std::map<std::string, std::string> keys, std::string noun);
+  // The option as the subject of a message: "option 'window_tokens'".
+  std::string subject(const std::string& field) const;
+  // The option named inside a message: "window_tokens".
+  std::string name(const std::string& field) const;
+
+ private:
+  std::map<std::string, std::string> keys_;
+  std::string noun_ = "option";
+};
+
+// Every rule that ties TrainerOptions' fields to each other and to the world size, checked once
+// for the library (the Trainer) and for the configuration (io::load_config) alike. Throws
+// gradaccum::Error naming the options through `names`.
+void validate(const TrainerOptions& options, int64_t world_size, const OptionNames& names = {});
 
 }  // namespace gradaccum::core

@@ -86,7 +86,11 @@ core::TrainingState resume_state(const io::LoadedCheckpoint& loaded, const RunOp
     GA_CHECK(state.position.micro_step == 0,
              "checkpoint {}: saved inside a window, it cannot continue with another global batch", loaded.directory);
     // Continue at the window holding the first sample not yet seen.
-    state.position.window = state.position.window * state.global_batch / geometry.global_batch();
+    int64_t seen = 0;
+    GA_CHECK(!__builtin_mul_overflow(state.position.window, state.global_batch, &seen),
+             "checkpoint {}: window {} of global batch {} is beyond any dataset", loaded.directory,
+             state.position.window, state.global_batch);
+    state.position.window = seen / geometry.global_batch();
     state.global_batch = geometry.global_batch();
   }
   return state;
