@@ -30,7 +30,7 @@ struct TrainerOptions {
   int64_t per_device_train_batch_size = 16;
   int64_t gradient_accumulation_steps = 4;
   int64_t global_batch_size = 0;  // > 0: N is derived as B / (b × W)
-  int64_t num_train_epochs = 1;
+  int64_t num_train_epochs = 3;
   int64_t max_steps = 0;  // > 0 overrides num_train_epochs
   optim::OptimizerSpec optimizer;
   optim::ScheduleType lr_scheduler_type = optim::ScheduleType::cosine;
@@ -42,7 +42,7 @@ struct TrainerOptions {
   uint64_t seed = 42;
   int64_t eval_steps = 0;       // 0: evaluate at the end only
   int64_t grad_flow_steps = 0;  // > 0: gradient flow every K optimizer steps (grad_flow.h)
-  int64_t per_device_eval_batch_size = 256;
+  int64_t per_device_eval_batch_size = 500;
   bool group_by_length = false;                    // sort each window's samples by length (see WindowPlan)
   SampleOrder sample_order = SampleOrder::random;  // train_sampling_strategy
   int64_t save_steps = 0;                          // > 0: a checkpoint every save_steps optimizer steps

@@ -247,7 +247,7 @@ Outputs open_outputs(const RunOptions& options, int64_t resumed_step, const std:
     out.grad_flow = std::make_unique<io::GradFlowWriter>(options.output_dir, resumed_step);
     observers.add(*out.grad_flow);
   }
-  if (options.tensorboard) {
+  if (options.reports_to("tensorboard")) {
     out.tensorboard = std::make_unique<io::TensorBoardWriter>(logging_dir_of(options), options.items_are_tokens,
                                                               options.logging_steps);
     observers.add(*out.tensorboard);
@@ -318,7 +318,7 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
 
   // 3. Everything that can fail on bad input happens before anything is written.
   check_directory_can_be_made(options.output_dir, "output_dir");
-  if (options.tensorboard) check_directory_can_be_made(logging_dir_of(options), "logging_dir");
+  if (options.reports_to("tensorboard")) check_directory_can_be_made(logging_dir_of(options), "logging_dir");
   check_fresh_output_dir(options);
   std::optional<io::LoadedCheckpoint> checkpoint;
   if (!options.resume_from_checkpoint.empty()) {
