@@ -205,6 +205,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"global_not_divisible", "--set global_batch_size=100", "",
                  "global_batch_size 100 is not a multiple of per_device_train_batch_size 16 x world size 1 = 16"},
         BadInput{"bad_choice", "--set model.norm=instance", "", "key 'model.norm': 'instance' is not one of"},
+        BadInput{"group_by_length_without_lengths", "--set data.group_by_length=true", "",
+                 "key 'data.group_by_length': the samples of data.type fashion_mnist have no length to group by"},
         BadInput{"malformed_yaml", "", "learning_rate: [1, 2\n", "malformed YAML at line"},
         BadInput{"missing_dataset", "--set data.directory=/nonexistent", "", "apt-get install dataset-fashion-mnist"},
         BadInput{"bad_set_syntax", "--set learning_rate", "", "--set 'learning_rate': expected key=value"},

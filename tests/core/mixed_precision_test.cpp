@@ -321,8 +321,10 @@ TEST(MixedPrecision, NeedsFloat32ParametersAndNamesTheModes) {
   auto o = fp16_options(1.0, 1);
   o.dtype = torch::kDouble;
   EXPECT_ONE_LINE_ERROR(core::Trainer(o, inner, data, nullptr, none), "needs dtype: float32");
-  EXPECT_EQ(core::parse_mixed_precision("bf16"), core::MixedPrecision::bf16);
-  EXPECT_ONE_LINE_ERROR(core::parse_mixed_precision("fp8"), "'fp8' is not one of no, bf16, fp16");
+  EXPECT_EQ(core::mixed_precision_names().parse("bf16", "mixed_precision"), core::MixedPrecision::bf16);
+  EXPECT_EQ(core::to_string(core::MixedPrecision::none), "no");
+  EXPECT_ONE_LINE_ERROR(core::mixed_precision_names().parse("fp8", "mixed_precision"),
+                        "mixed_precision: 'fp8' is not one of no | bf16 | fp16");
   EXPECT_TRUE(core::uses_autocast(core::MixedPrecision::bf16, torch::kCPU));
   EXPECT_TRUE(core::uses_autocast(core::MixedPrecision::fp16, torch::kCPU));
   EXPECT_FALSE(core::uses_autocast(core::MixedPrecision::none, torch::kCPU));

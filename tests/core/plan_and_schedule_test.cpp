@@ -193,8 +193,9 @@ TEST(LrSchedule, WarmupThenConstantLinearCosine) {
   EXPECT_NEAR(cosine.at(12), 0.0, 1e-15);
   EXPECT_NEAR(cosine.at(3), 0.5 * (1 + std::cos(M_PI * 0.1)), 1e-15);
   EXPECT_THROW(LrSchedule(ScheduleType::constant, -1.0, 0, 10), Error);
-  EXPECT_EQ(optim::parse_schedule_type("cosine"), ScheduleType::cosine);
-  EXPECT_THROW(optim::parse_schedule_type("exp"), Error);
+  EXPECT_EQ(optim::schedule_type_names().parse("cosine", "lr_scheduler_type"), ScheduleType::cosine);
+  EXPECT_EQ(optim::to_string(ScheduleType::linear), "linear");
+  EXPECT_THROW(optim::schedule_type_names().parse("exp", "lr_scheduler_type"), Error);
 }
 
 TEST(StepSequence, ClipThenStepThenZeroThenSchedule) {

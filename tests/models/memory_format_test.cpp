@@ -20,10 +20,10 @@ namespace memory_format_test {
 
 using gradaccum::core::LossNormalization;
 using gradaccum::models::Classifier;
+using gradaccum::models::memory_format_names;
 using gradaccum::models::MemoryFormat;
 using gradaccum::models::MemoryFormatLayer;
 using gradaccum::models::NormKind;
-using gradaccum::models::parse_memory_format;
 using gradaccum::models::small_cnn;
 using gradaccum::models::small_resnet;
 using gradaccum::testing::accumulate_window;
@@ -135,12 +135,13 @@ TEST(MemoryFormat, AWindowsGradientDoesNotDependOnItsCutInChannelsLast) {
 }
 
 TEST(MemoryFormat, NamesAndErrors) {
-  EXPECT_EQ(parse_memory_format("auto"), MemoryFormat::automatic);
-  EXPECT_EQ(parse_memory_format("channels_last"), MemoryFormat::channels_last);
-  EXPECT_EQ(parse_memory_format("contiguous"), MemoryFormat::contiguous);
+  const auto& names = memory_format_names();
+  EXPECT_EQ(names.parse("auto", "model.memory_format"), MemoryFormat::automatic);
+  EXPECT_EQ(names.parse("channels_last", "model.memory_format"), MemoryFormat::channels_last);
+  EXPECT_EQ(names.parse("contiguous", "model.memory_format"), MemoryFormat::contiguous);
   EXPECT_EQ(to_string(MemoryFormat::automatic), "auto");
-  EXPECT_EQ(error_of([] { parse_memory_format("nhwc"); }),
-            "model.memory_format: unknown format 'nhwc' (auto | channels_last | contiguous)");
+  EXPECT_EQ(error_of([&] { names.parse("nhwc", "model.memory_format"); }),
+            "model.memory_format: 'nhwc' is not one of auto | channels_last | contiguous");
 }
 
 }  // namespace memory_format_test

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "gradaccum/base/enum_names.h"
 #include "gradaccum/core/batch.h"
 
 namespace gradaccum::core {
@@ -30,6 +31,7 @@ namespace gradaccum::core {
 enum class LossNormalization { window, sum, micro_batch };
 
 // The config key's spelling: "window", "sum", "micro_batch".
+const base::EnumNames<LossNormalization>& loss_normalization_names();
 std::string to_string(LossNormalization normalization);
 
 // The window's loss figures after normalization (0-dim tensors, not yet on host).

@@ -21,12 +21,14 @@
 #include <string>
 #include <vector>
 
+#include "gradaccum/base/enum_names.h"
+
 namespace gradaccum::core {
 
 enum class MixedPrecision { none, bf16, fp16 };
 
-// "no" | "bf16" | "fp16" (the config's spelling); throws gradaccum::Error otherwise.
-MixedPrecision parse_mixed_precision(const std::string& name);
+// "no" | "bf16" | "fp16" (the config's spelling).
+const base::EnumNames<MixedPrecision>& mixed_precision_names();
 std::string to_string(MixedPrecision precision);
 
 // The 16-bit dtype of `precision`'s autocast regions (undefined for none).

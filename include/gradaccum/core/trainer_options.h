@@ -25,6 +25,7 @@ enum class NanPolicy {
   skip,   // leave the parameters unchanged, count the step as skipped (costs
           // one extra host synchronization per step, to decide before stepping)
 };
+const base::EnumNames<NanPolicy>& nan_policy_names();  // "abort" | "skip"
 
 struct TrainerOptions {
   int64_t per_device_train_batch_size = 16;

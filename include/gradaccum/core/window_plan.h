@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "gradaccum/base/enum_names.h"
 #include "gradaccum/core/batch_geometry.h"
 
 namespace gradaccum::core {
@@ -32,6 +33,7 @@ namespace gradaccum::core {
 //            next, so it may hold a sample twice (once from each epoch) while every epoch still
 //            uses each sample exactly once. Only the run's very last window can be short.
 enum class LastWindow { partial, drop, carry };
+const base::EnumNames<LastWindow>& last_window_names();  // "partial" | "drop" | "carry"
 
 // The order of the samples in each epoch (HF's train_sampling_strategy):
 // a seeded permutation, or the dataset's own order (to replay a fixed
@@ -39,6 +41,8 @@ enum class LastWindow { partial, drop, carry };
 // longest_first: the samples by length, longest first, in every epoch (ties in stored order):
 // the first windows are the worst case for memory, which is what `gradaccum plan` probes.
 enum class SampleOrder { random, sequential, longest_first };
+// HF's spelling: "random" | "sequential" | "longest_first".
+const base::EnumNames<SampleOrder>& sample_order_names();
 
 // Which rank and micro-step get chunk c of a window (the window's samples cut into chunks of b).
 enum class ChunkOrder {

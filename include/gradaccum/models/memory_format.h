@@ -13,6 +13,8 @@
 
 #include <string>
 
+#include "gradaccum/base/enum_names.h"
+
 namespace gradaccum::models {
 
 enum class MemoryFormat {
@@ -20,10 +22,9 @@ enum class MemoryFormat {
   channels_last,  // [N, C, H, W] stored as N, H, W, C
   contiguous,     // libtorch's default layout
 };
+// "auto" | "channels_last" | "contiguous" (model.memory_format).
+const base::EnumNames<MemoryFormat>& memory_format_names();
 std::string to_string(MemoryFormat format);
-// "auto" | "channels_last" | "contiguous"; anything else throws gradaccum::Error naming
-// model.memory_format.
-MemoryFormat parse_memory_format(const std::string& name);
 
 // The first layer of an image network: returns a 4-d batch in `format`'s layout, anything else
 // unchanged. A [N, 1, H, W] batch is already channels-last contiguous by libtorch's rule, which

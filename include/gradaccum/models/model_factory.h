@@ -13,8 +13,8 @@
 namespace gradaccum::models {
 
 struct ModelConfig {
-  std::string type = "cnn";  // a name of models/model_types.h
-  std::string norm = "group";
+  std::string type = "cnn";         // a name of models/model_types.h
+  NormKind norm = NormKind::group;  // image networks
   int64_t norm_groups = 8;
   std::vector<int64_t> channels = {32, 64};              // cnn and resnet
   MemoryFormat memory_format = MemoryFormat::automatic;  // cnn and resnet

@@ -6,11 +6,14 @@
 
 #include <string>
 
+#include "gradaccum/base/enum_names.h"
+
 namespace gradaccum::models {
 
 enum class NormKind { batch, group, layer, none };
 
-NormKind parse_norm_kind(const std::string& name);  // throws gradaccum::Error
+// "batch" | "group" | "layer" | "none" (model.norm).
+const base::EnumNames<NormKind>& norm_kind_names();
 std::string to_string(NormKind kind);
 
 // For [n, channels, h, w] activations. group: GroupNorm with `groups` groups

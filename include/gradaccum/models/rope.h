@@ -15,11 +15,14 @@
 #include <string>
 #include <utility>
 
+#include "gradaccum/base/enum_names.h"
+
 namespace gradaccum::models {
 
 enum class RopeType { standard, linear, dynamic, llama3, yarn };
 
 // HF's rope_type names: "default", "linear", "dynamic", "llama3", "yarn".
+const base::EnumNames<RopeType>& rope_type_names();
 std::string to_string(RopeType type);
 // The type named `name`; anything else throws gradaccum::Error naming `what` and the choices.
 RopeType parse_rope_type(const std::string& name, const std::string& what);

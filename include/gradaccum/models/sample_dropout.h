@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "gradaccum/base/enum_names.h"
 #include "gradaccum/core/batch.h"
 
 namespace gradaccum::models {
@@ -30,9 +31,9 @@ enum class DropoutRng {
   per_sample,  // the counter-based masks above (default)
   libtorch,    // torch::dropout's generator: for comparison; depends on the decomposition
 };
+// "per_sample" | "libtorch" (model.dropout_rng).
+const base::EnumNames<DropoutRng>& dropout_rng_names();
 std::string to_string(DropoutRng rng);
-// "per_sample" | "libtorch"; anything else throws gradaccum::Error naming model.dropout_rng.
-DropoutRng parse_dropout_rng(const std::string& name);
 
 // The per-sample mask of `x` [B, d1, …, dk] (1 ≤ k ≤ 3, each d ≤ 65536): 1 / (1 - p) where kept,
 // 0 where dropped, in x's dtype and on x's device. keys.ids must hold B sample indices.

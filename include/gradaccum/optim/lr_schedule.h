@@ -11,11 +11,14 @@
 #include <cstdint>
 #include <string>
 
+#include "gradaccum/base/enum_names.h"
+
 namespace gradaccum::optim {
 
 enum class ScheduleType { constant, linear, cosine };
 
-ScheduleType parse_schedule_type(const std::string& name);  // throws gradaccum::Error
+// The config's spelling (lr_scheduler_type): "constant" | "linear" | "cosine".
+const base::EnumNames<ScheduleType>& schedule_type_names();
 std::string to_string(ScheduleType type);
 
 class LrSchedule {

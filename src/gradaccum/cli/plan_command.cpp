@@ -55,9 +55,7 @@ double median(std::vector<double> v) {
 
 // One probe: the program in a child process, b × n for `steps` steps, longest samples first.
 PlanCandidate probe(const PlanArgs& args, int64_t b, int64_t n, const fs::path& dir, bool cuda) {
-  PlanCandidate c;
-  c.micro_batch = b;
-  c.accumulation = n;
+  PlanCandidate c{core::BatchGeometry::from_accumulation(b, n)};
   const auto out = dir / fmt::format("b{}", b);
   std::string command = shell_quoted(fs::read_symlink("/proc/self/exe").string()) + " train";
   if (!args.config_path.empty()) command += " " + shell_quoted(args.config_path);
@@ -148,10 +146,10 @@ Plan make_plan(const PlanArgs& args, bool quiet) {
     c.fits = c.error.empty() && c.peak_mb <= plan.limit_mb;
     if (!quiet) {
       if (!c.error.empty()) {
-        fmt::print("{:>6} {:>6} {:>12} {:>12}  failed: {}\n", b, c.accumulation, "-", "-", c.error);
+        fmt::print("{:>6} {:>6} {:>12} {:>12}  failed: {}\n", b, c.geometry.accumulation_steps(), "-", "-", c.error);
       } else {
-        fmt::print("{:>6} {:>6} {:>12.0f} {:>12.3g}  {}\n", b, c.accumulation, c.peak_mb, c.samples_per_s,
-                   c.fits ? "fits" : "over the limit");
+        fmt::print("{:>6} {:>6} {:>12.0f} {:>12.3g}  {}\n", b, c.geometry.accumulation_steps(), c.peak_mb,
+                   c.samples_per_s, c.fits ? "fits" : "over the limit");
       }
       std::fflush(stdout);
     }
@@ -176,8 +174,8 @@ int run_plan(const PlanArgs& args) {
   if (args.json) {
     nlohmann::json candidates = nlohmann::json::array();
     for (const auto& c : plan.candidates) {
-      nlohmann::json j = {{"micro_batch", c.micro_batch},
-                          {"gradient_accumulation_steps", c.accumulation},
+      nlohmann::json j = {{"micro_batch", c.geometry.micro_batch()},
+                          {"gradient_accumulation_steps", c.geometry.accumulation_steps()},
                           {"peak_mb", c.peak_mb},
                           {"samples_per_s", c.samples_per_s},
                           {"fits", c.fits}};
@@ -186,8 +184,8 @@ int run_plan(const PlanArgs& args) {
     }
     nlohmann::json choice = nullptr;
     if (plan.choice) {
-      choice = {{"per_device_train_batch_size", plan.choice->micro_batch},
-                {"gradient_accumulation_steps", plan.choice->accumulation}};
+      choice = {{"per_device_train_batch_size", plan.choice->geometry.micro_batch()},
+                {"gradient_accumulation_steps", plan.choice->geometry.accumulation_steps()}};
     }
     fmt::print("{}\n", nlohmann::json{{"global_batch", plan.global_batch},
                                       {"limit_mb", plan.limit_mb},
@@ -200,8 +198,8 @@ int run_plan(const PlanArgs& args) {
     fmt::print(
         "choice: per_device_train_batch_size={} gradient_accumulation_steps={} (global batch {}, peak {:.0f} MB of "
         "{:.0f}{})\n",
-        plan.choice->micro_batch, plan.choice->accumulation, plan.global_batch, plan.choice->peak_mb, plan.limit_mb,
-        plan.limit_given ? ", no margin" : "");
+        plan.choice->geometry.micro_batch(), plan.choice->geometry.accumulation_steps(), plan.global_batch,
+        plan.choice->peak_mb, plan.limit_mb, plan.limit_given ? ", no margin" : "");
   }
   if (!plan.choice) {
     const auto& first = plan.candidates.front();

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "gradaccum/core/batch_geometry.h"
+
 namespace gradaccum::cli {
 
 struct PlanArgs {
@@ -34,8 +36,8 @@ struct PlanArgs {
 };
 
 struct PlanCandidate {
-  int64_t micro_batch = 0, accumulation = 0;
-  double peak_mb = 0.0;  // 0 when the probe failed
+  core::BatchGeometry geometry;  // b × B/b × 1: one process's share
+  double peak_mb = 0.0;          // 0 when the probe failed
   double samples_per_s = 0.0;
   bool fits = false;
   std::string error;  // the probe's last line of stderr when it failed

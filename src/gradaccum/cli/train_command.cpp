@@ -85,16 +85,18 @@ int run_train(const TrainArgs& args) {
              "per_device_train_batch_size: auto: no micro-batch of {} samples per process fits in {:.0f} MB (the "
              "global batch is not changed)",
              plan_args.global_batch, plan.limit_mb);
-    const std::vector<std::string> chosen{fmt::format("per_device_train_batch_size={}", plan.choice->micro_batch),
-                                          fmt::format("gradient_accumulation_steps={}", plan.choice->accumulation)};
+    // The chosen decomposition as keys: the configuration written into output_dir and the ranks
+    // --nproc starts read them like any other.
+    const auto& chosen = plan.choice->geometry;
     auto overrides = args.overrides;
-    for (const auto& o : chosen) {
+    for (const auto& o : {fmt::format("per_device_train_batch_size={}", chosen.micro_batch()),
+                          fmt::format("gradient_accumulation_steps={}", chosen.accumulation_steps())}) {
       overrides.push_back(o);
       child_args.insert(child_args.end(), {"--set", o});
     }
     config = io::load_config(args.config_path, overrides, world);
     fmt::print("auto: per_device_train_batch_size={} gradient_accumulation_steps={} (planned; global batch {})\n",
-               plan.choice->micro_batch, plan.choice->accumulation, global);
+               chosen.micro_batch(), chosen.accumulation_steps(), global);
   }
   if (args.nproc > 1) {
     GA_CHECK(!env.distributed(), "--nproc {} inside a launched job (WORLD_SIZE={}): use one launcher", args.nproc,

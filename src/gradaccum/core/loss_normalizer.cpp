@@ -2,17 +2,14 @@
 
 namespace gradaccum::core {
 
-std::string to_string(LossNormalization normalization) {
-  switch (normalization) {
-    case LossNormalization::window:
-      return "window";
-    case LossNormalization::sum:
-      return "sum";
-    case LossNormalization::micro_batch:
-      return "micro_batch";
-  }
-  return "?";
+const base::EnumNames<LossNormalization>& loss_normalization_names() {
+  static const base::EnumNames<LossNormalization> names{{LossNormalization::window, "window"},
+                                                        {LossNormalization::sum, "sum"},
+                                                        {LossNormalization::micro_batch, "micro_batch"}};
+  return names;
 }
+
+std::string to_string(LossNormalization normalization) { return loss_normalization_names().name(normalization); }
 
 LossNormalizer::LossNormalizer(LossNormalization mode, int64_t accumulation_steps)
     : mode_(mode), accumulation_steps_(accumulation_steps) {}

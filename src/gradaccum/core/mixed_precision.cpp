@@ -6,24 +6,13 @@
 
 namespace gradaccum::core {
 
-MixedPrecision parse_mixed_precision(const std::string& name) {
-  if (name == "no") return MixedPrecision::none;
-  if (name == "bf16") return MixedPrecision::bf16;
-  if (name == "fp16") return MixedPrecision::fp16;
-  throw Error(fmt::format("mixed precision '{}' is not one of no, bf16, fp16", name));
+const base::EnumNames<MixedPrecision>& mixed_precision_names() {
+  static const base::EnumNames<MixedPrecision> names{
+      {MixedPrecision::none, "no"}, {MixedPrecision::bf16, "bf16"}, {MixedPrecision::fp16, "fp16"}};
+  return names;
 }
 
-std::string to_string(MixedPrecision precision) {
-  switch (precision) {
-    case MixedPrecision::none:
-      return "no";
-    case MixedPrecision::bf16:
-      return "bf16";
-    case MixedPrecision::fp16:
-      return "fp16";
-  }
-  return "?";
-}
+std::string to_string(MixedPrecision precision) { return mixed_precision_names().name(precision); }
 
 torch::ScalarType autocast_dtype(MixedPrecision precision) {
   switch (precision) {

@@ -63,7 +63,7 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
   if (lengths.defined()) plan_.set_lengths(lengths);
   plan_.set_token_budget(options_.max_tokens_per_micro_batch);
   if (options_.group_by_length) {
-    GA_CHECK(lengths.defined(), "key 'data.group_by_length': this dataset's samples have no length");
+    GA_CHECK(lengths.defined(), "option 'group_by_length': the training data's samples have no length");
     plan_.group_by_length(lengths);
   }
   if (options_.window_tokens > 0) {

@@ -4,6 +4,11 @@
 
 namespace gradaccum::core {
 
+const base::EnumNames<NanPolicy>& nan_policy_names() {
+  static const base::EnumNames<NanPolicy> names{{NanPolicy::abort, "abort"}, {NanPolicy::skip, "skip"}};
+  return names;
+}
+
 OptionNames::OptionNames(std::map<std::string, std::string> keys, std::string noun)
     : keys_(std::move(keys)), noun_(std::move(noun)) {}
 

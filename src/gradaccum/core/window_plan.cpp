@@ -9,6 +9,19 @@
 
 namespace gradaccum::core {
 
+const base::EnumNames<LastWindow>& last_window_names() {
+  static const base::EnumNames<LastWindow> names{
+      {LastWindow::partial, "partial"}, {LastWindow::drop, "drop"}, {LastWindow::carry, "carry"}};
+  return names;
+}
+
+const base::EnumNames<SampleOrder>& sample_order_names() {
+  static const base::EnumNames<SampleOrder> names{{SampleOrder::random, "random"},
+                                                  {SampleOrder::sequential, "sequential"},
+                                                  {SampleOrder::longest_first, "longest_first"}};
+  return names;
+}
+
 namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace

@@ -227,7 +227,7 @@ void check_combinations(TrainConfig& c) {
              "model.safetensors ({})",
              c.model.hf_checkpoint, parent.empty() ? "." : parent.string());
   }
-  if (!language_model && c.model.norm == "group") {
+  if (!language_model && c.model.norm == models::NormKind::group) {
     // A group norm over `width` channels splits them into norm_groups groups, or one channel per
     // group where the width is below norm_groups; any other width would fall back to gcd(width,
     // norm_groups) groups (7 groups over 32 channels: 1) without a word.

@@ -100,6 +100,21 @@ ConfigKey choice(std::string name, std::string value, std::vector<std::string> c
   return key;
 }
 
+// A key whose values are an enum's names: the choices, the default's spelling and the parse all
+// come from the enum's one table.
+template <typename E>
+ConfigKey choice(std::string name, const base::EnumNames<E>& names, E value, std::string help,
+                 std::function<void(TrainConfig&, E)> set) {
+  std::string spelled = names.name(value);
+  if (spelled == "no" || spelled == "yes") spelled = "\"" + spelled + "\"";  // YAML 1.1 would read a boolean
+  ConfigKey key = key_of(std::move(name), KeyType::choice, spelled, std::move(help));
+  key.choices = names.names();
+  key.store = [&names, set = std::move(set)](TrainConfig& c, const KeyValue& v) {
+    set(c, names.parse(std::get<std::string>(v), "choice"));  // the choices were checked before
+  };
+  return key;
+}
+
 ConfigKey integer_list(std::string name, std::string value, std::string help,
                        std::function<void(TrainConfig&, const std::vector<int64_t>&)> set) {
   ConfigKey key = key_of(std::move(name), KeyType::integer_list, std::move(value), std::move(help));
@@ -147,15 +162,17 @@ std::vector<ConfigKey> make_keys() {
       section("model", "the network (models/model_types.h)"),
       choice("model.type", "cnn", base::names_of(models::model_types()), "the architecture",
              [](TrainConfig& c, const std::string& v) { c.model.type = v; }),
-      choice("model.norm", "group", {"batch", "group", "layer", "none"}, "image networks' normalization",
-             [](TrainConfig& c, const std::string& v) { c.model.norm = v; }),
+      choice<models::NormKind>("model.norm", models::norm_kind_names(), models::NormKind::group,
+                               "image networks' normalization",
+                               [](TrainConfig& c, models::NormKind v) { c.model.norm = v; }),
       integer("model.norm_groups", 8, "group norm's groups", at_least(1),
               [](TrainConfig& c, int64_t v) { c.model.norm_groups = v; }),
       integer_list("model.channels", "[32, 64]", "cnn and resnet: conv widths",
                    [](TrainConfig& c, const std::vector<int64_t>& v) { c.model.channels = v; }),
-      choice("model.memory_format", "auto", {"auto", "channels_last", "contiguous"},
-             "cnn and resnet: activation layout (auto: channels_last for CPU micro-batches of 2+ images)",
-             [](TrainConfig& c, const std::string& v) { c.model.memory_format = models::parse_memory_format(v); }),
+      choice<models::MemoryFormat>(
+          "model.memory_format", models::memory_format_names(), models::MemoryFormat::automatic,
+          "cnn and resnet: activation layout (auto: channels_last for CPU micro-batches of 2+ images)",
+          [](TrainConfig& c, models::MemoryFormat v) { c.model.memory_format = v; }),
       integer_list("model.hidden", "[128]", "mlp: dense widths; cnn: its dense layer (the first)",
                    [](TrainConfig& c, const std::vector<int64_t>& v) { c.model.hidden = v; }),
       integer("model.n_layer", 4, "language models: transformer blocks (HF GPT2Config names)", at_least(1),
@@ -190,9 +207,9 @@ std::vector<ConfigKey> make_keys() {
                  &models::ModelConfig::attention_dropout),
       number("model.dropout", "0.0", "cnn: after the dense layer", below_one_from(0),
              [](TrainConfig& c, double v) { c.model.dropout = v; }),
-      choice("model.dropout_rng", "per_sample", {"per_sample", "libtorch"},
-             "per_sample: masks independent of the decomposition; libtorch: its generator",
-             [](TrainConfig& c, const std::string& v) { c.model.dropout_rng = models::parse_dropout_rng(v); }),
+      choice<models::DropoutRng>("model.dropout_rng", models::dropout_rng_names(), models::DropoutRng::per_sample,
+                                 "per_sample: masks independent of the decomposition; libtorch: its generator",
+                                 [](TrainConfig& c, models::DropoutRng v) { c.model.dropout_rng = v; }),
 
       section("data", "what the model learns from (io/workload.h)"),
       choice("data.type", "fashion_mnist", base::names_of(data_types()), "the dataset",
@@ -270,8 +287,9 @@ std::vector<ConfigKey> make_keys() {
              [](TrainConfig& c, double v) { c.trainer.optimizer.adam_beta2 = v; }),
       number("adam_epsilon", "1.0e-8", "adamw", above(0),
              [](TrainConfig& c, double v) { c.trainer.optimizer.adam_epsilon = v; }),
-      choice("lr_scheduler_type", "cosine", {"constant", "linear", "cosine"}, "over optimizer steps",
-             [](TrainConfig& c, const std::string& v) { c.trainer.lr_scheduler_type = optim::parse_schedule_type(v); }),
+      choice<optim::ScheduleType>("lr_scheduler_type", optim::schedule_type_names(), optim::ScheduleType::cosine,
+                                  "over optimizer steps",
+                                  [](TrainConfig& c, optim::ScheduleType v) { c.trainer.lr_scheduler_type = v; }),
       integer("warmup_steps", 0, "linear warmup, in optimizer steps", at_least(0),
               [](TrainConfig& c, int64_t v) { c.trainer.warmup_steps = v; }),
       number("warmup_ratio", "0.0", "warmup as a fraction of the steps (when warmup_steps is 0)",
@@ -279,8 +297,9 @@ std::vector<ConfigKey> make_keys() {
              [](TrainConfig& c, double v) { c.trainer.warmup_ratio = v; }),
       number("max_grad_norm", "1.0", "0 disables clipping", at_least(0, "0 disables clipping"),
              [](TrainConfig& c, double v) { c.trainer.max_grad_norm = v; }),
-      choice("mixed_precision", "\"no\"", {"no", "bf16", "fp16"}, "autocast, docs/mixed_precision.md",
-             [](TrainConfig& c, const std::string& v) { c.trainer.mixed_precision = core::parse_mixed_precision(v); }),
+      choice<core::MixedPrecision>("mixed_precision", core::mixed_precision_names(), core::MixedPrecision::none,
+                                   "autocast, docs/mixed_precision.md",
+                                   [](TrainConfig& c, core::MixedPrecision v) { c.trainer.mixed_precision = v; }),
       choice("bf16_cpu_matmuls", "auto", {"auto", "float32", "libtorch"},
              "bf16 matmuls on CPU (docs/mixed_precision.md)",
              [](TrainConfig& c, const std::string& v) { c.bf16_cpu_matmuls = v; }),
@@ -306,27 +325,16 @@ std::vector<ConfigKey> make_keys() {
               "causal LMs: the fused LM head + loss works on chunks of this many tokens (0 = automatic, ~64 MiB of "
               "logits; 512 MiB on a GPU)",
               at_least(0, "0 = automatic"), [](TrainConfig& c, int64_t v) { c.model.loss_chunk_tokens = v; }),
-      choice("loss_normalization", "window", {"window", "sum", "micro_batch"},
-             "window: the exact mean over the window; micro_batch: the naive mean of means",
-             [](TrainConfig& c, const std::string& v) {
-               c.trainer.loss_normalization = v == "window" ? LossNormalization::window
-                                              : v == "sum"  ? LossNormalization::sum
-                                                            : LossNormalization::micro_batch;
-             }),
-      choice("last_window", "partial", {"partial", "drop", "carry"},
-             "the epoch's last, short window: trained, dropped, or carried into the next epoch's first",
-             [](TrainConfig& c, const std::string& v) {
-               c.trainer.last_window = v == "partial" ? LastWindow::partial
-                                       : v == "drop"  ? LastWindow::drop
-                                                      : LastWindow::carry;
-             }),
-      choice("train_sampling_strategy", "random", {"random", "sequential", "longest_first"},
-             "random: a seeded permutation per epoch; sequential: the data's order; longest_first: memory probes",
-             [](TrainConfig& c, const std::string& v) {
-               c.trainer.sample_order = v == "random"       ? SampleOrder::random
-                                        : v == "sequential" ? SampleOrder::sequential
-                                                            : SampleOrder::longest_first;
-             }),
+      choice<LossNormalization>("loss_normalization", core::loss_normalization_names(), LossNormalization::window,
+                                "window: the exact mean over the window; micro_batch: the naive mean of means",
+                                [](TrainConfig& c, LossNormalization v) { c.trainer.loss_normalization = v; }),
+      choice<LastWindow>("last_window", core::last_window_names(), LastWindow::partial,
+                         "the epoch's last, short window: trained, dropped, or carried into the next epoch's first",
+                         [](TrainConfig& c, LastWindow v) { c.trainer.last_window = v; }),
+      choice<SampleOrder>(
+          "train_sampling_strategy", core::sample_order_names(), SampleOrder::random,
+          "random: a seeded permutation per epoch; sequential: the data's order; longest_first: memory probes",
+          [](TrainConfig& c, SampleOrder v) { c.trainer.sample_order = v; }),
       integer("logging_steps", 1, "a metrics line every K optimizer steps", at_least(1),
               [](TrainConfig& c, int64_t v) { c.logging_steps = v; }),
       [] {
@@ -368,10 +376,9 @@ std::vector<ConfigKey> make_keys() {
               [](TrainConfig& c, bool v) { c.overwrite_output_dir = v; }),
       boolean("allow_batch_change", false, "resume with another global batch size (not exact)",
               [](TrainConfig& c, bool v) { c.allow_batch_change = v; }),
-      choice("nan_policy", "abort", {"abort", "skip"}, "what a non-finite window loss does",
-             [](TrainConfig& c, const std::string& v) {
-               c.trainer.nan_policy = v == "abort" ? core::NanPolicy::abort : core::NanPolicy::skip;
-             }),
+      choice<core::NanPolicy>("nan_policy", core::nan_policy_names(), core::NanPolicy::abort,
+                              "what a non-finite window loss does",
+                              [](TrainConfig& c, core::NanPolicy v) { c.trainer.nan_policy = v; }),
       integer("dist_timeout", 60, "seconds before a stalled rank is an error", at_least(1, "seconds"),
               [](TrainConfig& c, int64_t v) { c.dist_timeout_s = v; }),
       integer("ddp_bucket_cap_mb", 25, "gradient all-reduce bucket size", at_least(1),

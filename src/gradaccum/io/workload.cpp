@@ -255,6 +255,8 @@ Workload make_workload(const TrainConfig& config, bool with_eval) {
   w.train = limit(w.train, d.train_limit);
   w.eval = with_eval && d.eval_limit >= 0 ? limit(w.eval, d.eval_limit) : nullptr;
   GA_CHECK(w.train->size() > 0, "data: no training samples ({})", w.description);
+  GA_CHECK(!config.trainer.group_by_length || w.train->sample_lengths().defined(),
+           "key 'data.group_by_length': the samples of data.type {} have no length to group by", d.type);
   if (type.family == models::ModelFamily::image) {
     models::ModelInputs inputs;
     inputs.classes = w.num_labels;

@@ -6,24 +6,14 @@
 
 namespace gradaccum::models {
 
-std::string to_string(MemoryFormat format) {
-  switch (format) {
-    case MemoryFormat::automatic:
-      return "auto";
-    case MemoryFormat::channels_last:
-      return "channels_last";
-    case MemoryFormat::contiguous:
-      return "contiguous";
-  }
-  return "?";
+const base::EnumNames<MemoryFormat>& memory_format_names() {
+  static const base::EnumNames<MemoryFormat> names{{MemoryFormat::automatic, "auto"},
+                                                   {MemoryFormat::channels_last, "channels_last"},
+                                                   {MemoryFormat::contiguous, "contiguous"}};
+  return names;
 }
 
-MemoryFormat parse_memory_format(const std::string& name) {
-  for (auto format : {MemoryFormat::automatic, MemoryFormat::channels_last, MemoryFormat::contiguous}) {
-    if (name == to_string(format)) return format;
-  }
-  throw Error(fmt::format("model.memory_format: unknown format '{}' (auto | channels_last | contiguous)", name));
-}
+std::string to_string(MemoryFormat format) { return memory_format_names().name(format); }
 
 torch::Tensor MemoryFormatLayerImpl::forward(const torch::Tensor& x) {
   // One image at a time, ATen's convolution heuristics pick its im2col kernel for small inputs,

@@ -10,7 +10,7 @@ namespace {
 
 // What every image network checks of its section, before its own checks.
 NormKind checked_image_config(const ModelConfig& config) {
-  const auto norm = parse_norm_kind(config.norm);
+  const auto norm = config.norm;
   GA_CHECK(config.norm_groups >= 1, "model.norm_groups must be >= 1, got {}", config.norm_groups);
   for (auto c : config.channels) GA_CHECK(c >= 1, "model.channels: widths must be >= 1, got {}", c);
   for (auto h : config.hidden) GA_CHECK(h >= 1, "model.hidden: widths must be >= 1, got {}", h);

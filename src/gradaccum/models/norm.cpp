@@ -7,27 +7,13 @@
 
 namespace gradaccum::models {
 
-NormKind parse_norm_kind(const std::string& name) {
-  if (name == "batch") return NormKind::batch;
-  if (name == "group") return NormKind::group;
-  if (name == "layer") return NormKind::layer;
-  if (name == "none") return NormKind::none;
-  throw Error(fmt::format("model.norm: unknown norm '{}' (batch | group | layer | none)", name));
+const base::EnumNames<NormKind>& norm_kind_names() {
+  static const base::EnumNames<NormKind> names{
+      {NormKind::batch, "batch"}, {NormKind::group, "group"}, {NormKind::layer, "layer"}, {NormKind::none, "none"}};
+  return names;
 }
 
-std::string to_string(NormKind kind) {
-  switch (kind) {
-    case NormKind::batch:
-      return "batch";
-    case NormKind::group:
-      return "group";
-    case NormKind::layer:
-      return "layer";
-    case NormKind::none:
-      return "none";
-  }
-  return "?";
-}
+std::string to_string(NormKind kind) { return norm_kind_names().name(kind); }
 
 namespace {
 int64_t dividing_groups(int64_t channels, int64_t groups) { return std::gcd(channels, std::max<int64_t>(1, groups)); }

@@ -10,15 +10,6 @@ namespace gradaccum::models {
 
 namespace {
 
-const std::vector<std::pair<RopeType, std::string>>& rope_type_names() {
-  static const std::vector<std::pair<RopeType, std::string>> names{{RopeType::standard, "default"},
-                                                                   {RopeType::linear, "linear"},
-                                                                   {RopeType::dynamic, "dynamic"},
-                                                                   {RopeType::llama3, "llama3"},
-                                                                   {RopeType::yarn, "yarn"}};
-  return names;
-}
-
 torch::Tensor even_channels(int64_t head_dim) {
   return torch::arange(0, head_dim, 2, torch::kDouble) / static_cast<double>(head_dim);
 }
@@ -42,19 +33,21 @@ double yarn_correction_dim(double rotations, int64_t head_dim, double theta, int
 
 }  // namespace
 
-std::string to_string(RopeType type) {
-  for (const auto& [t, name] : rope_type_names())
-    if (t == type) return name;
-  return "default";
+const base::EnumNames<RopeType>& rope_type_names() {
+  static const base::EnumNames<RopeType> names{{RopeType::standard, "default"},
+                                               {RopeType::linear, "linear"},
+                                               {RopeType::dynamic, "dynamic"},
+                                               {RopeType::llama3, "llama3"},
+                                               {RopeType::yarn, "yarn"}};
+  return names;
 }
 
+std::string to_string(RopeType type) { return rope_type_names().name(type); }
+
 RopeType parse_rope_type(const std::string& name, const std::string& what) {
-  std::string choices;
-  for (const auto& [type, known] : rope_type_names()) {
-    if (known == name) return type;
-    choices += (choices.empty() ? "" : ", ") + known;
-  }
-  throw Error(fmt::format("{}: rope_type \"{}\" is not supported (supported: {})", what, name, choices));
+  if (const auto type = rope_type_names().find(name)) return *type;
+  throw Error(fmt::format("{}: rope_type \"{}\" is not supported (supported: {})", what, name,
+                          fmt::join(rope_type_names().names(), ", ")));
 }
 
 RopeFrequencies rope_frequencies(const RopeOptions& options, int64_t head_dim, int64_t max_position_embeddings,

@@ -33,13 +33,13 @@ torch::Tensor mix(torch::Tensor z) {
 }
 }  // namespace
 
-std::string to_string(DropoutRng rng) { return rng == DropoutRng::per_sample ? "per_sample" : "libtorch"; }
-
-DropoutRng parse_dropout_rng(const std::string& name) {
-  if (name == "per_sample") return DropoutRng::per_sample;
-  if (name == "libtorch") return DropoutRng::libtorch;
-  throw Error(fmt::format("key 'model.dropout_rng': '{}' is not one of per_sample | libtorch", name));
+const base::EnumNames<DropoutRng>& dropout_rng_names() {
+  static const base::EnumNames<DropoutRng> names{{DropoutRng::per_sample, "per_sample"},
+                                                 {DropoutRng::libtorch, "libtorch"}};
+  return names;
 }
+
+std::string to_string(DropoutRng rng) { return dropout_rng_names().name(rng); }
 
 void check_dropout_probability(const std::string& key, double p) {
   GA_CHECK(std::isfinite(p) && p >= 0.0 && p < 1.0, "key '{}': a dropout probability must be in [0, 1), got {}", key,

@@ -7,24 +7,13 @@
 
 namespace gradaccum::optim {
 
-ScheduleType parse_schedule_type(const std::string& name) {
-  if (name == "constant") return ScheduleType::constant;
-  if (name == "linear") return ScheduleType::linear;
-  if (name == "cosine") return ScheduleType::cosine;
-  throw Error(fmt::format("lr_scheduler_type: unknown schedule '{}' (constant | linear | cosine)", name));
+const base::EnumNames<ScheduleType>& schedule_type_names() {
+  static const base::EnumNames<ScheduleType> names{
+      {ScheduleType::constant, "constant"}, {ScheduleType::linear, "linear"}, {ScheduleType::cosine, "cosine"}};
+  return names;
 }
 
-std::string to_string(ScheduleType type) {
-  switch (type) {
-    case ScheduleType::constant:
-      return "constant";
-    case ScheduleType::linear:
-      return "linear";
-    case ScheduleType::cosine:
-      return "cosine";
-  }
-  return "?";
-}
+std::string to_string(ScheduleType type) { return schedule_type_names().name(type); }
 
 LrSchedule::LrSchedule(ScheduleType type, double peak_lr, int64_t warmup_steps, int64_t total_steps)
     : type_(type), peak_lr_(peak_lr), warmup_steps_(warmup_steps), total_steps_(total_steps) {
