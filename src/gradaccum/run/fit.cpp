@@ -5,12 +5,14 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <mutex>
 #include <optional>
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/core/batch_dependence.h"
+#include "gradaccum/core/evaluator.h"
 #include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
@@ -415,6 +417,20 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   } else if (rank0) {
     result.final_dir = (fs::path(options.output_dir) / "final").string();
     save_final(files, options.final_files, result.final_dir);
+    // 7. Held out until now: the test split is evaluated once, by the model as trained.
+    if (options.test_data != nullptr) {
+      const auto& t = options.trainer;
+      result.test =
+          core::evaluate(model, *options.test_data, t.per_device_eval_batch_size, t.dtype, t.device, t.mixed_precision);
+      result.test->step = result.summary.steps;
+      outputs.metrics->add_test(*result.test);
+      if (options.console) {
+        fmt::print(
+            "test split: loss {:.4f}{} ({} samples, evaluated once)\n", result.test->loss,
+            std::isnan(result.test->accuracy) ? "" : fmt::format(", accuracy {:.2f}%", 100.0 * result.test->accuracy),
+            result.test->samples);
+      }
+    }
   }
   if (!rank0) {
     // Memory is per process: every rank leaves its own figures beside the summary, for the whole
