@@ -1,8 +1,9 @@
 // data.type text_classification through the program: a tiny GPT-2 classifier trained on a CSV of
 // named labels evaluates its stratified test split once into summary.json, on the same texts for
-// another b × N (float64: the same test loss); the labels' names are final/config.json's
-// id2label; `verify` finds a tiny Llama classifier's splits exact in float64; the movie reviews
-// load as two classes; bad files are one line naming the file and line, with nothing written.
+// another b × N and for two ranks (float64: the same test loss); the labels' names are
+// final/config.json's id2label; `verify` finds a tiny Llama classifier's splits exact in float64;
+// the movie reviews load as two classes; bad files are one line naming the file and line, with
+// nothing written.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,6 +62,12 @@ TEST(TextClassificationCli, TrainsAndEvaluatesItsTestSplitOnceTheSameForEveryDec
   const auto b = run_cli(
       run + " --set per_device_train_batch_size=1 --set gradient_accumulation_steps=8 --set output_dir=" + dir + "/b");
   ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
+  // Two ranks: each evaluates the test split, rank 0 writes it.
+  const auto c = run_cli(run +
+                         " --set per_device_train_batch_size=2 --set gradient_accumulation_steps=2 --set threads=1 "
+                         "--nproc 2 --set output_dir=" +
+                         dir + "/c");
+  ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
   EXPECT_EQ(data_line(a.out), "data: " + csv +
                                   ": 40 labelled texts, 2 classes (\"negative\", \"positive\"); per class: train 28 "
                                   "(14 / 14), eval 4 (2 / 2), test 8 (4 / 4); 5 truncated to 12 tokens (their end cut)")
@@ -82,6 +89,12 @@ TEST(TextClassificationCli, TrainsAndEvaluatesItsTestSplitOnceTheSameForEveryDec
                                                     summary_a["test_loss"].get<double>()),
             1e-10);
   EXPECT_EQ(summary_b["test_accuracy"], summary_a["test_accuracy"]);
+  const auto summary_c = nlohmann::json::parse(read_text(dir + "/c/summary.json"));
+  EXPECT_EQ(summary_c["test_samples"], 8);
+  EXPECT_LE(gradaccum::testing::relative_difference(summary_c["test_loss"].get<double>(),
+                                                    summary_a["test_loss"].get<double>()),
+            1e-10);
+  EXPECT_EQ(summary_c["test_accuracy"], summary_a["test_accuracy"]);
   EXPECT_NE(a.out.find("\ntest split: loss "), std::string::npos) << a.out;
   // Evaluated once: metrics.jsonl holds no test record.
   EXPECT_EQ(read_text(dir + "/a/metrics.jsonl").find("test_"), std::string::npos);

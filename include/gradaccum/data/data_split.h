@@ -28,7 +28,7 @@ struct StratifiedSplit {
 // Splits items 0..n-1 (labels[i] is item i's class) into train, eval and test with each class in
 // the proportions of the whole: test takes round(n·test_fraction) items and eval round(n·
 // eval_fraction), shared among the classes in proportion to their sizes (each class its floor,
-// the rest one each to the largest remainders, the smaller class first on ties). Which items of
+// the rest one each to the largest remainders, the smaller label first on ties). Which items of
 // a class go where is a seeded shuffle of the class (std::mt19937_64 with its own Fisher–Yates
 // loop, as balance_classes), so the split is a function of the labels, the fractions and the seed
 // alone. The fractions must be >= 0 with a sum below 1.

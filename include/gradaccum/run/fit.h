@@ -54,8 +54,8 @@ struct RunOptions : io::RunSettings {
   std::string data_description;  // one console line about the data ("" = none)
   // Files copied into final/ beside the model (a language model's tokenizer files).
   std::vector<std::string> final_files;
-  // Evaluated once, on rank 0, after a run that ends (not one stopped early) has saved final/:
-  // summary.json's test_loss, test_accuracy, test_samples, ... Null: none.
+  // Evaluated once, by every rank, after a run that ends (not one stopped early); rank 0 writes
+  // summary.json's test_loss, test_accuracy, test_samples, ... once final/ is saved. Null: none.
   const core::Dataset* test_data = nullptr;
 };
 
@@ -76,7 +76,7 @@ struct RunResult {
   int64_t world_size = 1;
   std::string final_dir;                 // output_dir/final on rank 0 of a run that ended; else ""
   std::string last_checkpoint;           // the newest checkpoint this process saved ("" if none)
-  std::optional<core::EvalRecord> test;  // RunOptions::test_data's figures (rank 0)
+  std::optional<core::EvalRecord> test;  // RunOptions::test_data's figures
 };
 
 // Trains `model` on `train_data` (every rank passes the whole dataset: the windows say which
