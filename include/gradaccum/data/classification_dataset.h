@@ -53,10 +53,15 @@ class SequenceClassificationDataset final : public core::Dataset {
   int64_t truncated_ = 0;
 };
 
-// A train/eval pair, as the task builders (kjv.h) return them.
+// The splits of a classification task, as the task builders (kjv.h, text_classification.h)
+// return them.
 struct ClassificationData {
   std::shared_ptr<SequenceClassificationDataset> train;
   std::shared_ptr<SequenceClassificationDataset> eval;  // null when eval_fraction is 0
+  std::shared_ptr<SequenceClassificationDataset> test;  // null unless the task has a test split
+  int64_t num_labels = 0;
+  std::vector<std::string> label_names;  // class id -> name, for id2label; empty: LABEL_0 ...
+  std::string description;               // one line: what each split holds
 };
 
 }  // namespace gradaccum::data

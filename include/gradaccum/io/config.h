@@ -17,7 +17,7 @@
 namespace gradaccum::io {
 
 struct DataConfig {
-  std::string type = "fashion_mnist";  // fashion_mnist | kjv | kjv_testament | text | random_tokens
+  std::string type = "fashion_mnist";  // a name in io/workload.h's data_types()
   std::string directory;               // the dataset's files; default: the Debian package's path
   std::string path;                    // text: the training file (.txt or .jsonl)
   std::string eval_path;               // text: an evaluation file ("" = split off eval_fraction)
@@ -30,6 +30,13 @@ struct DataConfig {
   int64_t eval_limit = 0;     // > 0: the first eval_limit test samples; < 0: no evaluation
   int64_t vocab_size = 0;     // random_tokens: ids in [0, vocab_size), the model's vocabulary
   int64_t train_size = 4096;  // random_tokens: training rows (eval: ⌊train_size·eval_fraction⌋ more)
+  // text_classification (data/text_classification.h):
+  std::string format = "auto";      // auto (by extension) | jsonl | csv | tsv
+  std::string text_field = "text";  // a JSON key, a CSV/TSV header name, or a 0-based column index
+  std::string label_field = "label";
+  std::string header = "auto";  // auto (when a field is a name) | true | false
+  std::string labels = "auto";  // auto | index | name
+  double test_fraction = 0.0;   // a stratified test split, evaluated once at the end
 };
 
 // A sample generated at the end of a causal-LM run.

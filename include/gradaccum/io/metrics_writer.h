@@ -44,6 +44,9 @@ class MetricsWriter final : public core::TrainingObserver {
   void on_step(const core::StepRecord& record) override;
   void on_eval(const core::EvalRecord& record) override;
   void on_end(const core::TrainSummary& summary) override;
+  // After on_end: the test split's figures join summary.json as test_loss, test_accuracy,
+  // test_samples, test_items and test_time_s (the eval_ keys' test_ twins).
+  void add_test(const core::EvalRecord& record);
 
   static nlohmann::json to_json(const core::StepRecord& record, bool items_are_tokens);
   static nlohmann::json to_json(const core::EvalRecord& record);
@@ -59,6 +62,7 @@ class MetricsWriter final : public core::TrainingObserver {
   // What this process trained (a resumed run's summary counts the checkpoint's samples too):
   // the throughput in summary.json is over these.
   int64_t trained_samples_ = 0, trained_items_ = 0;
+  nlohmann::json summary_;  // summary.json as on_end wrote it
 };
 
 // Writes `text` to `path` through a temporary file (.tmp-<pid>-<name>, which a run's start removes

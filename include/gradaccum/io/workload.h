@@ -21,11 +21,13 @@ namespace gradaccum::io {
 struct Workload {
   std::shared_ptr<core::Dataset> train;
   std::shared_ptr<core::Dataset> eval;  // null: no evaluation
+  std::shared_ptr<core::Dataset> test;  // null: none; else evaluated once, at the end of training
   models::BuiltModel model;
   bool items_are_tokens = false;  // language models count tokens
   std::string description;        // one line about the data, for the log
   std::optional<data::Tokenizer> tokenizer;
-  int64_t num_labels = 0;  // classes of a classification task; 0: a causal LM
+  int64_t num_labels = 0;                // classes of a classification task; 0: a causal LM
+  std::vector<std::string> label_names;  // class id -> name (the model's id2label); empty: LABEL_0 ...
 };
 
 struct DataType {
@@ -33,7 +35,7 @@ struct DataType {
   models::ModelFamily family;  // the models it feeds: images or token ids
   std::string help;            // one line for the configuration reference
   // Loads the training data (and, when `with_eval`, the evaluation data) into `w`: train, eval,
-  // description, tokenizer (tokenized types) and num_labels.
+  // test (types with a test split), description, tokenizer (tokenized types) and num_labels.
   std::function<void(const TrainConfig& config, bool with_eval, Workload& w)> load;
 };
 

@@ -17,6 +17,7 @@
 //   6. The final model in output_dir/final: model.safetensors, and config.json when the model has one
 //      (an HF checkpoint for GPT-2 and BLOOM), with `final_files` beside them; published as a
 //      checkpoint is (a temporary directory, fsynced, renamed), so final/ is whole or absent.
+//   7. The test split, when given, evaluated once into summary.json.
 //
 // Exactness is the Trainer's: fit() adds no arithmetic of its own.
 #pragma once
@@ -25,6 +26,7 @@
 
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +54,9 @@ struct RunOptions : io::RunSettings {
   std::string data_description;  // one console line about the data ("" = none)
   // Files copied into final/ beside the model (a language model's tokenizer files).
   std::vector<std::string> final_files;
+  // Evaluated once, by every rank, after a run that ends (not one stopped early); rank 0 writes
+  // summary.json's test_loss, test_accuracy, test_samples, ... once final/ is saved. Null: none.
+  const core::Dataset* test_data = nullptr;
 };
 
 // How the model's weights are named in files. Default (empty functions): the module's parameter
@@ -69,8 +74,9 @@ struct RunResult {
   core::TrainSummary summary;
   int64_t rank = 0;
   int64_t world_size = 1;
-  std::string final_dir;        // output_dir/final on rank 0 of a run that ended; else ""
-  std::string last_checkpoint;  // the newest checkpoint this process saved ("" if none)
+  std::string final_dir;                 // output_dir/final on rank 0 of a run that ended; else ""
+  std::string last_checkpoint;           // the newest checkpoint this process saved ("" if none)
+  std::optional<core::EvalRecord> test;  // RunOptions::test_data's figures
 };
 
 // Trains `model` on `train_data` (every rank passes the whole dataset: the windows say which

@@ -53,6 +53,7 @@ run::RunOptions run_options(const io::TrainConfig& config, const io::Workload& w
   options.description = config.resolved_yaml;
   options.data_description = workload.description;
   options.final_files = final_files(workload);
+  options.test_data = workload.test.get();
   return options;
 }
 

@@ -165,6 +165,7 @@ ClassificationData make_kjv_testament_data(const std::vector<Verse>& verses, con
   };
   auto split = interleaved_split(static_cast<int64_t>(verses.size()), options.eval_fraction);
   ClassificationData data;
+  data.num_labels = 2;
   data.train = make(std::move(split.train));
   if (!split.eval.empty()) data.eval = make(std::move(split.eval));
   return data;

@@ -10,26 +10,13 @@
 #include <string_view>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/data/text_file.h"
 #include "gradaccum/data/text_lines.h"
 
 namespace gradaccum::data {
 namespace {
 
 using nlohmann::json;
-
-std::string read_file(const std::string& path) {
-  std::error_code ec;
-  GA_CHECK(!std::filesystem::is_directory(path, ec), "{}: is a directory, not a text file", path);
-  std::ifstream in(path, std::ios::binary);
-  GA_CHECK(in, "{}: cannot open: {}", path, std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  GA_CHECK(!in.bad(), "{}: read error", path);
-  std::string bytes = text.str();
-  // A UTF-8 byte order mark (Windows editors) is not part of the first document.
-  if (bytes.rfind("\xEF\xBB\xBF", 0) == 0) bytes.erase(0, 3);
-  return bytes;
-}
 
 bool is_blank(std::string_view line) {
   return std::all_of(line.begin(), line.end(),
@@ -49,8 +36,21 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 
 }  // namespace
 
+std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  GA_CHECK(!std::filesystem::is_directory(path, ec), "{}: is a directory, not a text file", path);
+  std::ifstream in(path, std::ios::binary);
+  GA_CHECK(in, "{}: cannot open: {}", path, std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  GA_CHECK(!in.bad(), "{}: read error", path);
+  std::string bytes = text.str();
+  if (bytes.rfind("\xEF\xBB\xBF", 0) == 0) bytes.erase(0, 3);
+  return bytes;
+}
+
 std::vector<TextRecord> read_text_lines(const std::string& path) {
-  const std::string bytes = read_file(path);
+  const std::string bytes = read_text_file(path);
   std::vector<TextRecord> records;
   for_each_line(bytes, [&](int64_t, std::string_view line) {
     if (!is_blank(line)) records.push_back({std::string(line), -1});
@@ -60,7 +60,7 @@ std::vector<TextRecord> read_text_lines(const std::string& path) {
 }
 
 std::vector<TextRecord> read_jsonl_records(const std::string& path) {
-  const std::string bytes = read_file(path);
+  const std::string bytes = read_text_file(path);
   std::vector<TextRecord> records;
   int64_t first_labelled = 0, first_unlabelled = 0;  // line numbers, 0 = none yet
   for_each_line(bytes, [&](int64_t number, std::string_view line) {

@@ -173,6 +173,16 @@ void MetricsWriter::on_end(const core::TrainSummary& s) {
     }
   }
   write_file_atomically((std::filesystem::path(output_dir_) / "summary.json").string(), j.dump(2) + "\n");
+  summary_ = std::move(j);
+}
+
+void MetricsWriter::add_test(const core::EvalRecord& record) {
+  GA_CHECK(summary_.is_object(), "{}: the test figures come after the run's summary", output_dir_);
+  const auto test = to_json(record);
+  for (const auto& [key, value] : test.items()) {
+    if (key.rfind("eval_", 0) == 0) summary_["test_" + key.substr(5)] = value;
+  }
+  write_file_atomically((std::filesystem::path(output_dir_) / "summary.json").string(), summary_.dump(2) + "\n");
 }
 
 }  // namespace gradaccum::io

@@ -11,6 +11,7 @@
 #include "gradaccum/data/kjv.h"
 #include "gradaccum/data/lm_dataset.h"
 #include "gradaccum/data/random_tokens.h"
+#include "gradaccum/data/text_classification.h"
 #include "gradaccum/data/text_source.h"
 
 namespace gradaccum::io {
@@ -219,6 +220,44 @@ void load_text(const TrainConfig& config, bool /*with_eval*/, Workload& w) {
   make_text_data(config, *w.tokenizer, w);
 }
 
+// data.type text_classification: labelled texts of JSON lines, CSV or TSV (data/text_classification.h).
+void load_text_classification(const TrainConfig& config, bool /*with_eval*/, Workload& w) {
+  const auto& d = config.data;
+  GA_CHECK(!d.path.empty(), "key 'data.path': data.type text_classification needs a file");
+  GA_CHECK(!d.eval_path.empty() || d.eval_fraction + d.test_fraction < 1,
+           "keys 'data.eval_fraction' and 'data.test_fraction': {} + {} leave nothing to train on (their sum must be "
+           "below 1)",
+           d.eval_fraction, d.test_fraction);
+  load_tokenizer(config, w);
+  data::TextClassificationOptions options;
+  options.path = d.path;
+  options.eval_path = d.eval_path;
+  options.fields.format = d.format == "jsonl" ? data::TableFormat::jsonl
+                          : d.format == "csv" ? data::TableFormat::csv
+                          : d.format == "tsv" ? data::TableFormat::tsv
+                                              : data::TableFormat::by_extension;
+  options.fields.text_field = d.text_field;
+  options.fields.label_field = d.label_field;
+  options.fields.header = d.header == "true"    ? data::HeaderRow::present
+                          : d.header == "false" ? data::HeaderRow::absent
+                                                : data::HeaderRow::by_fields;
+  options.labels = d.labels == "index"  ? data::LabelKind::index
+                   : d.labels == "name" ? data::LabelKind::name
+                                        : data::LabelKind::by_values;
+  options.eval_fraction = d.eval_fraction;
+  options.test_fraction = d.test_fraction;
+  options.seed = config.trainer.seed;
+  options.dataset.max_length = d.max_length;
+  options.dataset.pad_token_id = end_of_text(*w.tokenizer);
+  auto cls = data::make_text_classification_data(*w.tokenizer, options);
+  w.train = cls.train;
+  w.eval = cls.eval;
+  w.test = cls.test;
+  w.num_labels = cls.num_labels;
+  w.label_names = cls.label_names;
+  w.description = cls.description;
+}
+
 void load_fashion_mnist(const TrainConfig& config, bool with_eval, Workload& w) {
   const auto& d = config.data;
   w.train = std::make_shared<data::FashionMnist>(d.directory, "train", d.train_limit);
@@ -239,6 +278,10 @@ const std::vector<DataType>& data_types() {
        load_kjv_testament},
       {"text", ModelFamily::language,
        "data.path: .txt (a document per line) or .jsonl ({\"text\"}, optional \"label\": classification)", load_text},
+      {"text_classification", ModelFamily::language,
+       "labelled texts of JSON lines, CSV or TSV (data.path; data.eval_path, or data.eval_fraction and "
+       "data.test_fraction: a seeded stratified split); data.text_field, data.label_field, data.labels",
+       load_text_classification},
       {"random_tokens", ModelFamily::language, "seeded uniform ids in [0, data.vocab_size): no tokenizer",
        load_random_tokens},
   };
@@ -254,6 +297,7 @@ Workload make_workload(const TrainConfig& config, bool with_eval) {
   type.load(config, with_eval, w);
   w.train = limit(w.train, d.train_limit);
   w.eval = with_eval && d.eval_limit >= 0 ? limit(w.eval, d.eval_limit) : nullptr;
+  if (!with_eval || d.eval_limit < 0) w.test = nullptr;  // eval_limit < 0: no evaluation at all
   GA_CHECK(w.train->size() > 0, "data: no training samples ({})", w.description);
   GA_CHECK(!config.trainer.group_by_length || w.train->sample_lengths().defined(),
            "key 'data.group_by_length': the samples of data.type {} have no length to group by", d.type);
@@ -288,6 +332,16 @@ Workload make_workload(const TrainConfig& config, bool with_eval) {
     // HF's *ForSequenceClassification finds each row's last real token from
     // pad_token_id; ours come from the attention mask, theirs need the id.
     w.model.hf_config["pad_token_id"] = end_of_text(*w.tokenizer);
+    if (!w.label_names.empty()) {
+      // Named classes: config.json says which is which, as HF's run_classification.py writes them.
+      nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
+      for (std::size_t i = 0; i < w.label_names.size(); ++i) {
+        id2label[std::to_string(i)] = w.label_names[i];
+        label2id[w.label_names[i]] = i;
+      }
+      w.model.hf_config["id2label"] = id2label;
+      w.model.hf_config["label2id"] = label2id;
+    }
   }
   if (w.items_are_tokens) {
     w.description += fmt::format("; unigram baseline {:.3f} nats/token", unigram_entropy(*w.train, vocab));

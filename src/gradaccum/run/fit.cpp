@@ -5,12 +5,14 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <mutex>
 #include <optional>
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/core/batch_dependence.h"
+#include "gradaccum/core/evaluator.h"
 #include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
@@ -411,6 +413,15 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   result.world_size = env.world_size;
   result.summary = trainer.run();
   result.last_checkpoint = writer.last();
+  // 7. Held out until now: the test split is evaluated once, by the model as trained. Every rank
+  // evaluates it, as the Trainer's evaluations are run, so no rank waits at the end's barrier
+  // (dist_timeout_s) while rank 0 alone works through it; rank 0 writes the figures.
+  if (options.test_data != nullptr && !result.summary.preempted) {
+    const auto& t = options.trainer;
+    result.test =
+        core::evaluate(model, *options.test_data, t.per_device_eval_batch_size, t.dtype, t.device, t.mixed_precision);
+    result.test->step = result.summary.steps;
+  }
   if (result.summary.preempted) {
     if (rank0 && options.console) {
       fmt::print("stopped at step {} on request; checkpoint: {}\nresume with: --set resume_from_checkpoint=latest\n",
@@ -419,6 +430,15 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   } else if (rank0) {
     result.final_dir = (fs::path(options.output_dir) / "final").string();
     save_final(files, options.final_files, result.final_dir);
+    if (result.test) {
+      outputs.metrics->add_test(*result.test);
+      if (options.console) {
+        fmt::print(
+            "test split: loss {:.4f}{} ({} samples, evaluated once)\n", result.test->loss,
+            std::isnan(result.test->accuracy) ? "" : fmt::format(", accuracy {:.2f}%", 100.0 * result.test->accuracy),
+            result.test->samples);
+      }
+    }
   }
   if (!rank0) {
     // Memory is per process: every rank leaves its own figures beside the summary, for the whole
