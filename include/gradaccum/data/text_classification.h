@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "gradaccum/base/enum_names.h"
 #include "gradaccum/data/classification_dataset.h"
 #include "gradaccum/data/tokenizer.h"
 
@@ -31,6 +32,11 @@ namespace gradaccum::data {
 enum class TableFormat { by_extension, jsonl, csv, tsv };
 enum class HeaderRow { by_fields, present, absent };
 enum class LabelKind { by_values, index, name };
+// The configuration's spellings: data.format "auto" | "jsonl" | "csv" | "tsv"; data.header
+// "auto" | "true" | "false"; data.labels "auto" | "index" | "name".
+const base::EnumNames<TableFormat>& table_format_names();
+const base::EnumNames<HeaderRow>& header_row_names();
+const base::EnumNames<LabelKind>& label_kind_names();
 
 // `format`, or for by_extension the one that `path` ends in: .jsonl or .json, .csv, .tsv or .tab;
 // another name is an error naming the file and the key 'data.format'.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gradaccum/core/trainer.h"
+#include "gradaccum/data/text_classification.h"
 #include "gradaccum/io/run_settings.h"
 #include "gradaccum/models/model_factory.h"
 
@@ -31,12 +32,12 @@ struct DataConfig {
   int64_t vocab_size = 0;     // random_tokens: ids in [0, vocab_size), the model's vocabulary
   int64_t train_size = 4096;  // random_tokens: training rows (eval: ⌊train_size·eval_fraction⌋ more)
   // text_classification (data/text_classification.h):
-  std::string format = "auto";      // auto (by extension) | jsonl | csv | tsv
+  data::TableFormat format = data::TableFormat::by_extension;
   std::string text_field = "text";  // a JSON key, a CSV/TSV header name, or a 0-based column index
   std::string label_field = "label";
-  std::string header = "auto";  // auto (when a field is a name) | true | false
-  std::string labels = "auto";  // auto | index | name
-  double test_fraction = 0.0;   // a stratified test split, evaluated once at the end
+  data::HeaderRow header = data::HeaderRow::by_fields;  // by_fields: when a field is a name
+  data::LabelKind labels = data::LabelKind::by_values;
+  double test_fraction = 0.0;  // a stratified test split, evaluated once at the end
 };
 
 // A sample generated at the end of a causal-LM run.

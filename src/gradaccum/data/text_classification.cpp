@@ -224,6 +224,26 @@ std::string per_class(const std::vector<int64_t>& ids, const std::vector<int64_t
 
 }  // namespace
 
+const base::EnumNames<TableFormat>& table_format_names() {
+  static const base::EnumNames<TableFormat> names{{TableFormat::by_extension, "auto"},
+                                                  {TableFormat::jsonl, "jsonl"},
+                                                  {TableFormat::csv, "csv"},
+                                                  {TableFormat::tsv, "tsv"}};
+  return names;
+}
+
+const base::EnumNames<HeaderRow>& header_row_names() {
+  static const base::EnumNames<HeaderRow> names{
+      {HeaderRow::by_fields, "auto"}, {HeaderRow::present, "true"}, {HeaderRow::absent, "false"}};
+  return names;
+}
+
+const base::EnumNames<LabelKind>& label_kind_names() {
+  static const base::EnumNames<LabelKind> names{
+      {LabelKind::by_values, "auto"}, {LabelKind::index, "index"}, {LabelKind::name, "name"}};
+  return names;
+}
+
 TableFormat table_format(const std::string& path, TableFormat format) {
   if (format != TableFormat::by_extension) return format;
   if (name_ends_with(path, ".jsonl") || name_ends_with(path, ".json")) return TableFormat::jsonl;

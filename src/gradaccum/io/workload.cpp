@@ -232,18 +232,11 @@ void load_text_classification(const TrainConfig& config, bool /*with_eval*/, Wor
   data::TextClassificationOptions options;
   options.path = d.path;
   options.eval_path = d.eval_path;
-  options.fields.format = d.format == "jsonl" ? data::TableFormat::jsonl
-                          : d.format == "csv" ? data::TableFormat::csv
-                          : d.format == "tsv" ? data::TableFormat::tsv
-                                              : data::TableFormat::by_extension;
+  options.fields.format = d.format;
   options.fields.text_field = d.text_field;
   options.fields.label_field = d.label_field;
-  options.fields.header = d.header == "true"    ? data::HeaderRow::present
-                          : d.header == "false" ? data::HeaderRow::absent
-                                                : data::HeaderRow::by_fields;
-  options.labels = d.labels == "index"  ? data::LabelKind::index
-                   : d.labels == "name" ? data::LabelKind::name
-                                        : data::LabelKind::by_values;
+  options.fields.header = d.header;
+  options.labels = d.labels;
   options.eval_fraction = d.eval_fraction;
   options.test_fraction = d.test_fraction;
   options.seed = config.trainer.seed;
