@@ -300,6 +300,8 @@ Tokenizer Tokenizer::from_hf_json_checked(const nlohmann::json& root, const std:
   const auto merges = read_hf_merges(model["merges"], path);
   Tokenizer tokenizer(path, ByteLevelBpe(vocab, merges, path), std::move(pre));
   if (model.value("ignore_merges", false)) tokenizer.bpe_.ignore_merges();
+  // tokenizers' BPE without an unk_token leaves out what has no id.
+  if (is_null_or_empty(model, "unk_token")) tokenizer.bpe_.drop_unknown_bytes();
   for (const AddedToken& token : added) tokenizer.bpe_.add_literal_token(token.id, token.content);
   tokenizer.added_ = std::move(added);
   if (!tokenizer.added_.empty())
