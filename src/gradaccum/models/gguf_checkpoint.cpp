@@ -1,7 +1,6 @@
 #include "gradaccum/models/gguf_checkpoint.h"
 
 #include <filesystem>
-#include <map>
 #include <set>
 
 #include "gradaccum/base/check.h"
