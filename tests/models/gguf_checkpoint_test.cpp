@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "gradaccum/core/batch.h"
 #include "gradaccum/formats/safetensors.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/causal_lm.h"
@@ -109,6 +110,26 @@ TEST(GgufCheckpoint, TinyLlamaGivesTransformersLogits) {
   ASSERT_EQ(synthetic().error, "");
   // float32 on both sides, from the same dequantized weights: only summation order differs.
   expect_transformers_logits(synthetic().dir + "/tiny-llama.gguf", synthetic().dir + "/tiny-llama.safetensors", 1e-5);
+}
+
+// `gradaccum eval --checkpoint FILE.gguf` on the reference texts: the mean loss of transformers'
+// logits over the predicted tokens (each line a document, tokenized as transformers did).
+TEST(GgufCheckpoint, EvalGivesTheLossOfTransformersLogits) {
+  ASSERT_EQ(synthetic().error, "");
+  const auto reference = formats::load_safetensors(synthetic().dir + "/tiny-llama.safetensors");
+  const auto ids = tensor_named(reference, "input_ids"), mask = tensor_named(reference, "attention_mask");
+  const auto logits = tensor_named(reference, "logits").to(torch::kDouble);
+  const auto sum = models::causal_lm_loss(logits, ids.masked_fill(mask == 0, core::kIgnoreIndex));
+  const double expected = (sum.sum / sum.count.to(torch::kDouble)).item<double>();
+  const auto dir = gradaccum::testing::make_temp_dir("gguf-eval");
+  std::ofstream(dir + "/texts.txt") << "the film and the light\nGod said ab <think>\nthe\n";
+  const auto r = gradaccum::testing::run_cli("eval --checkpoint " + synthetic().dir + "/tiny-llama.gguf " + dir +
+                                             "/texts.txt --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto result = nlohmann::json::parse(r.out);
+  EXPECT_EQ(result["tokens"], sum.count.item<int64_t>());
+  EXPECT_NEAR(result["loss"].get<double>(), expected, 1e-5 * expected);
+  EXPECT_GT(expected, 1.0);
 }
 
 TEST(GgufCheckpoint, TinyLlamaConfigIsItsMetadata) {
