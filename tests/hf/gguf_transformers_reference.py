@@ -24,6 +24,11 @@ Usage:
       DIR/tiny-llama.gguf: a 2-block Llama (4 query / 2 key-value heads of 8, an untied head,
       weights in Q8_0, F16 and F32) with the tok-smollm tokenizer; DIR/tiny-llama.safetensors:
       input_ids and attention_mask of three texts, right-padded, and transformers' float32 logits;
+      DIR/tiny-llama-head-dim.gguf and .safetensors: the same with an explicit head size of 12
+      (llama.attention.key_length / value_length, unequal to width / heads) and no output tensor
+      (tied); DIR/tiny-llama-rope-linear.gguf: linear RoPE scaling (factor 4) and no
+      llama.vocab_size (the vocabulary is the tokenizer's tokens), for its config only (transformers'
+      loader reads no llama.rope.scaling.* keys);
       and files gradaccum must refuse: DIR/bad-architecture.gguf (general.architecture "gpt2"),
       DIR/bad-missing-key.gguf (no llama.embedding_length), DIR/bad-shape.gguf (blk.1.attn_k.weight
       one column short).
@@ -37,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter
+from gguf import GGUFWriter, RopeScalingType
 from gguf.quants import quantize
 from safetensors.torch import save_file
 
@@ -152,15 +157,15 @@ def add_tokenizer(w, pre, bos=1, eos=2, pad=5, model="gpt2"):
 TINY = dict(layers=2, width=32, ffn=48, heads=4, kv_heads=2, head_dim=8)
 
 
-def add_llama_metadata(w, vocab, skip=()):
+def add_llama_metadata(w, vocab, skip=(), t=TINY):
     values = {
         "context_length": lambda: w.add_context_length(64),
-        "embedding_length": lambda: w.add_embedding_length(TINY["width"]),
-        "block_count": lambda: w.add_block_count(TINY["layers"]),
-        "feed_forward_length": lambda: w.add_feed_forward_length(TINY["ffn"]),
-        "head_count": lambda: w.add_head_count(TINY["heads"]),
-        "head_count_kv": lambda: w.add_head_count_kv(TINY["kv_heads"]),
-        "rope_dimension_count": lambda: w.add_rope_dimension_count(TINY["head_dim"]),
+        "embedding_length": lambda: w.add_embedding_length(t["width"]),
+        "block_count": lambda: w.add_block_count(t["layers"]),
+        "feed_forward_length": lambda: w.add_feed_forward_length(t["ffn"]),
+        "head_count": lambda: w.add_head_count(t["heads"]),
+        "head_count_kv": lambda: w.add_head_count_kv(t["kv_heads"]),
+        "rope_dimension_count": lambda: w.add_rope_dimension_count(t["head_dim"]),
         "rope_freq_base": lambda: w.add_rope_freq_base(5000.0),
         "layer_norm_rms_eps": lambda: w.add_layer_norm_rms_eps(1e-5),
         "vocab_size": lambda: w.add_vocab_size(vocab),
@@ -170,8 +175,7 @@ def add_llama_metadata(w, vocab, skip=()):
             add()
 
 
-def add_llama_tensors(w, vocab, rng, wrong_shape=None):
-    t = TINY
+def add_llama_tensors(w, vocab, rng, wrong_shape=None, t=TINY, tied=False):
     q_rows, kv_rows = t["heads"] * t["head_dim"], t["kv_heads"] * t["head_dim"]
 
     def weight(*shape, scale=0.2):
@@ -199,7 +203,8 @@ def add_llama_tensors(w, vocab, rng, wrong_shape=None):
         add(f"blk.{i}.ffn_up.weight", weight(t["ffn"], t["width"]))
         add(f"blk.{i}.ffn_down.weight", weight(t["width"], t["ffn"]))
     add("output_norm.weight", 1 + weight(t["width"], scale=0.1))
-    add("output.weight", weight(vocab, t["width"]))
+    if not tied:
+        add("output.weight", weight(vocab, t["width"]))
 
 
 def write(w):
@@ -209,14 +214,26 @@ def write(w):
     w.close()
 
 
-def tiny_llama(path, architecture="llama", skip=(), wrong_shape=None, pre="smollm"):
+def tiny_llama(path, architecture="llama", skip=(), wrong_shape=None, pre="smollm", t=TINY, tied=False,
+               more_metadata=lambda w: None):
     rng = np.random.default_rng(53)
     w = GGUFWriter(str(path), architecture)
     w.add_name("tiny llama")
     vocab = add_tokenizer(w, pre)
-    add_llama_metadata(w, vocab, skip)
-    add_llama_tensors(w, vocab, rng, wrong_shape)
+    add_llama_metadata(w, vocab, skip, t)
+    more_metadata(w)
+    add_llama_tensors(w, vocab, rng, wrong_shape, t, tied)
     write(w)
+
+
+def explicit_head_size(w):
+    w.add_key_length(12)
+    w.add_value_length(12)
+
+
+def linear_rope_scaling(w):
+    w.add_rope_scaling_type(RopeScalingType.LINEAR)
+    w.add_rope_scaling_factor(4.0)
 
 
 def tokenizer_only(path, pre, model="gpt2"):
@@ -241,6 +258,11 @@ def synthetic_models(out_dir):
     tokenizer = load_tokenizer(path)
     _, tensors = reference_logits(path, tokenizer, ["the film and the light", "God said ab <think>", "the"])
     save_file(tensors, str(out_dir / "tiny-llama.safetensors"))
+    path = out_dir / "tiny-llama-head-dim.gguf"
+    tiny_llama(path, t=dict(TINY, head_dim=12), tied=True, more_metadata=explicit_head_size)
+    _, tensors = reference_logits(path, tokenizer, ["the film and the light", "God said ab <think>", "the"])
+    save_file(tensors, str(out_dir / "tiny-llama-head-dim.safetensors"))
+    tiny_llama(out_dir / "tiny-llama-rope-linear.gguf", skip=("vocab_size",), more_metadata=linear_rope_scaling)
     tiny_llama(out_dir / "bad-architecture.gguf", architecture="gpt2")
     tiny_llama(out_dir / "bad-missing-key.gguf", skip=("embedding_length",))
     tiny_llama(out_dir / "bad-shape.gguf", wrong_shape="blk.1.attn_k.weight")

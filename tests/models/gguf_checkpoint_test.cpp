@@ -112,6 +112,33 @@ TEST(GgufCheckpoint, TinyLlamaGivesTransformersLogits) {
   expect_transformers_logits(synthetic().dir + "/tiny-llama.gguf", synthetic().dir + "/tiny-llama.safetensors", 1e-5);
 }
 
+// An explicit head size (llama.attention.key_length 12, not width / heads = 8) and a tied head.
+TEST(GgufCheckpoint, ExplicitHeadSizeGivesTransformersLogits) {
+  ASSERT_EQ(synthetic().error, "");
+  const auto path = synthetic().dir + "/tiny-llama-head-dim.gguf";
+  const auto config = models::gguf_hf_config(formats::GgufFile::open(path));
+  EXPECT_EQ(config["head_dim"], 12);
+  EXPECT_EQ(config["tie_word_embeddings"], true);
+  expect_transformers_logits(path, synthetic().dir + "/tiny-llama-head-dim.safetensors", 1e-5);
+}
+
+// llama.rope.scaling.* become rope_scaling; without llama.vocab_size the vocabulary is the
+// tokenizer's tokens.
+TEST(GgufCheckpoint, RopeScalingAndTheTokenizersVocabularyAreRead) {
+  ASSERT_EQ(synthetic().error, "");
+  const auto path = synthetic().dir + "/tiny-llama-rope-linear.gguf";
+  const auto file = formats::GgufFile::open(path);
+  ASSERT_FALSE(file.has("llama.vocab_size"));
+  const auto config = models::gguf_hf_config(file);
+  EXPECT_EQ(config["rope_scaling"], (nlohmann::json{{"rope_type", "linear"}, {"factor", 4.0}}));
+  EXPECT_EQ(config["vocab_size"], 296);
+  EXPECT_EQ(config["vocab_size"], file.array_size("tokenizer.ggml.tokens"));
+  const auto model = models::load_language_model(path, -1, 0);
+  EXPECT_EQ(model.vocab_size, 296);
+  EXPECT_EQ(model.hf_config["rope_parameters"]["rope_type"], "linear");
+  EXPECT_EQ(model.hf_config["rope_parameters"]["factor"], 4.0);
+}
+
 // `gradaccum eval --checkpoint FILE.gguf` on the reference texts: the mean loss of transformers'
 // logits over the predicted tokens (each line a document, tokenized as transformers did).
 TEST(GgufCheckpoint, EvalGivesTheLossOfTransformersLogits) {
