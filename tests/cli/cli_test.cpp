@@ -260,7 +260,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "key 'model.hf_checkpoint': " + std::string(GRADACCUM_TEST_DATA) +
                      "/hf_gpt2/model.safetensors is a file; give the directory that holds config.json and "
                      "model.safetensors (" +
-                     std::string(GRADACCUM_TEST_DATA) + "/hf_gpt2)"}),
+                     std::string(GRADACCUM_TEST_DATA) + "/hf_gpt2), or a .gguf file"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(CliBadInputFiles, MissingConfigFileIsNamed) {

@@ -53,6 +53,11 @@ class ByteLevelBpe {
   // token_id finds it too.
   void add_literal_token(TokenId id, const std::string& content);
 
+  // Bytes without a token of their own are left out of the ids, as Hugging Face's BPE leaves out
+  // characters without an id when it has no unk_token (SmolLM2's vocabulary lacks 21 of the 256
+  // bytes); without this call such a byte is an error.
+  void drop_unknown_bytes() { drop_unknown_bytes_ = true; }
+
   // Hugging Face's BPE option ignore_merges (Llama 3 sets it): a piece that is a
   // vocabulary token as a whole is that token, whatever the merges would make
   // of it. Call before add_literal_token.
@@ -91,6 +96,7 @@ class ByteLevelBpe {
   std::unordered_map<std::uint64_t, MergeResult> merges_;
   // With ignore_merges: the bytes of each byte-level vocabulary token -> its id.
   std::unordered_map<std::string, TokenId> whole_tokens_;
+  bool drop_unknown_bytes_ = false;
 
   static constexpr std::size_t kMaxCacheEntries = 1 << 18;
   mutable std::mutex cache_mutex_;

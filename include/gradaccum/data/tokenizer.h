@@ -1,7 +1,7 @@
 // A byte-level BPE tokenizer loaded from GPT-2's BPE in tiktoken's format
-// (gpt2.tiktoken), from GPT-2's original files (encoder.json + vocab.bpe), or
+// (gpt2.tiktoken), from GPT-2's original files (encoder.json + vocab.bpe),
 // from a Hugging Face tokenizer.json with a BPE model (GPT-2, BLOOM, Llama 3,
-// Qwen2, SmolLM2 and their kind).
+// Qwen2, SmolLM2 and their kind), or from the metadata of a GGUF file.
 //
 // Text handling, the same for all formats:
 //  - The input is UTF-8. Invalid bytes are not an error: each maximal
@@ -18,6 +18,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,7 +52,7 @@ class Tokenizer {
  public:
   // path: a directory holding tokenizer.json, gpt2.tiktoken, or encoder.json
   // and vocab.bpe (looked for in that order); a file whose name ends in
-  // ".tiktoken"; or a tokenizer.json file (any other name). Throws
+  // ".tiktoken" or ".gguf"; or a tokenizer.json file (any other name). Throws
   // gradaccum::Error naming the file when a file is missing or malformed.
   static Tokenizer load(const std::string& path);
   // GPT-2's BPE ranks in tiktoken's format (tiktoken_ranks.h); the merges are
@@ -70,6 +71,10 @@ class Tokenizer {
   // far beyond the number of tokens the file holds (checked before the id
   // tables are allocated).
   static Tokenizer from_hf_json(const std::string& tokenizer_json_path);
+  // A GGUF file's tokenizer (tokenizer.ggml.*): the tokenizer.json that
+  // gguf_tokenizer_json (gguf_tokenizer.h) makes of it, read as from_hf_json
+  // reads a file. source() is the GGUF file.
+  static Tokenizer from_gguf(const std::string& gguf_path);
 
   // Token ids of the text. With a tokenizer.json, added tokens found in the
   // text become their own ids, as Hugging Face does (added_token_split.h).
@@ -89,7 +94,7 @@ class Tokenizer {
   const std::string& source() const { return source_; }
 
  private:
-  static Tokenizer from_hf_json_checked(const std::string& tokenizer_json_path);
+  static Tokenizer from_hf_json_checked(const nlohmann::json& root, const std::string& path);
   Tokenizer(std::string source, ByteLevelBpe bpe, std::shared_ptr<const PreTokenizer> pre_tokenizer);
   void encode_plain(std::string_view text, std::vector<TokenId>& ids) const;
 

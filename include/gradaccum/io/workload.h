@@ -54,7 +54,9 @@ Workload make_workload(const TrainConfig& config, bool with_eval);
 std::string tokenizer_directory(const std::string& configured);
 
 // The files a tokenizer was loaded from (gpt2.tiktoken, tokenizer.json, or encoder.json
-// and vocab.bpe), to be copied beside a saved model.
+// and vocab.bpe), to be copied beside a saved model; for a GGUF file's tokenizer, its
+// tokenizer.json (data/gguf_tokenizer.h) written into a temporary directory that is removed
+// when the process exits.
 std::vector<std::string> tokenizer_files(const data::Tokenizer& tokenizer);
 
 }  // namespace gradaccum::io

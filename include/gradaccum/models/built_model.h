@@ -61,7 +61,9 @@ BuiltModel make_language_model(const std::string& name, const ModelConfig& confi
 BuiltModel language_model_from_hf_config(const nlohmann::json& config, const std::string& what, int64_t num_labels,
                                          uint64_t init_seed);
 
-// A model from an HF checkpoint directory (config.json + model.safetensors or its shards).
+// A model from an HF checkpoint directory (config.json + model.safetensors or its shards), or
+// from a GGUF file (a path ending in .gguf; gguf_checkpoint.h), read as the HF checkpoint it
+// stands for.
 // `num_labels` < 0: the task the checkpoint was saved for; 0: a causal LM;
 // > 0: a classifier — from a causal-LM checkpoint the `score` head starts
 // fresh (seeded by `init_seed`), as HF's from_pretrained does. `config`, when given, overrides

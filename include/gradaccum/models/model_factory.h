@@ -31,7 +31,7 @@ struct ModelConfig {
   int64_t intermediate_size = 0;  // SwiGLU width (0: 4 n_embd)
   double rope_theta = 10000.0;
   int64_t sliding_window = 0;  // mistral, qwen2, qwen3: every layer's window (0: none)
-  std::string hf_checkpoint;   // a directory with config.json + model.safetensors
+  std::string hf_checkpoint;   // a directory with config.json + model.safetensors, or a .gguf file
   // Memory savings (top-level keys, as in HF TrainingArguments).
   bool gradient_checkpointing = false;  // recompute block activations in backward
   int64_t loss_chunk_tokens = 0;        // fused LM-head loss chunk; 0 = automatic

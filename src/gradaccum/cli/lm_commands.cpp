@@ -10,15 +10,17 @@
 #include "gradaccum/io/workload.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/generation.h"
+#include "gradaccum/models/gguf_checkpoint.h"
 #include "gradaccum/run/runtime.h"
 
 namespace gradaccum::cli {
 
 namespace {
 
-// The checkpoint's own tokenizer files when it has them.
+// The checkpoint's own tokenizer when it has one: a GGUF file's, or the files beside an HF checkpoint.
 data::Tokenizer load_tokenizer(const std::string& configured, const std::string& checkpoint) {
   namespace fs = std::filesystem;
+  if (configured.empty() && models::is_gguf_path(checkpoint)) return data::Tokenizer::load(checkpoint);
   if (configured.empty() &&
       (fs::exists(fs::path(checkpoint) / "tokenizer.json") || fs::exists(fs::path(checkpoint) / "gpt2.tiktoken") ||
        fs::exists(fs::path(checkpoint) / "encoder.json"))) {
@@ -28,7 +30,7 @@ data::Tokenizer load_tokenizer(const std::string& configured, const std::string&
 }
 
 models::BuiltModel load_causal_lm(const std::string& dir) {
-  GA_CHECK(!dir.empty(), "--checkpoint DIR is required");
+  GA_CHECK(!dir.empty(), "--checkpoint DIR (or FILE.gguf) is required");
   auto model = models::load_language_model(dir, /*num_labels=*/-1, 0);
   GA_CHECK(model.causal_lm() != nullptr, "{}: a sequence classifier ({} labels), not a causal language model", dir,
            model.num_labels);

@@ -3,8 +3,9 @@
 //                      [--temperature T] [--top-k K] [--seed S]
 //   gradaccum eval --checkpoint DIR FILE
 // DIR is an HF checkpoint (config.json + model.safetensors), e.g. a training
-// run's output_dir/final; the tokenizer is the one saved beside it, else
-// --tokenizer, else the default GPT-2 files.
+// run's output_dir/final, or a GGUF file of the Llama family (FILE.gguf); the
+// tokenizer is --tokenizer, else the checkpoint's own (the GGUF file's, or the
+// files saved beside the directory's model), else the default GPT-2 files.
 #pragma once
 
 #include <cstdint>

@@ -128,13 +128,15 @@ int main(int argc, char** argv) {
   tokenize_cmd->add_option(
       "--tokenizer", tokenize.tokenizer_dir,
       "A directory with tokenizer.json, gpt2.tiktoken or encoder.json + vocab.bpe; "
-      "a .tiktoken file; or a tokenizer.json (default: $GRADACCUM_TOKENIZER_DIR, else /var/lib/gradaccum/gpt2)");
+      "a .tiktoken file; a .gguf file's tokenizer; or a tokenizer.json (default: $GRADACCUM_TOKENIZER_DIR, else "
+      "/var/lib/gradaccum/gpt2)");
   tokenize_cmd->add_flag("--decode", tokenize.decode, "Read JSON arrays of ids and print the text");
 
   gradaccum::cli::GenerateArgs generate;
   auto* generate_cmd = app.add_subcommand("generate", "Continue a prompt with a trained causal language model");
   generate_cmd
-      ->add_option("--checkpoint", generate.checkpoint, "HF checkpoint directory (e.g. a run's output_dir/final)")
+      ->add_option("--checkpoint", generate.checkpoint,
+                   "HF checkpoint directory (e.g. a run's output_dir/final) or a Llama-family .gguf file")
       ->required();
   generate_cmd->add_option("--prompt", generate.prompt, "The text to continue")->required();
   generate_cmd->add_option("--max-new-tokens", generate.max_new_tokens, "Tokens to generate")->capture_default_str();
@@ -150,7 +152,8 @@ int main(int argc, char** argv) {
   gradaccum::cli::EvalArgs eval;
   auto* eval_cmd = app.add_subcommand(
       "eval", "Mean token loss and perplexity of a text file (one document per line) under a checkpoint");
-  eval_cmd->add_option("--checkpoint", eval.checkpoint, "HF checkpoint directory")->required();
+  eval_cmd->add_option("--checkpoint", eval.checkpoint, "HF checkpoint directory or a Llama-family .gguf file")
+      ->required();
   eval_cmd->add_option("file", eval.file, "Text file, one document per line")->required();
   eval_cmd->add_option("--batch-size", eval.batch_size, "Documents per forward pass")->capture_default_str();
   eval_cmd->add_option("--tokenizer", eval.tokenizer, "Tokenizer (default: the checkpoint's own)");

@@ -130,7 +130,8 @@ ByteLevelBpe::ByteLevelBpe(const ByteLevelBpe& other)
       id_known_(other.id_known_),
       byte_token_(other.byte_token_),
       merges_(other.merges_),
-      whole_tokens_(other.whole_tokens_) {}
+      whole_tokens_(other.whole_tokens_),
+      drop_unknown_bytes_(other.drop_unknown_bytes_) {}
 
 ByteLevelBpe::ByteLevelBpe(ByteLevelBpe&& other)
     : source_(std::move(other.source_)),
@@ -139,7 +140,8 @@ ByteLevelBpe::ByteLevelBpe(ByteLevelBpe&& other)
       id_known_(std::move(other.id_known_)),
       byte_token_(other.byte_token_),
       merges_(std::move(other.merges_)),
-      whole_tokens_(std::move(other.whole_tokens_)) {}
+      whole_tokens_(std::move(other.whole_tokens_)),
+      drop_unknown_bytes_(other.drop_unknown_bytes_) {}
 
 std::optional<TokenId> ByteLevelBpe::token_id(std::string_view token) const {
   const auto it = ids_.find(std::string(token));
@@ -272,7 +274,10 @@ void ByteLevelBpe::encode_piece(std::string_view bytes, std::vector<TokenId>& ou
   std::vector<TokenId> symbols;
   symbols.reserve(bytes.size());
   for (unsigned char b : bytes) {
-    GA_CHECK(byte_token_[b] >= 0, "{}: the vocabulary has no token for byte 0x{:02X}", source_, b);
+    if (byte_token_[b] < 0) {
+      GA_CHECK(drop_unknown_bytes_, "{}: the vocabulary has no token for byte 0x{:02X}", source_, b);
+      continue;
+    }
     symbols.push_back(byte_token_[b]);
   }
   merge_symbols(symbols);

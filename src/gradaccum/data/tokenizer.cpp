@@ -10,6 +10,7 @@
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/data/added_token_split.h"
+#include "gradaccum/data/gguf_tokenizer.h"
 #include "gradaccum/data/pre_tokenizer.h"
 #include "gradaccum/data/tiktoken_merges.h"
 #include "gradaccum/data/tiktoken_ranks.h"
@@ -223,6 +224,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
   GA_CHECK(fs::exists(p, ec), "tokenizer path {} does not exist", path);
   if (p.extension() == ".tiktoken") return from_tiktoken(path);
+  if (p.extension() == ".gguf") return from_gguf(path);
   return from_hf_json(path);
 }
 
@@ -253,14 +255,22 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path) {
   // type that slips past them (e.g. a numeric "type", found by fuzzing) still
   // becomes a one-line error naming the file, not an uncaught exception.
   try {
-    return from_hf_json_checked(path);
+    return from_hf_json_checked(parse_json(path), path);
   } catch (const json::exception& e) {
     throw Error(fmt::format("tokenizer file {}: unexpected JSON structure ({})", path, e.what()));
   }
 }
 
-Tokenizer Tokenizer::from_hf_json_checked(const std::string& path) {
-  const json root = parse_json(path);
+Tokenizer Tokenizer::from_gguf(const std::string& gguf_path) {
+  const auto file = formats::GgufFile::open(gguf_path);
+  try {
+    return from_hf_json_checked(gguf_tokenizer_json(file), gguf_path);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("tokenizer file {}: unexpected tokenizer metadata ({})", gguf_path, e.what()));
+  }
+}
+
+Tokenizer Tokenizer::from_hf_json_checked(const nlohmann::json& root, const std::string& path) {
   GA_CHECK(root.is_object() && root.contains("model") && root["model"].is_object(),
            "tokenizer file {} has no \"model\" object", path);
   const json& model = root["model"];
@@ -290,6 +300,8 @@ Tokenizer Tokenizer::from_hf_json_checked(const std::string& path) {
   const auto merges = read_hf_merges(model["merges"], path);
   Tokenizer tokenizer(path, ByteLevelBpe(vocab, merges, path), std::move(pre));
   if (model.value("ignore_merges", false)) tokenizer.bpe_.ignore_merges();
+  // tokenizers' BPE without an unk_token leaves out what has no id.
+  if (is_null_or_empty(model, "unk_token")) tokenizer.bpe_.drop_unknown_bytes();
   for (const AddedToken& token : added) tokenizer.bpe_.add_literal_token(token.id, token.content);
   tokenizer.added_ = std::move(added);
   if (!tokenizer.added_.empty())

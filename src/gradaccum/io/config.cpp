@@ -222,9 +222,10 @@ void check_combinations(TrainConfig& c) {
   if (!c.model.hf_checkpoint.empty()) {
     std::error_code error;
     const auto parent = std::filesystem::path(c.model.hf_checkpoint).parent_path();
-    GA_CHECK(!std::filesystem::is_regular_file(c.model.hf_checkpoint, error),
+    GA_CHECK(!std::filesystem::is_regular_file(c.model.hf_checkpoint, error) ||
+                 std::filesystem::path(c.model.hf_checkpoint).extension() == ".gguf",
              "key 'model.hf_checkpoint': {} is a file; give the directory that holds config.json and "
-             "model.safetensors ({})",
+             "model.safetensors ({}), or a .gguf file",
              c.model.hf_checkpoint, parent.empty() ? "." : parent.string());
   }
   if (!language_model && c.model.norm == models::NormKind::group) {

@@ -195,7 +195,7 @@ std::vector<ConfigKey> make_keys() {
               at_least(0, "0 = none"), [](TrainConfig& c, int64_t v) { c.model.sliding_window = v; }),
       integer("model.vocab_size", 0, "the embedding's rows (0 = the tokenizer's)", at_least(0, "0 = the tokenizer's"),
               [](TrainConfig& c, int64_t v) { c.model.vocab_size = v; }),
-      text("model.hf_checkpoint", "\"\"", "start from an HF checkpoint directory instead",
+      text("model.hf_checkpoint", "\"\"", "start from an HF checkpoint directory or a .gguf file instead",
            [](TrainConfig& c, const std::string& v) { c.model.hf_checkpoint = v; }),
       lm_dropout("model.resid_pdrop",
                  "dropout, HF's names (-1 = the hf_checkpoint's config.json, else 0); gpt2: residual branches",

@@ -1,18 +1,26 @@
 #include "gradaccum/io/workload.h"
 
+#include <stdlib.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/base/named_table.h"
 #include "gradaccum/data/classification_dataset.h"
 #include "gradaccum/data/data_split.h"
 #include "gradaccum/data/fashion_mnist.h"
+#include "gradaccum/data/gguf_tokenizer.h"
 #include "gradaccum/data/kjv.h"
 #include "gradaccum/data/lm_dataset.h"
 #include "gradaccum/data/random_tokens.h"
 #include "gradaccum/data/text_classification.h"
 #include "gradaccum/data/text_source.h"
+#include "gradaccum/models/architectures.h"
+#include "gradaccum/models/gguf_checkpoint.h"
 
 namespace gradaccum::io {
 
@@ -148,10 +156,46 @@ std::string tokenizer_directory(const std::string& configured) {
   return dir;
 }
 
+namespace {
+
+// Directories this process made under the system's temporary directory, removed at its exit.
+class TemporaryDirectories {
+ public:
+  ~TemporaryDirectories() {
+    std::error_code ec;
+    for (const auto& dir : dirs_) std::filesystem::remove_all(dir, ec);
+  }
+  std::string make(const std::string& stem) {
+    std::string pattern = (std::filesystem::temp_directory_path() / (stem + "-XXXXXX")).string();
+    GA_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot create a temporary directory {}: {}", pattern,
+             std::strerror(errno));
+    const std::lock_guard<std::mutex> lock(mutex_);
+    dirs_.push_back(pattern);
+    return pattern;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> dirs_;
+};
+
+// A GGUF file's tokenizer as a tokenizer.json file (the one HF's loaders read beside a checkpoint),
+// written into a temporary directory of this process: the 100 MB GGUF file is not copied.
+std::string gguf_tokenizer_json_file(const std::string& gguf_path) {
+  static TemporaryDirectories temporary;
+  const auto path = temporary.make("gradaccum-tokenizer") + "/tokenizer.json";
+  data::write_tokenizer_json(path, data::gguf_tokenizer_json(formats::GgufFile::open(gguf_path)));
+  return path;
+}
+
+}  // namespace
+
 std::vector<std::string> tokenizer_files(const data::Tokenizer& tokenizer) {
-  // Tokenizer::source() is "path" (gpt2.tiktoken, tokenizer.json) or "encoder.json path + vocab.bpe path".
+  // Tokenizer::source() is "path" (gpt2.tiktoken, tokenizer.json, a .gguf file) or "encoder.json path + vocab.bpe
+  // path".
   std::vector<std::string> files;
   const std::string& source = tokenizer.source();
+  if (std::filesystem::path(source).extension() == ".gguf") return {gguf_tokenizer_json_file(source)};
   const std::string separator = " + ";
   size_t begin = 0;
   for (size_t at; (at = source.find(separator, begin)) != std::string::npos; begin = at + separator.size()) {
@@ -182,8 +226,11 @@ void load_random_tokens(const TrainConfig& config, bool with_eval, Workload& w) 
   w.eval = random.eval;
 }
 
+// data.tokenizer, else a GGUF checkpoint's own tokenizer, else the default.
 void load_tokenizer(const TrainConfig& config, Workload& w) {
-  w.tokenizer.emplace(data::Tokenizer::load(tokenizer_directory(config.data.tokenizer)));
+  const auto& checkpoint = config.model.hf_checkpoint;
+  const bool gguf_tokenizer = config.data.tokenizer.empty() && models::is_gguf_path(checkpoint);
+  w.tokenizer.emplace(data::Tokenizer::load(gguf_tokenizer ? checkpoint : tokenizer_directory(config.data.tokenizer)));
 }
 
 void load_kjv(const TrainConfig& config, bool /*with_eval*/, Workload& w) {
@@ -313,6 +360,13 @@ Workload make_workload(const TrainConfig& config, bool with_eval) {
     w.model = models::make_model(config.model, inputs);
   } else {
     w.model = models::load_language_model(config.model.hf_checkpoint, w.num_labels, config.trainer.seed, &config.model);
+    // The checkpoint says what it is; a model.type naming another architecture contradicts it (the default, an
+    // image network's type, is no claim about a language model).
+    GA_CHECK(
+        models::find_decoder_architecture(config.model.type) == nullptr || config.model.type == w.model.architecture,
+        "key 'model.type': {} contradicts model.hf_checkpoint {}, a {} checkpoint (leave model.type out: the "
+        "checkpoint's is used)",
+        config.model.type, config.model.hf_checkpoint, w.model.architecture);
   }
   apply_memory_options(w.model, config.model);
   GA_CHECK(w.model.vocab_size >= vocab, "model: its vocabulary has {} ids, {} {}: they do not fit", w.model.vocab_size,

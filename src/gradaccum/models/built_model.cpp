@@ -4,6 +4,7 @@
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/models/architectures.h"
+#include "gradaccum/models/gguf_checkpoint.h"
 #include "gradaccum/models/hf_checkpoint.h"
 #include "gradaccum/models/module_tensors.h"
 #include "gradaccum/models/sequence_classifier.h"
@@ -130,8 +131,10 @@ BuiltModel language_model_from_hf_config(const nlohmann::json& config, const std
 
 BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint64_t init_seed,
                                const ModelConfig* config) {
-  auto checkpoint = read_hf_checkpoint(dir);
-  const auto what = dir + "/config.json";
+  // A GGUF file arrives as the HF checkpoint it stands for; errors name the file itself.
+  const bool gguf = is_gguf_path(dir);
+  auto checkpoint = gguf ? read_gguf_checkpoint(dir) : read_hf_checkpoint(dir);
+  const auto what = gguf ? dir : dir + "/config.json";
   const auto& architecture = decoder_architecture_of(checkpoint.config, what);
   const int64_t saved_labels = hf_num_labels(checkpoint.config, what);
   const int64_t labels = num_labels < 0 ? saved_labels : num_labels;
@@ -146,7 +149,7 @@ BuiltModel load_language_model(const std::string& dir, int64_t num_labels, uint6
            what, saved_labels, labels);
   std::vector<std::string> fresh;
   if (saved_labels == 0 && labels > 0) fresh.push_back("score.weight");
-  built.load_weights(checkpoint.tensors, dir + "/model.safetensors", fresh);
+  built.load_weights(checkpoint.tensors, gguf ? dir : dir + "/model.safetensors", fresh);
   return built;
 }
 
