@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gradaccum/core/trainer.h"
+#include "gradaccum/models/lora.h"
 #include "gradaccum/models/model_factory.h"
 
 namespace gradaccum::io {
@@ -66,6 +67,7 @@ struct TrainConfig {
   bool overwrite_output_dir = false;   // a fresh run may start where checkpoints are (HF's key)
   bool allow_batch_change = false;
   models::ModelConfig model;
+  models::LoraConfig lora;
   DataConfig data;
   SampleConfig sample;
   core::TrainerOptions trainer;
