@@ -3,8 +3,10 @@
 //                      [--temperature T] [--top-k K] [--seed S]
 //   gradaccum eval --checkpoint DIR FILE
 // DIR is an HF checkpoint (config.json + model.safetensors), e.g. a training
-// run's output_dir/final; the tokenizer is the one saved beside it, else
-// --tokenizer, else the default GPT-2 files.
+// run's output_dir/final, or a LoRA adapter (adapter_config.json +
+// adapter_model.safetensors) on its base: --base DIR, else the adapter's own
+// (models/lora.h); the tokenizer is the one saved beside it, else --tokenizer,
+// else the default GPT-2 files.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@ struct GenerateArgs {
   int64_t top_k = io::SampleConfig{}.top_k;  // the same default as sample.top_k
   uint64_t seed = 0;
   int64_t threads = 0;
+  std::string base;  // a LoRA adapter's base ("" = the adapter's own)
 };
 
 // Prints the prompt and its continuation on one line.
@@ -34,6 +37,7 @@ struct EvalArgs {
   std::string file;
   int64_t batch_size = 16;
   int64_t threads = 0;
+  std::string base;  // a LoRA adapter's base ("" = the adapter's own)
 };
 
 // Prints {"loss": ..., "perplexity": ..., "tokens": ...}: the mean loss over
