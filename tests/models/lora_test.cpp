@@ -489,16 +489,22 @@ TEST(LoraCli, VerifyFindsPaddedSplitsExactInFloat64WithAdapters) {
 // gate: 3·24 + 40·3, down: 3·40 + 24·3) + the norm's 24.
 constexpr int64_t kLlamaTrained = 2 * (144 + 96 + 192 + 192) + 24;
 
-TEST(LoraCli, TwoRanksEqualOneProcessAndAllReduceOnlyTheAdaptersBytes) {
+TEST(LoraCli, TwoRanksEqualOneProcessWithAndWithoutZero1AndAllReduceOnlyTheAdaptersBytes) {
   const auto dir = make_temp_dir("lora-dp");
   const std::string run = kKjv + kLlama + "--set dtype=float64 --set max_steps=3 --set per_device_train_batch_size=4 ";
   const auto one = gradaccum::testing::train_steps(run + "--set gradient_accumulation_steps=4", dir + "/one");
   const auto two = gradaccum::testing::train_steps(run + "--set gradient_accumulation_steps=2 --nproc 2", dir + "/two");
+  // ZeRO-1 shards the optimizer state of the trained tensors only, and follows the same trajectory.
+  const auto zero = gradaccum::testing::train_steps(
+      run + "--set gradient_accumulation_steps=2 --nproc 2 --set zero_stage=1", dir + "/zero");
   ASSERT_EQ(one.size(), 3u);
   ASSERT_EQ(two.size(), 3u);
+  ASSERT_EQ(zero.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_LE(gradaccum::testing::relative_difference(two[i]["loss"], one[i]["loss"]), 1e-10) << i;
     EXPECT_LE(gradaccum::testing::relative_difference(two[i]["grad_norm"], one[i]["grad_norm"]), 1e-10) << i;
+    EXPECT_LE(gradaccum::testing::relative_difference(zero[i]["loss"], one[i]["loss"]), 1e-10) << i;
+    EXPECT_LE(gradaccum::testing::relative_difference(zero[i]["grad_norm"], one[i]["grad_norm"]), 1e-10) << i;
     EXPECT_EQ(two[i]["allreduce_bytes"].get<int64_t>(), kLlamaTrained * 8) << i;
     EXPECT_EQ(two[i]["allreduce_calls"].get<int64_t>(), 1) << i;
   }

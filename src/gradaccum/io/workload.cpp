@@ -179,8 +179,7 @@ void apply_lora(models::BuiltModel& model, const TrainConfig& config) {
     return;
   }
   GA_CHECK(lora.base_dtype == "float32" || config.trainer.dtype == torch::kFloat,
-           "key 'lora.base_dtype': {} beside dtype {} (a bfloat16 base goes with dtype float32)", lora.base_dtype,
-           config.dtype);
+           "key 'lora.base_dtype': {} beside dtype float64 (a bfloat16 base goes with dtype float32)", lora.base_dtype);
   const auto& base = config.model.hf_checkpoint;
   models::attach_lora(model, lora, config.trainer.seed, config.model.dropout_rng,
                       base.empty() ? std::string() : std::filesystem::absolute(base).lexically_normal().string());
