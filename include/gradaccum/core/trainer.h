@@ -37,9 +37,14 @@ namespace gradaccum::core {
 // Total optimizer steps: max_steps, or epochs × windows per epoch.
 int64_t total_optimizer_steps(const TrainerOptions& options, const WindowPlan& plan);
 
+// Moves `module` to `device` and its floating-point tensors to `dtype`, as Module::to does, except
+// frozen parameters (requires_grad false) held in 16 bits: a model that keeps its frozen weights in
+// bfloat16 to save memory (a LoRA base, models/lora.h) keeps them so.
+void place_module(torch::nn::Module& module, const torch::Device& device, torch::ScalarType dtype);
+
 class Trainer {
  public:
-  // Moves the model to options.device/dtype and builds the optimizer from
+  // Moves the model to options.device/dtype (place_module) and builds the optimizer from
   // options.optimizer, unless `optimizer` is given (e.g. a sharded one, built
   // over the model's trainable parameters after the move).
   // `eval_data` may be null; `sync` null means one process.

@@ -2,8 +2,10 @@
 // saved step, that a reader either sees complete or not at all.
 //
 // Layout (format version 4):
-//   model.safetensors        the weights (HF names where the model has them)
-//   config.json              the model's HF config, where it has one
+//   model.safetensors        the weights (HF names where the model has them); a LoRA run
+//                            writes its adapters as adapter_model.safetensors instead
+//   config.json              the model's HF config, where it has one (a LoRA run's:
+//                            adapter_config.json)
 //   optimizer.safetensors    optimizer state under parameter names
 //                            (optim/optimizer_state.h); under ZeRO-1 one
 //                            optimizer-rank<R>.safetensors per rank, its shard
@@ -59,6 +61,9 @@ struct CheckpointContents {
   core::TrainingState state;
   formats::NamedTensors model;  // rank 0 only (every rank holds the same weights)
   nlohmann::json model_config;  // null: no config.json
+  // Their files' names: a LoRA run's are PEFT's adapter_model.safetensors and adapter_config.json.
+  std::string model_file = "model.safetensors";
+  std::string model_config_file = "config.json";
   // The optimizer state (optim::optimizer_state: the tensors themselves, not copies), written
   // by the ranks that save one: rank 0, or every rank under ZeRO-1.
   std::optional<formats::NamedTensors> optimizer;
@@ -73,6 +78,7 @@ struct LoadedCheckpoint {
   std::string directory;
   core::TrainingState state;
   formats::NamedTensors model;
+  std::string model_file;           // the file `model` was read from (model.safetensors or adapter_model.safetensors)
   formats::NamedTensors optimizer;  // this rank's optimizer state file (optim::load_optimizer_state)
   torch::Tensor rng_state;          // the CPU generator's state (uint8)
   std::string resolved_config;

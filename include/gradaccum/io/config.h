@@ -13,6 +13,7 @@
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/data/text_classification.h"
 #include "gradaccum/io/run_settings.h"
+#include "gradaccum/models/lora.h"
 #include "gradaccum/models/model_factory.h"
 
 namespace gradaccum::io {
@@ -55,6 +56,7 @@ struct TrainConfig : RunSettings {
   // b × N of global_batch_size before it starts (cli/plan_command.h); until then b is 1.
   bool plan_decomposition = false;
   models::ModelConfig model;
+  models::LoraConfig lora;
   DataConfig data;
   SampleConfig sample;
   core::TrainerOptions trainer;

@@ -22,7 +22,7 @@ enum class KeyType {
   text,          // any string
   choice,        // one of `choices`
   integer_list,  // [a, b, ...]
-  names,         // one of `choices`, or a list of them
+  names,         // one of `choices` (any name when there are none), or a list of them
   section,       // a mapping whose keys follow in the table ("model", "data", ...)
 };
 

@@ -19,6 +19,7 @@
 namespace gradaccum::models {
 
 using WeightList = std::vector<std::pair<std::string, torch::Tensor>>;
+struct LoraAdapters;  // lora.h
 
 struct BuiltModel {
   std::unique_ptr<core::Trainable> task;
@@ -28,8 +29,12 @@ struct BuiltModel {
   int64_t max_positions = 0;  // the longest sequence (0: unbounded)
   int64_t vocab_size = 0;
 
+  // Its LoRA adapters (lora.h); null: every parameter trains and weights() are the whole model.
+  std::shared_ptr<LoraAdapters> lora;
+
   bool is_language_model() const { return !architecture.empty(); }
-  // CPU copies of the weights under their file names (HF names for LMs).
+  // CPU copies of the weights under their file names (HF names for LMs); with adapters, the
+  // trained tensors only, under PEFT's names.
   WeightList weights();
   // Copies weights in; errors name the tensor and `what`. `may_be_missing`
   // names parameters that keep their values when absent (a fresh head).

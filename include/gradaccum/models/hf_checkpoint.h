@@ -28,6 +28,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -73,8 +74,14 @@ void load_hf_tensors(torch::nn::Module& module, const std::vector<std::pair<std:
 
 // The module's parameters under HF's names and layouts, as CPU copies in the
 // parameters' dtype (a snapshot: training on does not change them).
-std::vector<std::pair<std::string, torch::Tensor>> hf_tensors(torch::nn::Module& module,
-                                                              const std::string& architecture);
+// `keep`, when given, selects the parameters by their module name (e.g. the trainable ones).
+std::vector<std::pair<std::string, torch::Tensor>> hf_tensors(
+    torch::nn::Module& module, const std::string& architecture,
+    const std::function<bool(const std::string& name, const torch::Tensor& parameter)>& keep = nullptr);
+
+// The checkpoint's name of a module path or parameter name of `architecture`'s model: the heads'
+// `transformer.` becomes the family's prefix (HF's `model.` for the Llama family).
+std::string hf_name_of(const std::string& architecture, const std::string& name);
 
 // config.json's "model_type" (a name of decoder_architectures(); anything else is an error).
 std::string hf_model_type(const nlohmann::json& config, const std::string& what);

@@ -11,14 +11,26 @@
 // layers of bench/lm_throughput take 7% less time on the 2-core AVX2 EPYC
 // (bench/py/linear_bias_fusion.py, BENCHMARKS.md). Same parameters, same
 // function; only the order of one addition differs.
+//
+// A layer with a LoRA adapter (lora.h) adds the adapter's term, as PEFT's
+// lora.Linear does: base(x) + scaling · B(A(dropout(x))). A frozen base held
+// in another dtype than the activations (lora.base_dtype: bfloat16) multiplies
+// in its own dtype and hands back the activations' dtype.
 #pragma once
 
 #include <torch/torch.h>
 
+#include "gradaccum/models/lora_adapter.h"
+
 namespace gradaccum::models {
 
 inline torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  return at::linear(x, layer->weight, layer->bias);
+  const auto& weight = layer->weight;
+  auto y = weight.scalar_type() == x.scalar_type()
+               ? at::linear(x, weight, layer->bias)
+               : at::linear(x.to(weight.scalar_type()), weight, layer->bias).to(x.scalar_type());
+  if (auto* adapter = lora_adapter_of(*layer)) return y + adapter->forward(x);
+  return y;
 }
 
 }  // namespace gradaccum::models

@@ -15,7 +15,8 @@
 //   5. Checkpoints every save_steps and at the end (save_total_limit kept); SIGTERM / SIGINT save the
 //      window in flight and stop (run/stop_signals.h).
 //   6. The final model in output_dir/final: model.safetensors, and config.json when the model has one
-//      (an HF checkpoint for GPT-2 and BLOOM), with `final_files` beside them; published as a
+//      (an HF checkpoint for GPT-2 and BLOOM; PEFT's adapter files for a LoRA run, ModelFiles),
+//      with `final_files` beside them; published as a
 //      checkpoint is (a temporary directory, fsynced, renamed), so final/ is whole or absent.
 //   7. The test split, when given, evaluated once into summary.json.
 //
@@ -65,9 +66,13 @@ struct ModelFiles {
   std::function<std::vector<std::pair<std::string, torch::Tensor>>()> weights;
   std::function<void(const std::vector<std::pair<std::string, torch::Tensor>>&, const std::string& what)> load;
   nlohmann::json config;  // non-null: final/ is an HF checkpoint with this config.json
+  // The files' names in checkpoints and final/ (a LoRA run's: PEFT's adapter files).
+  std::string weights_file = "model.safetensors";
+  std::string config_file = "config.json";
 };
 
-// A GPT-2, BLOOM or image model of the program's model factory, with HF's names for the former.
+// A GPT-2, BLOOM or image model of the program's model factory, with HF's names for the former;
+// a model with LoRA adapters as PEFT's adapter_model.safetensors and adapter_config.json.
 ModelFiles model_files(models::BuiltModel& model);
 
 struct RunResult {

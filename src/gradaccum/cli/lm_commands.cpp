@@ -11,6 +11,7 @@
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/generation.h"
 #include "gradaccum/models/gguf_checkpoint.h"
+#include "gradaccum/models/lora.h"
 #include "gradaccum/run/runtime.h"
 
 namespace gradaccum::cli {
@@ -29,9 +30,12 @@ data::Tokenizer load_tokenizer(const std::string& configured, const std::string&
   return data::Tokenizer::load(io::tokenizer_directory(configured));
 }
 
-models::BuiltModel load_causal_lm(const std::string& dir) {
+models::BuiltModel load_causal_lm(const std::string& dir, const std::string& base) {
   GA_CHECK(!dir.empty(), "--checkpoint DIR (or FILE.gguf) is required");
-  auto model = models::load_language_model(dir, /*num_labels=*/-1, 0);
+  GA_CHECK(base.empty() || models::is_adapter_directory(dir),
+           "--base: {} is not a LoRA adapter (no adapter_config.json)", dir);
+  auto model = models::is_adapter_directory(dir) ? models::load_language_model_with_adapter(dir, base)
+                                                 : models::load_language_model(dir, /*num_labels=*/-1, 0);
   GA_CHECK(model.causal_lm() != nullptr, "{}: a sequence classifier ({} labels), not a causal language model", dir,
            model.num_labels);
   return model;
@@ -41,7 +45,7 @@ models::BuiltModel load_causal_lm(const std::string& dir) {
 
 int run_generate(const GenerateArgs& args) {
   run::configure_threads(args.threads, 1);
-  auto model = load_causal_lm(args.checkpoint);
+  auto model = load_causal_lm(args.checkpoint, args.base);
   const auto tokenizer = load_tokenizer(args.tokenizer, args.checkpoint);
   const auto prompt = tokenizer.encode(args.prompt);
   GA_CHECK(!prompt.empty(), "--prompt: the prompt is empty");
@@ -63,7 +67,7 @@ int run_generate(const GenerateArgs& args) {
 int run_eval(const EvalArgs& args) {
   GA_CHECK(args.batch_size >= 1, "--batch-size must be >= 1, got {}", args.batch_size);
   run::configure_threads(args.threads, 1);
-  auto model = load_causal_lm(args.checkpoint);
+  auto model = load_causal_lm(args.checkpoint, args.base);
   const auto tokenizer = load_tokenizer(args.tokenizer, args.checkpoint);
   GA_CHECK(!args.file.empty(), "eval: a text FILE is required");
   // The formats train reads (data/text_source.h): JSON lines' "text" fields for .jsonl and .json

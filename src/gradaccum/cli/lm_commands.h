@@ -3,9 +3,11 @@
 //                      [--temperature T] [--top-k K] [--seed S]
 //   gradaccum eval --checkpoint DIR FILE
 // DIR is an HF checkpoint (config.json + model.safetensors), e.g. a training
-// run's output_dir/final, or a GGUF file of the Llama family (FILE.gguf); the
-// tokenizer is --tokenizer, else the checkpoint's own (the GGUF file's, or the
-// files saved beside the directory's model), else the default GPT-2 files.
+// run's output_dir/final, a GGUF file of the Llama family (FILE.gguf), or a
+// LoRA adapter (adapter_config.json + adapter_model.safetensors) on its base:
+// --base DIR, else the adapter's own (models/lora.h). The tokenizer is
+// --tokenizer, else the checkpoint's own (the GGUF file's, or the files saved
+// beside the directory's model), else the default GPT-2 files.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,7 @@ struct GenerateArgs {
   int64_t top_k = io::SampleConfig{}.top_k;  // the same default as sample.top_k
   uint64_t seed = 0;
   int64_t threads = 0;
+  std::string base;  // a LoRA adapter's base ("" = the adapter's own)
 };
 
 // Prints the prompt and its continuation on one line.
@@ -35,6 +38,7 @@ struct EvalArgs {
   std::string file;
   int64_t batch_size = 16;
   int64_t threads = 0;
+  std::string base;  // a LoRA adapter's base ("" = the adapter's own)
 };
 
 // Prints {"loss": ..., "perplexity": ..., "tokens": ...}: the mean loss over

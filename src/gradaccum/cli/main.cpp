@@ -10,6 +10,7 @@
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/cli/config_command.h"
+#include "gradaccum/cli/export_command.h"
 #include "gradaccum/cli/lm_commands.h"
 #include "gradaccum/cli/plan_command.h"
 #include "gradaccum/cli/plot_command.h"
@@ -136,7 +137,8 @@ int main(int argc, char** argv) {
   auto* generate_cmd = app.add_subcommand("generate", "Continue a prompt with a trained causal language model");
   generate_cmd
       ->add_option("--checkpoint", generate.checkpoint,
-                   "HF checkpoint directory (e.g. a run's output_dir/final) or a Llama-family .gguf file")
+                   "HF checkpoint or LoRA adapter directory (e.g. a run's output_dir/final), or a Llama-family "
+                   ".gguf file")
       ->required();
   generate_cmd->add_option("--prompt", generate.prompt, "The text to continue")->required();
   generate_cmd->add_option("--max-new-tokens", generate.max_new_tokens, "Tokens to generate")->capture_default_str();
@@ -148,16 +150,29 @@ int main(int argc, char** argv) {
   generate_cmd->add_option("--seed", generate.seed, "Sampling seed")->capture_default_str();
   generate_cmd->add_option("--tokenizer", generate.tokenizer, "Tokenizer (default: the checkpoint's own)");
   generate_cmd->add_option("--threads", generate.threads, "Intra-op threads (0 = all cores)")->check(kThreads);
+  generate_cmd->add_option("--base", generate.base, "A LoRA adapter's base model (default: the adapter's own)");
 
   gradaccum::cli::EvalArgs eval;
   auto* eval_cmd = app.add_subcommand(
       "eval", "Mean token loss and perplexity of a text file (one document per line) under a checkpoint");
-  eval_cmd->add_option("--checkpoint", eval.checkpoint, "HF checkpoint directory or a Llama-family .gguf file")
+  eval_cmd
+      ->add_option("--checkpoint", eval.checkpoint,
+                   "HF checkpoint or LoRA adapter directory, or a Llama-family .gguf file")
       ->required();
   eval_cmd->add_option("file", eval.file, "Text file, one document per line")->required();
   eval_cmd->add_option("--batch-size", eval.batch_size, "Documents per forward pass")->capture_default_str();
   eval_cmd->add_option("--tokenizer", eval.tokenizer, "Tokenizer (default: the checkpoint's own)");
   eval_cmd->add_option("--threads", eval.threads, "Intra-op threads (0 = all cores)")->check(kThreads);
+  eval_cmd->add_option("--base", eval.base, "A LoRA adapter's base model (default: the adapter's own)");
+
+  gradaccum::cli::ExportArgs export_args;
+  auto* export_cmd = app.add_subcommand("export", "Merge a LoRA adapter into its base and write an HF checkpoint");
+  export_cmd
+      ->add_option("--merge-lora", export_args.adapter_dir,
+                   "The adapter directory (adapter_config.json + adapter_model.safetensors)")
+      ->required();
+  export_cmd->add_option("out_dir", export_args.out_dir, "Where the merged checkpoint goes")->required();
+  export_cmd->add_option("--base", export_args.base, "The base model (default: the adapter's own)");
 
   gradaccum::cli::ConfigArgs config;
   auto* config_cmd = app.add_subcommand(
@@ -188,6 +203,7 @@ int main(int argc, char** argv) {
     if (plot_cmd->parsed()) return gradaccum::cli::run_plot(plot);
     if (plan_cmd->parsed()) return gradaccum::cli::run_plan(plan);
     if (config_cmd->parsed()) return gradaccum::cli::run_config(config);
+    if (export_cmd->parsed()) return gradaccum::cli::run_export(export_args);
   } catch (const gradaccum::Error& e) {
     fmt::print(stderr, "gradaccum: error: {}\n", e.what());
     return 1;

@@ -68,9 +68,12 @@ double max_relative(const std::vector<double>& a, const std::vector<double>& b) 
   return worst;
 }
 
+// The weights training changes: frozen ones (a LoRA base) would only dilute the comparison.
 torch::Tensor flat_weights(torch::nn::Module& m) {
   std::vector<torch::Tensor> parts;
-  for (auto& p : m.parameters()) parts.push_back(p.detach().reshape(-1).to(torch::kDouble));
+  for (auto& p : m.parameters()) {
+    if (p.requires_grad()) parts.push_back(p.detach().reshape(-1).to(torch::kDouble));
+  }
   return torch::cat(parts);
 }
 

@@ -21,6 +21,19 @@ optim::NamedParameters Trainer::named_parameters() const {
   return named;
 }
 
+void place_module(torch::nn::Module& module, const torch::Device& device, torch::ScalarType dtype) {
+  module.to(device);
+  auto convert = [dtype](torch::Tensor& t) {
+    if (t.is_floating_point() && t.scalar_type() != dtype) t.set_data(t.to(dtype));
+  };
+  for (auto& p : module.parameters()) {
+    const bool frozen_16_bit =
+        !p.requires_grad() && (p.scalar_type() == torch::kBFloat16 || p.scalar_type() == torch::kHalf);
+    if (!frozen_16_bit) convert(p);
+  }
+  for (auto& b : module.buffers()) convert(b);
+}
+
 namespace {
 // The options' decomposition, after every rule that ties the options together held.
 BatchGeometry validated_geometry(const TrainerOptions& options, int64_t world_size) {
@@ -45,7 +58,7 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
             options_.sample_order),
       total_steps_(total_optimizer_steps(options_, plan_)),
       normalizer_(options_.loss_normalization, plan_.geometry().accumulation_steps()) {
-  model_.module().to(options_.device, options_.dtype);
+  place_module(model_.module(), options_.device, options_.dtype);
   model_.module().train();
   for (auto& [name, p] : named_parameters()) {
     params_.push_back(p);

@@ -24,7 +24,7 @@ constexpr const char* kManifest = "manifest.json";
 constexpr const char* kTrainerState = "trainer_state.json";
 constexpr const char* kStateTensors = "state.safetensors";
 constexpr const char* kModel = "model.safetensors";
-constexpr const char* kModelConfig = "config.json";
+constexpr const char* kAdapterModel = "adapter_model.safetensors";
 constexpr const char* kRunFile = "run.json";  // in output_dir
 
 std::string step_name(int64_t step) { return fmt::format("step-{}", step); }
@@ -231,9 +231,9 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
     formats::save_safetensors((tmp / optimizer_file(c.optimizer_per_rank, options_.rank)).string(), *c.optimizer);
   }
   if (rank0) {
-    formats::save_safetensors((tmp / kModel).string(), c.model);
+    formats::save_safetensors((tmp / c.model_file).string(), c.model);
     if (!c.model_config.is_null()) {
-      formats::write_file_atomically_fsync((tmp / kModelConfig).string(), c.model_config.dump(2) + "\n");
+      formats::write_file_atomically_fsync((tmp / c.model_config_file).string(), c.model_config.dump(2) + "\n");
     }
     formats::save_safetensors((tmp / kStateTensors).string(),
                               {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
@@ -502,7 +502,9 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
       partial.grads[static_cast<size_t>(index)] = tensor;
     }
   }
-  loaded.model = formats::parse_safetensors(need(kModel), what(kModel));
+  // The weights of a whole model, or of LoRA adapters.
+  loaded.model_file = contents.count(kModel) == 0 && contents.count(kAdapterModel) > 0 ? kAdapterModel : kModel;
+  loaded.model = formats::parse_safetensors(need(loaded.model_file), what(loaded.model_file.c_str()));
   const auto optimizer = optimizer_file(per_rank, rank);
   loaded.optimizer = formats::parse_safetensors(need(optimizer), what(optimizer.c_str()));
   return loaded;

@@ -149,9 +149,10 @@ T as(const YAML::Node& node, const std::string& path, const char* expected) {
   }
 }
 
+// `value` when it is one of `allowed`, or any value when nothing is listed.
 std::string one_of(const std::string& path, const std::string& value, const std::vector<std::string>& allowed) {
-  GA_CHECK(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), "key '{}': '{}' is not one of {}", path,
-           printable_bytes(value), fmt::join(allowed, " | "));
+  GA_CHECK(allowed.empty() || std::find(allowed.begin(), allowed.end(), value) != allowed.end(),
+           "key '{}': '{}' is not one of {}", path, printable_bytes(value), fmt::join(allowed, " | "));
   return value;
 }
 

@@ -122,6 +122,16 @@ ConfigKey integer_list(std::string name, std::string value, std::string help,
   return key;
 }
 
+// A list of names, any names (module names checked against the model later).
+ConfigKey any_names(std::string name, std::string value, std::string help,
+                    std::function<void(TrainConfig&, const std::vector<std::string>&)> set) {
+  ConfigKey key = key_of(std::move(name), KeyType::names, std::move(value), std::move(help));
+  key.store = [set = std::move(set)](TrainConfig& c, const KeyValue& v) {
+    set(c, std::get<std::vector<std::string>>(v));
+  };
+  return key;
+}
+
 // A language model's dropout under HF's name; -1 takes the hf_checkpoint's config.json value.
 ConfigKey lm_dropout(std::string name, std::string help, double models::ModelConfig::*field) {
   return number(
@@ -210,6 +220,23 @@ std::vector<ConfigKey> make_keys() {
       choice<models::DropoutRng>("model.dropout_rng", models::dropout_rng_names(), models::DropoutRng::per_sample,
                                  "per_sample: masks independent of the decomposition; libtorch: its generator",
                                  [](TrainConfig& c, models::DropoutRng v) { c.model.dropout_rng = v; }),
+
+      section("lora", "LoRA adapters on a language model's Linear layers, in PEFT's format (models/lora.h)"),
+      any_names("lora.target_modules", "[]",
+                "the Linear layers to adapt, as HF names them (q_proj, c_attn, query_key_value, ...); [] = no LoRA",
+                [](TrainConfig& c, const std::vector<std::string>& v) { c.lora.target_modules = v; }),
+      integer("lora.r", 8, "the adapters' rank", above(0), [](TrainConfig& c, int64_t v) { c.lora.r = v; }),
+      number("lora.alpha", "8.0", "scaling = alpha / r (alpha / sqrt(r) with use_rslora)", above(0),
+             [](TrainConfig& c, double v) { c.lora.alpha = v; }),
+      number("lora.dropout", "0.0", "on the adapters' input (per sample, as model.dropout_rng says)", below_one_from(0),
+             [](TrainConfig& c, double v) { c.lora.dropout = v; }),
+      boolean("lora.use_rslora", false, "rank-stabilized scaling alpha / sqrt(r)",
+              [](TrainConfig& c, bool v) { c.lora.use_rslora = v; }),
+      any_names("lora.modules_to_save", "[]",
+                "modules trained in full beside the adapters (a classifier's score always)",
+                [](TrainConfig& c, const std::vector<std::string>& v) { c.lora.modules_to_save = v; }),
+      choice("lora.base_dtype", "float32", {"float32", "bfloat16"}, "the frozen base's Linear weights",
+             [](TrainConfig& c, const std::string& v) { c.lora.base_dtype = v; }),
 
       section("data", "what the model learns from (io/workload.h)"),
       choice("data.type", "fashion_mnist", base::names_of(data_types()), "the dataset",

@@ -21,6 +21,7 @@
 #include "gradaccum/data/text_source.h"
 #include "gradaccum/models/architectures.h"
 #include "gradaccum/models/gguf_checkpoint.h"
+#include "gradaccum/models/lora.h"
 
 namespace gradaccum::io {
 
@@ -213,6 +214,22 @@ void apply_memory_options(models::BuiltModel& model, const models::ModelConfig& 
   model.set_loss_chunk_tokens(config.loss_chunk_tokens);
 }
 
+// The `lora:` section's adapters (models/lora.h), when it names target modules; the base is
+// model.hf_checkpoint (base_model_name_or_path) or the freshly drawn model.
+void apply_lora(models::BuiltModel& model, const TrainConfig& config) {
+  const auto& lora = config.lora;
+  if (!lora.enabled()) {
+    GA_CHECK(lora.modules_to_save.empty(), "key 'lora.modules_to_save': needs lora.target_modules (no LoRA without)");
+    GA_CHECK(lora.base_dtype == "float32", "key 'lora.base_dtype': needs lora.target_modules (no LoRA without)");
+    return;
+  }
+  GA_CHECK(lora.base_dtype == "float32" || config.trainer.dtype == torch::kFloat,
+           "key 'lora.base_dtype': {} beside dtype float64 (a bfloat16 base goes with dtype float32)", lora.base_dtype);
+  const auto& base = config.model.hf_checkpoint;
+  models::attach_lora(model, lora, config.trainer.seed, config.model.dropout_rng,
+                      base.empty() ? std::string() : std::filesystem::absolute(base).lexically_normal().string());
+}
+
 // data.type random_tokens: no tokenizer, the vocabulary is data.vocab_size.
 // Evaluation (eval_fraction > 0) runs on ⌊train_size·eval_fraction⌋ further
 // rows of the same seeded stream, disjoint from the training rows.
@@ -345,6 +362,7 @@ Workload make_workload(const TrainConfig& config, bool with_eval) {
     models::ModelInputs inputs;
     inputs.classes = w.num_labels;
     w.model = models::make_model(config.model, inputs);
+    apply_lora(w.model, config);
     apply_memory_options(w.model, config.model);
     return w;
   }
@@ -368,6 +386,7 @@ Workload make_workload(const TrainConfig& config, bool with_eval) {
         "checkpoint's is used)",
         config.model.type, config.model.hf_checkpoint, w.model.architecture);
   }
+  apply_lora(w.model, config);
   apply_memory_options(w.model, config.model);
   GA_CHECK(w.model.vocab_size >= vocab, "model: its vocabulary has {} ids, {} {}: they do not fit", w.model.vocab_size,
            vocab_source, vocab);

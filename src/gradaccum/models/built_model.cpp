@@ -6,6 +6,7 @@
 #include "gradaccum/models/architectures.h"
 #include "gradaccum/models/gguf_checkpoint.h"
 #include "gradaccum/models/hf_checkpoint.h"
+#include "gradaccum/models/lora.h"
 #include "gradaccum/models/module_tensors.h"
 #include "gradaccum/models/sequence_classifier.h"
 
@@ -84,12 +85,15 @@ const DecoderArchitecture& architecture_named(const std::string& name) {
 }  // namespace
 
 WeightList BuiltModel::weights() {
+  if (lora) return peft_adapter_tensors(*this);
   return is_language_model() ? hf_tensors(task->module(), architecture) : module_tensors(task->module());
 }
 
 void BuiltModel::load_weights(const WeightList& weights, const std::string& what,
                               const std::vector<std::string>& may_be_missing) {
-  if (is_language_model()) {
+  if (lora) {
+    load_peft_adapter_tensors(*this, weights, what);
+  } else if (is_language_model()) {
     load_hf_tensors(task->module(), weights, architecture, what, may_be_missing);
   } else {
     load_module_tensors(task->module(), weights, what);

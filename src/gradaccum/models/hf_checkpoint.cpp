@@ -350,17 +350,23 @@ void load_hf_tensors(torch::nn::Module& module, const std::vector<std::pair<std:
   }
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> hf_tensors(torch::nn::Module& module,
-                                                              const std::string& architecture) {
+std::vector<std::pair<std::string, torch::Tensor>> hf_tensors(
+    torch::nn::Module& module, const std::string& architecture,
+    const std::function<bool(const std::string& name, const torch::Tensor& parameter)>& keep) {
   const auto& rules = rules_for(architecture);
   const auto params = module_parameters(module);
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const auto& name : params.order) {
+    if (keep && !keep(name, params.own.at(name))) continue;
     auto t = params.own.at(name).detach();
     if (is_transposed(rules, name)) t = t.t();
     out.emplace_back(hf_name(rules, name), t.to(torch::kCPU).contiguous().clone());
   }
   return out;
+}
+
+std::string hf_name_of(const std::string& architecture, const std::string& name) {
+  return hf_name(rules_for(architecture), name);
 }
 
 std::string hf_model_type(const nlohmann::json& config, const std::string& what) {

@@ -27,6 +27,8 @@ void CheckpointWriter::save(const core::TrainingState& state, core::SaveReason /
   if (rank0_) {
     contents.model = files_.weights();
     contents.model_config = files_.config;
+    contents.model_file = files_.weights_file;
+    contents.model_config_file = files_.config_file;
   }
   if (rank0_ || optimizer_per_rank_) contents.optimizer = dist::named_optimizer_state(*optimizer_, parameters_);
   contents.optimizer_per_rank = optimizer_per_rank_;

@@ -29,6 +29,7 @@
 #include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/hf_checkpoint.h"
+#include "gradaccum/models/lora.h"
 #include "gradaccum/models/module_tensors.h"
 #include "gradaccum/run/checkpoint_writer.h"
 #include "gradaccum/run/heap_retention.h"
@@ -48,6 +49,11 @@ ModelFiles model_files(models::BuiltModel& model) {
     model.load_weights(weights, what);
   };
   files.config = model.hf_config;
+  if (model.lora) {
+    files.config = models::peft_adapter_config(*model.lora);
+    files.weights_file = "adapter_model.safetensors";
+    files.config_file = "adapter_config.json";
+  }
   return files;
 }
 
@@ -149,7 +155,7 @@ DataParallel connect(const RunOptions& options, const dist::DistEnvironment& env
   dp.stop_agreement = std::make_unique<dist::StoreStopAgreement>(connection.store, env.rank);
   dist::check_same_on_all_ranks(*dp.group, static_cast<int64_t>(std::hash<std::string>{}(options.description) >> 1),
                                 "configuration");
-  model.module().to(t.device, t.dtype);
+  core::place_module(model.module(), t.device, t.dtype);
   std::vector<torch::Tensor> params;
   for (auto& p : model.module().parameters()) {
     if (p.requires_grad()) params.push_back(p);
@@ -292,9 +298,9 @@ void save_final(const ModelFiles& files, const std::vector<std::string>& extra_f
            ec.message());
   try {
     if (!files.config.is_null()) {
-      formats::write_file_atomically_fsync((staging / "config.json").string(), files.config.dump(2) + "\n");
+      formats::write_file_atomically_fsync((staging / files.config_file).string(), files.config.dump(2) + "\n");
     }
-    formats::save_safetensors((staging / "model.safetensors").string(), files.weights());
+    formats::save_safetensors((staging / files.weights_file).string(), files.weights());
     for (const auto& file : extra_files) {
       const auto copy = staging / fs::path(file).filename();
       fs::copy_file(file, copy, fs::copy_options::overwrite_existing, ec);
@@ -355,7 +361,7 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
                         std::move(dp.sharded));
   if (checkpoint) {
     const auto& dir = checkpoint->directory;
-    files.load(checkpoint->model, dir + "/model.safetensors");
+    files.load(checkpoint->model, dir + "/" + checkpoint->model_file);
     dist::load_named_optimizer_state(trainer.optimizer(), trainer.named_parameters(), checkpoint->optimizer, dir);
     if (checkpoint->rng_state.defined()) {
       auto generator = at::detail::getDefaultCPUGenerator();
