@@ -48,7 +48,7 @@ struct TrainConfig {
   std::string dtype = "float32";
   std::string device = "cpu";
   std::string mixed_precision = "no";
-  std::string bf16_cpu_matmuls = "auto";  // core/float32_cpu_matmuls.h
+  std::string bf16_cpu_matmuls = "auto";  // kernels/float32_cpu_matmuls.h
   std::string custom_kernels = "all";     // kernels/custom_kernels.h
   int64_t logging_steps = 1;
   std::vector<std::string> report_to;  // "tensorboard" (HF's key); empty: none
