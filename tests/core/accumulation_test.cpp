@@ -284,4 +284,28 @@ TEST(Decomposition, SameTrajectoryForEverySplitOfTheGlobalBatch) {
   EXPECT_GT(std::abs(different.loss[1] - reference.loss[1]), 1e-6);
 }
 
+// A resumed run's summary: its totals include the checkpoint's samples, its rates only what this
+// run trained (the checkpoint's samples took no time here).
+TEST(TrainSummaryRates, CountOnlyTheSamplesThisRunTrained) {
+  torch::manual_seed(0);
+  TensorDataset data(torch::randn({32, 16}, torch::kDouble), torch::randn({32, 1}, torch::kDouble));
+  models::Regressor model(models::seed000_mlp());
+  core::TrainingObserver quiet;
+  core::Trainer trainer(gradaccum::testing::seed000_options(4, 2, 4), model, data, nullptr, quiet);
+  core::TrainingState state;
+  state.position.step = state.position.schedule_step = 2;
+  state.position.window = 2;
+  state.position.samples = state.position.items = 1'000'000'000;  // as if the first run were long
+  state.micro_batch = 4;
+  state.accumulation_steps = 2;
+  state.world_size = 1;
+  state.global_batch = 8;
+  trainer.restore(state);
+  const auto summary = trainer.run();
+  EXPECT_EQ(summary.steps, 4);
+  EXPECT_EQ(summary.samples, 1'000'000'000 + 16);
+  EXPECT_NEAR(summary.samples_per_s * summary.wall_s, 16.0, 1e-9);
+  EXPECT_NEAR(summary.items_per_s * summary.wall_s, 16.0, 1e-9);
+}
+
 }  // namespace accumulation_test

@@ -118,7 +118,7 @@ TEST(WindowTokens, WindowsDependOnTheEpochButNotOnTheDecomposition) {
 TEST(WindowTokens, RefusesWhatCannotHold) {
   WindowPlan carry(8, BatchGeometry::from_accumulation(2, 1), LastWindow::carry, 1);
   EXPECT_EQ(support::error_of([&] { carry.set_window_tokens(8, kItems); }),
-            "key 'window_tokens': cannot be combined with last_window: carry");
+            "WindowPlan: windows of tokens need a plan that neither carries nor orders chunks contiguously");
   WindowPlan images(8, BatchGeometry::from_accumulation(2, 1), LastWindow::partial, 1);
   EXPECT_EQ(support::error_of([&] { images.set_window_tokens(8, torch::Tensor()); }),
             "key 'window_tokens': this dataset's samples have no token count (windows of tokens need a causal "
@@ -312,7 +312,7 @@ TEST(WindowTokensRuns, ACheckpointOfOtherWindowsIsRefused) {
   auto naive = options(2, kWindowTokens, 0);
   naive.loss_normalization = core::LossNormalization::micro_batch;
   EXPECT_EQ(support::error_of([&] { core::Trainer t(naive, model, data, nullptr, quiet); }),
-            "key 'window_tokens': needs loss_normalization window or sum, not micro_batch (N varies per window)");
+            "option 'window_tokens': needs loss_normalization window or sum, not micro_batch (N varies per window)");
 }
 
 // The program: KJV verses on a tiny GPT-2, windows of 150 targets.

@@ -577,6 +577,9 @@ TEST(TokenizerJsonErrors, IdsFarBeyondTheVocabularyAreRefusedBeforeAllocating) {
   write_bytes(tj, config.dump());
   EXPECT_EQ(Tokenizer::load(tj.string()).id_count(), 1540u);
 
+  // AddressSanitizer maps terabytes of shadow address space at start-up, so the program built with
+  // it cannot start under the limit; the in-process checks above still run there.
+#if !defined(__SANITIZE_ADDRESS__)
   for (const TokenId id : {TokenId{200000000}, TokenId{2000000000}}) {
     config = tiny_json();
     config["model"]["vocab"]["hi"] = id;
@@ -588,6 +591,7 @@ TEST(TokenizerJsonErrors, IdsFarBeyondTheVocabularyAreRefusedBeforeAllocating) {
     EXPECT_EQ(result.err, "gradaccum: error: " + prefix + "model.vocab: token \"hi\" has id " + std::to_string(id) +
                               ", far beyond the 257 tokens the file holds (ids must be below 1538)\n");
   }
+#endif
 }
 
 // --- Added tokens and the pre-tokenizer steps, by hand --------------------------

@@ -54,6 +54,71 @@ TEST(Config, TheDefaultRunHasTheTablesDefaults) {
   EXPECT_EQ(c.trainer.grad_flow_steps, 1);  // -1: logging_steps
 }
 
+// The library's defaults (core::TrainerOptions, io::RunSettings: what run::fit runs with when a
+// program sets nothing) are the key table's: one number per option, whichever way a run starts.
+// logging_dir is resolved from output_dir and grad_flow_steps from logging_steps by load_config.
+TEST(Config, TheLibrarysDefaultsAreTheKeyTablesDefaults) {
+  const TrainConfig c = load_config("", {});
+  const gradaccum::core::TrainerOptions t;
+  const auto& o = c.trainer;
+  EXPECT_EQ(o.per_device_train_batch_size, t.per_device_train_batch_size);
+  EXPECT_EQ(o.gradient_accumulation_steps, t.gradient_accumulation_steps);
+  EXPECT_EQ(o.global_batch_size, t.global_batch_size);
+  EXPECT_EQ(o.num_train_epochs, t.num_train_epochs);
+  EXPECT_EQ(o.max_steps, t.max_steps);
+  EXPECT_EQ(o.optimizer.type, t.optimizer.type);
+  EXPECT_EQ(o.optimizer.learning_rate, t.optimizer.learning_rate);
+  EXPECT_EQ(o.optimizer.weight_decay, t.optimizer.weight_decay);
+  EXPECT_EQ(o.optimizer.momentum, t.optimizer.momentum);
+  EXPECT_EQ(o.optimizer.nesterov, t.optimizer.nesterov);
+  EXPECT_EQ(o.optimizer.adam_beta1, t.optimizer.adam_beta1);
+  EXPECT_EQ(o.optimizer.adam_beta2, t.optimizer.adam_beta2);
+  EXPECT_EQ(o.optimizer.adam_epsilon, t.optimizer.adam_epsilon);
+  EXPECT_EQ(o.lr_scheduler_type, t.lr_scheduler_type);
+  EXPECT_EQ(o.warmup_steps, t.warmup_steps);
+  EXPECT_EQ(o.warmup_ratio, t.warmup_ratio);
+  EXPECT_EQ(o.max_grad_norm, t.max_grad_norm);
+  EXPECT_EQ(o.loss_normalization, t.loss_normalization);
+  EXPECT_EQ(o.last_window, t.last_window);
+  EXPECT_EQ(o.seed, t.seed);
+  EXPECT_EQ(o.eval_steps, t.eval_steps);
+  EXPECT_EQ(o.per_device_eval_batch_size, t.per_device_eval_batch_size);
+  EXPECT_EQ(o.group_by_length, t.group_by_length);
+  EXPECT_EQ(o.sample_order, t.sample_order);
+  EXPECT_EQ(o.save_steps, t.save_steps);
+  EXPECT_EQ(o.nan_policy, t.nan_policy);
+  EXPECT_EQ(o.deterministic_accumulation, t.deterministic_accumulation);
+  EXPECT_EQ(o.oom_recovery, t.oom_recovery);
+  EXPECT_EQ(o.max_tokens_per_micro_batch, t.max_tokens_per_micro_batch);
+  EXPECT_EQ(o.window_tokens, t.window_tokens);
+  EXPECT_EQ(o.dtype, t.dtype);
+  EXPECT_EQ(o.device, t.device);
+  EXPECT_EQ(o.mixed_precision, t.mixed_precision);
+  EXPECT_EQ(o.loss_scaler.init_scale, t.loss_scaler.init_scale);
+  EXPECT_EQ(o.loss_scaler.growth_factor, t.loss_scaler.growth_factor);
+  EXPECT_EQ(o.loss_scaler.backoff_factor, t.loss_scaler.backoff_factor);
+  EXPECT_EQ(o.loss_scaler.growth_interval, t.loss_scaler.growth_interval);
+
+  const gradaccum::io::RunSettings r;
+  EXPECT_EQ(c.output_dir, r.output_dir);
+  EXPECT_EQ(c.threads, r.threads);
+  EXPECT_EQ(c.custom_kernels, r.custom_kernels);
+  EXPECT_EQ(c.bf16_cpu_matmuls, r.bf16_cpu_matmuls);
+  EXPECT_EQ(c.logging_steps, r.logging_steps);
+  EXPECT_EQ(c.report_to, r.report_to);
+  EXPECT_EQ(c.logging_dir, c.output_dir + "/runs");
+  EXPECT_EQ(c.resume_from_checkpoint, r.resume_from_checkpoint);
+  EXPECT_EQ(c.overwrite_output_dir, r.overwrite_output_dir);
+  EXPECT_EQ(c.allow_batch_change, r.allow_batch_change);
+  EXPECT_EQ(c.save_total_limit, r.save_total_limit);
+  EXPECT_EQ(c.dist_timeout_s, r.dist_timeout_s);
+  EXPECT_EQ(c.profile_from_step, r.profile_from_step);
+  EXPECT_EQ(c.profile_steps, r.profile_steps);
+  EXPECT_EQ(c.ddp_bucket_cap_mb, r.ddp_bucket_cap_mb);
+  EXPECT_EQ(c.sync_each_micro_step, r.sync_each_micro_step);
+  EXPECT_EQ(c.zero_stage, r.zero_stage);
+}
+
 TEST(Config, EveryKeyIsInTheDefaultYamlAndTakesItsDefaultThroughSet) {
   const auto& yaml = gradaccum::io::default_config_yaml();
   int values = 0;
@@ -125,7 +190,8 @@ TEST(Config, TheChoicesOfModelAndDataTypesAreTheirTables) {
 TEST(Config, KeysThatTieTogetherAreCheckedAfterEachOnItsOwn) {
   EXPECT_ONE_LINE_ERROR(with({"nesterov=true"}), "key 'nesterov': must be false unless momentum > 0, got true");
   EXPECT_NO_THROW(with({"nesterov=true", "momentum=0.9", "optim=sgd"}));
-  EXPECT_ONE_LINE_ERROR(with({"dtype=float64", "mixed_precision=bf16"}), "key 'mixed_precision': must be \"no\"");
+  EXPECT_ONE_LINE_ERROR(with({"dtype=float64", "mixed_precision=bf16"}),
+                        "key 'mixed_precision': bf16 keeps parameters in float32 and needs dtype: float32");
   EXPECT_ONE_LINE_ERROR(with({"window_tokens=64", "last_window=carry"}),
                         "key 'window_tokens': cannot be combined with last_window: carry");
   EXPECT_ONE_LINE_ERROR(with({"deterministic_accumulation=true"}, 3),

@@ -5,7 +5,7 @@
 // for the device to finish everything queued so far: one such read per
 // micro-step removes the overlap of host and device that keeps a GPU busy. The
 // engine therefore reads values once per optimizer step (the step's metrics,
-// trainer.cpp) and nowhere else; the micro-step path never does. Models and
+// core/step_record.cpp) and nowhere else; the micro-step path never does. Models and
 // losses may still check their inputs or compact their work by reading values
 // when their tensors are on the CPU, where a read costs nothing; such code runs
 // inside GRADACCUM_CPU_HOST_READ_SCOPE(), a named RecordFunction range that

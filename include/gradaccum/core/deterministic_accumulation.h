@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "gradaccum/core/canonical_sum.h"
-#include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/window_feature.h"
 #include "gradaccum/core/window_plan.h"
 
@@ -26,11 +25,10 @@ namespace gradaccum::core {
 
 class DeterministicAccumulation final : public GradAccumulator {
  public:
-  // Throws gradaccum::Error when the world size is not a power of two or the normalization is
-  // micro_batch (its per-micro-step means have no canonical order). Sets the plan's chunks to
-  // the contiguous order the tree's slots follow. `plan` must outlive this object.
-  DeterministicAccumulation(std::vector<torch::Tensor> params, WindowPlan& plan, LossNormalization normalization,
-                            int64_t rank, torch::Device device);
+  // Sets the plan's chunks to the contiguous order the tree's slots follow (its rules, a world
+  // size that is a power of two and no micro_batch normalization, are validate()'s:
+  // trainer_options.h). `plan` must outlive this object.
+  DeterministicAccumulation(std::vector<torch::Tensor> params, WindowPlan& plan, int64_t rank, torch::Device device);
 
   void begin_window(WindowState& w) override;
   void after_backward() override;

@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 #include "gradaccum/core/batch_geometry.h"
 #include "gradaccum/core/loss_normalizer.h"
@@ -28,7 +30,7 @@ struct TrainerOptions {
   int64_t per_device_train_batch_size = 16;
   int64_t gradient_accumulation_steps = 4;
   int64_t global_batch_size = 0;  // > 0: N is derived as B / (b × W)
-  int64_t num_train_epochs = 1;
+  int64_t num_train_epochs = 3;
   int64_t max_steps = 0;  // > 0 overrides num_train_epochs
   optim::OptimizerSpec optimizer;
   optim::ScheduleType lr_scheduler_type = optim::ScheduleType::cosine;
@@ -40,7 +42,7 @@ struct TrainerOptions {
   uint64_t seed = 42;
   int64_t eval_steps = 0;       // 0: evaluate at the end only
   int64_t grad_flow_steps = 0;  // > 0: gradient flow every K optimizer steps (grad_flow.h)
-  int64_t per_device_eval_batch_size = 256;
+  int64_t per_device_eval_batch_size = 500;
   bool group_by_length = false;                    // sort each window's samples by length (see WindowPlan)
   SampleOrder sample_order = SampleOrder::random;  // train_sampling_strategy
   int64_t save_steps = 0;                          // > 0: a checkpoint every save_steps optimizer steps
@@ -73,5 +75,29 @@ struct TrainerOptions {
   // b × N × W from the options (derives N when global_batch_size is set).
   BatchGeometry geometry(int64_t world_size) const;
 };
+
+// How a message names an option. The library's names are TrainerOptions' field names, in
+// messages "option 'window_tokens'"; the configuration passes its own (io/config.cpp: "key
+// 'window_tokens'", and its key where a field is named otherwise), so core never spells a key.
+class OptionNames {
+ public:
+  OptionNames() = default;
+  // `keys`: field → the name it has there (fields not in it keep their own); `noun`: what an
+  // option is called there.
+  OptionNames(std::map<std::string, std::string> keys, std::string noun);
+  // The option as the subject of a message: "option 'window_tokens'".
+  std::string subject(const std::string& field) const;
+  // The option named inside a message: "window_tokens".
+  std::string name(const std::string& field) const;
+
+ private:
+  std::map<std::string, std::string> keys_;
+  std::string noun_ = "option";
+};
+
+// Every rule that ties TrainerOptions' fields to each other and to the world size, checked once
+// for the library (the Trainer) and for the configuration (io::load_config) alike. Throws
+// gradaccum::Error naming the options through `names`.
+void validate(const TrainerOptions& options, int64_t world_size, const OptionNames& names = {});
 
 }  // namespace gradaccum::core

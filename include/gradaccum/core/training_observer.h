@@ -85,9 +85,9 @@ struct TrainSummary {
   int64_t samples = 0;
   int64_t items = 0;
   double wall_s = 0.0;
-  double train_loss = 0.0;  // mean of the per-step window losses
-  double final_loss = 0.0;  // the last window's loss
-  double samples_per_s = 0.0;
+  double train_loss = 0.0;     // mean of the per-step window losses
+  double final_loss = 0.0;     // the last window's loss
+  double samples_per_s = 0.0;  // of the samples this run trained (a resumed run's earlier ones took no time here)
   double items_per_s = 0.0;
   bool has_eval = false;
   EvalRecord eval;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gradaccum/core/trainer.h"
+#include "gradaccum/io/run_settings.h"
 #include "gradaccum/models/model_factory.h"
 
 namespace gradaccum::io {
@@ -39,32 +40,12 @@ struct SampleConfig {
   int64_t top_k = 40;  // the key's default, and `gradaccum generate --top-k`'s
 };
 
-struct TrainConfig {
-  std::string output_dir;
+// The resolved configuration: the run's settings (the library's own fields, run_settings.h), the
+// trainer's options, and what the program builds from (model, data, the end-of-run sample).
+struct TrainConfig : RunSettings {
   // per_device_train_batch_size or gradient_accumulation_steps is `auto`: `gradaccum train` plans
   // b × N of global_batch_size before it starts (cli/plan_command.h); until then b is 1.
   bool plan_decomposition = false;
-  int64_t threads = 0;  // 0: all cores
-  std::string dtype = "float32";
-  std::string device = "cpu";
-  std::string mixed_precision = "no";
-  std::string bf16_cpu_matmuls = "auto";  // kernels/float32_cpu_matmuls.h
-  std::string custom_kernels = "all";     // kernels/custom_kernels.h
-  int64_t logging_steps = 1;
-  std::vector<std::string> report_to;  // "tensorboard" (HF's key); empty: none
-  std::string logging_dir;             // TensorBoard's event files (resolved: output_dir/runs)
-  // Also in trainer.grad_flow_steps (resolved: -1 becomes logging_steps).
-  int64_t profile_from_step = 0;  // > 0: libtorch's profiler over steps K..K+profile_steps-1
-  int64_t profile_steps = 3;
-  int64_t dist_timeout_s = 60;         // collectives and rendezvous fail after this
-  int64_t ddp_bucket_cap_mb = 25;      // gradient bucket size
-  bool sync_each_micro_step = false;   // comparison only: all-reduce every micro-step
-  int64_t zero_stage = 0;              // 1: optimizer state sharded across ranks
-  int64_t save_steps = 0;              // also in trainer.save_steps
-  int64_t save_total_limit = 0;        // > 0: keep the newest K checkpoints
-  std::string resume_from_checkpoint;  // "" | a directory | "latest"
-  bool overwrite_output_dir = false;   // a fresh run may start where checkpoints are (HF's key)
-  bool allow_batch_change = false;
   models::ModelConfig model;
   DataConfig data;
   SampleConfig sample;

@@ -13,7 +13,7 @@ namespace gradaccum::optim {
 
 struct OptimizerSpec {
   std::string type = "adamw";  // adamw | sgd
-  double learning_rate = 1e-3;
+  double learning_rate = 2e-3;
   double weight_decay = 0.0;
   double momentum = 0.0;  // sgd
   bool nesterov = false;  // sgd

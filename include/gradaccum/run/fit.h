@@ -32,6 +32,7 @@
 #include "gradaccum/core/trainable.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/core/training_observer.h"
+#include "gradaccum/io/run_settings.h"
 
 namespace gradaccum::models {
 struct BuiltModel;
@@ -39,29 +40,12 @@ struct BuiltModel;
 
 namespace gradaccum::run {
 
-struct RunOptions {
-  core::TrainerOptions trainer;  // the accumulation, optimizer, schedule, precision, device
-  std::string output_dir = "runs/default";
-  int64_t threads = 0;                    // 0: this host's cores shared among its ranks
-  std::string custom_kernels = "all";     // kernels/custom_kernels.h
-  std::string bf16_cpu_matmuls = "auto";  // auto | float32 | libtorch (kernels/float32_cpu_matmuls.h)
-  int64_t logging_steps = 1;              // console and TensorBoard interval
-  bool console = true;                    // rank 0's progress lines on stdout
-  bool tensorboard = false;               // event files in logging_dir
-  std::string logging_dir;                // "" = output_dir/runs
-  std::string resume_from_checkpoint;     // "" | "latest" (under output_dir) | a checkpoint directory
-  bool overwrite_output_dir = false;      // a fresh run may start in an output_dir holding checkpoints
-  bool allow_batch_change = false;        // resume with another global batch (not exact)
-  int64_t save_total_limit = 0;           // > 0: keep the newest K checkpoints
-  int64_t dist_timeout_s = 60;            // a stalled rank is an error after this long
-  // > 0: libtorch's profiler over optimizer steps K..K+profile_steps-1, each rank's operators
-  // written as a Chrome trace to output_dir/profiler/trace-rank<R>.json.
-  int64_t profile_from_step = 0;
-  int64_t profile_steps = 3;
-  int64_t ddp_bucket_cap_mb = 25;     // gradient all-reduce buckets
-  bool sync_each_micro_step = false;  // all-reduce every micro-step (comparison only)
-  int64_t zero_stage = 0;             // 1: optimizer state sharded across ranks
-  bool items_are_tokens = false;      // the metrics call items tokens (language models) or samples
+// The settings of the configuration's key table (io/run_settings.h) and the trainer's options,
+// with what a program adds of its own.
+struct RunOptions : io::RunSettings {
+  core::TrainerOptions trainer;   // the accumulation, optimizer, schedule, precision, device
+  bool console = true;            // rank 0's progress lines on stdout
+  bool items_are_tokens = false;  // the metrics call items tokens (language models) or samples
   // The run's configuration as text: output_dir/config.yaml, stored in every checkpoint, and
   // compared across ranks (they must agree). "" writes no config.yaml.
   std::string description;

@@ -47,25 +47,8 @@ void print_sample(io::Workload& workload, const io::SampleConfig& sample) {
 // The configuration's keys as fit()'s options.
 run::RunOptions run_options(const io::TrainConfig& config, const io::Workload& workload) {
   run::RunOptions options;
+  static_cast<io::RunSettings&>(options) = config;  // the key table stored into the library's own fields
   options.trainer = config.trainer;
-  options.output_dir = config.output_dir;
-  options.threads = config.threads;
-  options.custom_kernels = config.custom_kernels;
-  options.bf16_cpu_matmuls = config.bf16_cpu_matmuls;
-  options.logging_steps = config.logging_steps;
-  options.tensorboard =
-      std::find(config.report_to.begin(), config.report_to.end(), "tensorboard") != config.report_to.end();
-  options.logging_dir = config.logging_dir;
-  options.resume_from_checkpoint = config.resume_from_checkpoint;
-  options.overwrite_output_dir = config.overwrite_output_dir;
-  options.allow_batch_change = config.allow_batch_change;
-  options.save_total_limit = config.save_total_limit;
-  options.dist_timeout_s = config.dist_timeout_s;
-  options.profile_from_step = config.profile_from_step;
-  options.profile_steps = config.profile_steps;
-  options.ddp_bucket_cap_mb = config.ddp_bucket_cap_mb;
-  options.sync_each_micro_step = config.sync_each_micro_step;
-  options.zero_stage = config.zero_stage;
   options.items_are_tokens = workload.items_are_tokens;
   options.description = config.resolved_yaml;
   options.data_description = workload.description;

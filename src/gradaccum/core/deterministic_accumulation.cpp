@@ -4,15 +4,9 @@
 
 namespace gradaccum::core {
 
-DeterministicAccumulation::DeterministicAccumulation(std::vector<torch::Tensor> params, WindowPlan& plan,
-                                                     LossNormalization normalization, int64_t rank,
+DeterministicAccumulation::DeterministicAccumulation(std::vector<torch::Tensor> params, WindowPlan& plan, int64_t rank,
                                                      torch::Device device)
     : params_(std::move(params)), plan_(plan), rank_(rank), device_(device) {
-  const int64_t world = plan.geometry().world_size();
-  GA_CHECK((world & (world - 1)) == 0, "deterministic_accumulation: the world size must be a power of two, not {}",
-           world);
-  GA_CHECK(normalization != LossNormalization::micro_batch,
-           "deterministic_accumulation: needs loss_normalization window or sum, not micro_batch");
   plan.set_chunk_order(ChunkOrder::contiguous);
 }
 

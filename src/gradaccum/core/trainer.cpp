@@ -21,22 +21,16 @@ optim::NamedParameters Trainer::named_parameters() const {
   return named;
 }
 
-BatchGeometry TrainerOptions::geometry(int64_t world_size) const {
-  if (window_tokens > 0) {
-    GA_CHECK(global_batch_size == 0,
-             "key 'global_batch_size': cannot be combined with window_tokens (the windows are measured in tokens)");
-    return BatchGeometry::from_accumulation(per_device_train_batch_size, 1, world_size);
-  }
-  if (global_batch_size > 0) {
-    return BatchGeometry::from_global(per_device_train_batch_size, global_batch_size, world_size);
-  }
-  return BatchGeometry::from_accumulation(per_device_train_batch_size, gradient_accumulation_steps, world_size);
+namespace {
+// The options' decomposition, after every rule that ties the options together held.
+BatchGeometry validated_geometry(const TrainerOptions& options, int64_t world_size) {
+  validate(options, world_size);
+  return options.geometry(world_size);
 }
+}  // namespace
 
 int64_t total_optimizer_steps(const TrainerOptions& options, const WindowPlan& plan) {
-  if (options.max_steps > 0) return options.max_steps;
-  GA_CHECK(options.num_train_epochs >= 1, "num_train_epochs must be >= 1, got {}", options.num_train_epochs);
-  return plan.windows_in_epochs(options.num_train_epochs);
+  return options.max_steps > 0 ? options.max_steps : plan.windows_in_epochs(options.num_train_epochs);
 }
 
 Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_data, const Dataset* eval_data,
@@ -47,7 +41,7 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
       eval_data_(eval_data),
       observer_(observer),
       sync_(sync != nullptr ? *sync : local_sync_),
-      plan_(train_data.size(), options_.geometry(sync_.world_size()), options_.last_window, options_.seed,
+      plan_(train_data.size(), validated_geometry(options_, sync_.world_size()), options_.last_window, options_.seed,
             options_.sample_order),
       total_steps_(total_optimizer_steps(options_, plan_)),
       normalizer_(options_.loss_normalization, plan_.geometry().accumulation_steps()) {
@@ -60,8 +54,7 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
   GA_CHECK(!params_.empty(), "the model has no trainable parameters");
   // Before the plan's other settings: the tree's contiguous chunk order rules some of them out.
   if (options_.deterministic_accumulation) {
-    accumulator_ = std::make_unique<DeterministicAccumulation>(params_, plan_, options_.loss_normalization,
-                                                               sync_.rank(), options_.device);
+    accumulator_ = std::make_unique<DeterministicAccumulation>(params_, plan_, sync_.rank(), options_.device);
   } else {
     accumulator_ = std::make_unique<PlainGradAccumulator>();
   }
@@ -74,8 +67,6 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
     plan_.group_by_length(lengths);
   }
   if (options_.window_tokens > 0) {
-    GA_CHECK(options_.loss_normalization != LossNormalization::micro_batch,
-             "key 'window_tokens': needs loss_normalization window or sum, not micro_batch (N varies per window)");
     plan_.set_window_tokens(options_.window_tokens, train_data_.sample_items());
     total_steps_ = total_optimizer_steps(options_, plan_);
   }
@@ -84,11 +75,6 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
       options_.warmup_steps > 0
           ? options_.warmup_steps
           : static_cast<int64_t>(std::ceil(options_.warmup_ratio * static_cast<double>(total_steps_)));
-  if (options_.mixed_precision != MixedPrecision::none) {
-    GA_CHECK(options_.dtype == torch::kFloat,
-             "key 'mixed_precision': {} keeps parameters in float32 and needs dtype: float32",
-             to_string(options_.mixed_precision));
-  }
   loss_scaling_.emplace(options_.mixed_precision, options_.loss_scaler, train_data_, plan_.geometry().micro_batch());
   preemption_.emplace(params_, normalizer_, plan_, options_.device, accumulator_->can_stop_inside_window());
   oom_recovery_.emplace(options_.oom_recovery, options_.max_tokens_per_micro_batch, params_, sync_.rank(),
@@ -162,6 +148,7 @@ TrainSummary Trainer::run() {
   TrainSummary summary;
   const auto start = Clock::now();
   TrainingPosition& pos = position_;
+  const int64_t samples_before = pos.samples, items_before = pos.items;
   // The stream the carried windows are cut from ends with the run's last epoch, or never when
   // max_steps bounds the run.
   const int64_t stream_epochs = options_.max_steps > 0 ? 0 : options_.num_train_epochs;
@@ -236,8 +223,9 @@ TrainSummary Trainer::run() {
   summary.items = pos.items;
   summary.wall_s = seconds_since(start);
   summary.train_loss = summary.steps > 0 ? pos.loss_total / static_cast<double>(summary.steps) : 0.0;
-  summary.samples_per_s = static_cast<double>(summary.samples) / summary.wall_s;
-  summary.items_per_s = static_cast<double>(summary.items) / summary.wall_s;
+  // The rates of what this call trained: a resumed run's earlier samples took no time here.
+  summary.samples_per_s = static_cast<double>(pos.samples - samples_before) / summary.wall_s;
+  summary.items_per_s = static_cast<double>(pos.items - items_before) / summary.wall_s;
   if (eval_data_ != nullptr && !summary.preempted) {
     summary.eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size, options_.dtype, options_.device,
                             options_.mixed_precision);

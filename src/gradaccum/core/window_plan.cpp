@@ -188,9 +188,9 @@ void WindowPlan::set_token_budget(int64_t tokens) {
   GA_CHECK(tokens >= 0, "key 'max_tokens_per_micro_batch': must be >= 0, got {}", tokens);
   GA_CHECK(tokens == 0 || lengths_.defined(),
            "key 'max_tokens_per_micro_batch': needs samples with lengths (a language model's data)");
+  // validate() (trainer_options.h) refuses the options that would get here.
   GA_CHECK(tokens == 0 || chunk_order_ == ChunkOrder::interleaved,
-           "key 'max_tokens_per_micro_batch': cannot be combined with deterministic_accumulation (the number of "
-           "micro-batches per rank would depend on the world size)");
+           "WindowPlan: a token budget needs the interleaved chunk order");
   token_budget_ = tokens;
 }
 
@@ -205,10 +205,9 @@ void WindowPlan::set_window_tokens(int64_t tokens, torch::Tensor items) {
            "language model's data)");
   GA_CHECK(items.dim() == 1 && items.size(0) == dataset_size_, "window_tokens: {} item counts for {} samples",
            items.numel(), dataset_size_);
-  GA_CHECK(!carries(), "key 'window_tokens': cannot be combined with last_window: carry");
-  GA_CHECK(chunk_order_ == ChunkOrder::interleaved,
-           "key 'window_tokens': cannot be combined with deterministic_accumulation (its tree needs the same "
-           "number of micro-batches in every window)");
+  // validate() (trainer_options.h) refuses the options that would get here.
+  GA_CHECK(!carries() && chunk_order_ == ChunkOrder::interleaved,
+           "WindowPlan: windows of tokens need a plan that neither carries nor orders chunks contiguously");
   items = items.to(torch::kLong).contiguous();
   items_.assign(items.data_ptr<int64_t>(), items.data_ptr<int64_t>() + items.numel());
   window_tokens_ = tokens;

@@ -252,34 +252,20 @@ void check_combinations(TrainConfig& c) {
   GA_CHECK(!random_tokens || c.sample.prompt.empty(),
            "key 'sample.prompt': data.type random_tokens has no tokenizer to encode a prompt; leave it \"\"");
   require(!t.optimizer.nesterov || t.optimizer.momentum > 0, "nesterov", "false unless momentum > 0", "true");
-  require(t.mixed_precision == core::MixedPrecision::none || t.dtype == torch::kFloat, "mixed_precision",
-          "\"no\" with dtype: float64 (mixed precision keeps float32 parameters)", c.mixed_precision);
   if (c.plan_decomposition) {
     GA_CHECK(t.global_batch_size > 0,
              "key 'per_device_train_batch_size': auto plans a decomposition of global_batch_size; set "
              "global_batch_size (> 0)");
   }
-  GA_CHECK(t.max_tokens_per_micro_batch == 0 || !t.deterministic_accumulation,
-           "key 'max_tokens_per_micro_batch': cannot be combined with deterministic_accumulation (the number of "
-           "micro-batches per rank would depend on the world size)");
-  if (t.window_tokens > 0) {
-    GA_CHECK(!t.deterministic_accumulation,
-             "key 'window_tokens': cannot be combined with deterministic_accumulation (its tree needs the same "
-             "number of micro-batches in every window)");
-    GA_CHECK(t.last_window != core::LastWindow::carry,
-             "key 'window_tokens': cannot be combined with last_window: carry");
-    GA_CHECK(t.loss_normalization != core::LossNormalization::micro_batch,
-             "key 'window_tokens': needs loss_normalization window or sum, not micro_batch (N varies per window)");
-    GA_CHECK(!c.plan_decomposition && t.global_batch_size == 0,
-             "key 'window_tokens': cannot be combined with global_batch_size (the windows are measured in tokens)");
-  }
-  if (t.deterministic_accumulation) {
-    GA_CHECK(t.loss_normalization != core::LossNormalization::micro_batch,
-             "key 'deterministic_accumulation': needs loss_normalization window or sum, not micro_batch");
-    GA_CHECK(!c.sync_each_micro_step && c.zero_stage == 0,
-             "key 'deterministic_accumulation': reduces across ranks in its own tree order; it cannot be "
-             "combined with sync_each_micro_step or zero_stage: 1");
-  }
+  GA_CHECK(!t.deterministic_accumulation || (!c.sync_each_micro_step && c.zero_stage == 0),
+           "key 'deterministic_accumulation': reduces across ranks in its own tree order; it cannot be "
+           "combined with sync_each_micro_step or zero_stage: 1");
+}
+
+// The trainer's options as the configuration names them (core::validate's messages).
+const core::OptionNames& key_names() {
+  static const core::OptionNames names({}, "key");
+  return names;
 }
 
 // Values that default to another key's.
@@ -369,10 +355,10 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   resolve_defaults(c);
   auto& t = c.trainer;
 
-  // The GA arithmetic must hold before anything runs: this throws naming the numbers.
+  // The rules that tie the trainer's options together, and the GA arithmetic, must hold before
+  // anything runs: these throw naming the keys and the numbers.
+  core::validate(t, world_size, key_names());
   const auto geometry = t.geometry(world_size);
-  GA_CHECK(!t.deterministic_accumulation || (world_size & (world_size - 1)) == 0,
-           "key 'deterministic_accumulation': the world size must be a power of two, not {}", world_size);
   root["gradient_accumulation_steps"] = geometry.accumulation_steps();
   t.gradient_accumulation_steps = geometry.accumulation_steps();
 

@@ -137,12 +137,10 @@ std::vector<ConfigKey> make_keys() {
       }(),
       choice("dtype", "float32", {"float32", "float64"}, "parameters and compute",
              [](TrainConfig& c, const std::string& v) {
-               c.dtype = v;
                c.trainer.dtype = v == "float64" ? torch::kDouble : torch::kFloat;
              }),
       choice("device", "cpu", {"cpu", "cuda"}, "where the model runs (cuda: NCCL between ranks)",
              [](TrainConfig& c, const std::string& v) {
-               c.device = v;
                c.trainer.device = v == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
              }),
 
@@ -282,10 +280,7 @@ std::vector<ConfigKey> make_keys() {
       number("max_grad_norm", "1.0", "0 disables clipping", at_least(0, "0 disables clipping"),
              [](TrainConfig& c, double v) { c.trainer.max_grad_norm = v; }),
       choice("mixed_precision", "\"no\"", {"no", "bf16", "fp16"}, "autocast, docs/mixed_precision.md",
-             [](TrainConfig& c, const std::string& v) {
-               c.mixed_precision = v;
-               c.trainer.mixed_precision = core::parse_mixed_precision(v);
-             }),
+             [](TrainConfig& c, const std::string& v) { c.trainer.mixed_precision = core::parse_mixed_precision(v); }),
       choice("bf16_cpu_matmuls", "auto", {"auto", "float32", "libtorch"},
              "bf16 matmuls on CPU (docs/mixed_precision.md)",
              [](TrainConfig& c, const std::string& v) { c.bf16_cpu_matmuls = v; }),
@@ -364,11 +359,7 @@ std::vector<ConfigKey> make_keys() {
       integer("eval_steps", 0, "evaluate every K optimizer steps", at_least(0, "0 = at the end only"),
               [](TrainConfig& c, int64_t v) { c.trainer.eval_steps = v; }),
       integer("save_steps", 0, "> 0: a checkpoint every save_steps optimizer steps (and at the end)",
-              at_least(0, "0 = at the end only"),
-              [](TrainConfig& c, int64_t v) {
-                c.save_steps = v;
-                c.trainer.save_steps = v;
-              }),
+              at_least(0, "0 = at the end only"), [](TrainConfig& c, int64_t v) { c.trainer.save_steps = v; }),
       integer("save_total_limit", 0, "> 0: keep only the newest K checkpoints", at_least(0, "0 = keep all"),
               [](TrainConfig& c, int64_t v) { c.save_total_limit = v; }),
       text("resume_from_checkpoint", "\"\"", "a checkpoint directory, or \"latest\" (under output_dir)",

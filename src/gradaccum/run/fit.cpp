@@ -87,7 +87,11 @@ core::TrainingState resume_state(const io::LoadedCheckpoint& loaded, const RunOp
     GA_CHECK(state.position.micro_step == 0,
              "checkpoint {}: saved inside a window, it cannot continue with another global batch", loaded.directory);
     // Continue at the window holding the first sample not yet seen.
-    state.position.window = state.position.window * state.global_batch / geometry.global_batch();
+    int64_t seen = 0;
+    GA_CHECK(!__builtin_mul_overflow(state.position.window, state.global_batch, &seen),
+             "checkpoint {}: window {} of global batch {} is beyond any dataset", loaded.directory,
+             state.position.window, state.global_batch);
+    state.position.window = seen / geometry.global_batch();
     state.global_batch = geometry.global_batch();
   }
   return state;
@@ -244,7 +248,7 @@ Outputs open_outputs(const RunOptions& options, int64_t resumed_step, const std:
     out.grad_flow = std::make_unique<io::GradFlowWriter>(options.output_dir, resumed_step);
     observers.add(*out.grad_flow);
   }
-  if (options.tensorboard) {
+  if (options.reports_to("tensorboard")) {
     out.tensorboard = std::make_unique<io::TensorBoardWriter>(logging_dir_of(options), options.items_are_tokens,
                                                               options.logging_steps);
     observers.add(*out.tensorboard);
@@ -315,7 +319,7 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
 
   // 3. Everything that can fail on bad input happens before anything is written.
   check_directory_can_be_made(options.output_dir, "output_dir");
-  if (options.tensorboard) check_directory_can_be_made(logging_dir_of(options), "logging_dir");
+  if (options.reports_to("tensorboard")) check_directory_can_be_made(logging_dir_of(options), "logging_dir");
   check_fresh_output_dir(options);
   std::optional<io::LoadedCheckpoint> checkpoint;
   if (!options.resume_from_checkpoint.empty()) {
