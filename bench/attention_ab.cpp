@@ -1,4 +1,4 @@
-// models::qkv_attention's fused CPU node against libtorch's attention
+// kernels::qkv_attention's fused CPU node against libtorch's attention
 // (at::scaled_dot_product_attention, what custom_kernels without qkv_attention
 // runs) inside one process: forward + backward of one layer's attention, the two
 // paths round after round so that load on a shared machine hits both alike.
@@ -26,9 +26,9 @@
 #include "bench_support.h"
 #include "gradaccum/base/check.h"
 #include "gradaccum/kernels/custom_kernels.h"
+#include "gradaccum/kernels/qkv_attention.h"
 #include "gradaccum/models/bloom.h"
 #include "gradaccum/models/decoder.h"
-#include "gradaccum/models/qkv_attention.h"
 
 namespace {
 
@@ -41,7 +41,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   int64_t threads = 2, rounds = 20, batch = 1, time = 512, heads = 16, head_dim = 64, padding = 0;
-  models::QkvPacking packing = models::QkvPacking::by_head;
+  kernels::QkvPacking packing = kernels::QkvPacking::by_head;
   bool alibi = true;
 };
 
@@ -68,7 +68,7 @@ Options parse(int argc, char** argv) {
     } else if (key == "--packing") {
       GA_CHECK(value == "by_head" || value == "by_part", "attention_ab: --packing '{}' is not by_head or by_part",
                value);
-      o.packing = value == "by_head" ? models::QkvPacking::by_head : models::QkvPacking::by_part;
+      o.packing = value == "by_head" ? kernels::QkvPacking::by_head : kernels::QkvPacking::by_part;
     } else if (key == "--bias") {
       GA_CHECK(value == "alibi" || value == "none", "attention_ab: --bias '{}' is not alibi or none", value);
       o.alibi = value == "alibi";
@@ -87,10 +87,10 @@ struct Result {
 };
 
 Result forward_backward(const torch::Tensor& qkv, const torch::Tensor& allowed, const Options& o,
-                        const models::QkvAttentionOptions& attention, const torch::Tensor& grad_y) {
+                        const kernels::QkvAttentionOptions& attention, const torch::Tensor& grad_y) {
   const auto x = qkv.detach().requires_grad_();
   const auto start = Clock::now();
-  const auto y = models::qkv_attention(x, o.heads, allowed, attention);
+  const auto y = kernels::qkv_attention(x, o.heads, allowed, attention);
   y.backward(grad_y);
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   return {ms, y.detach(), x.grad()};
@@ -113,8 +113,8 @@ int main(int argc, char** argv) {
     const auto key_bias =
         o.alibi ? models::bloom_alibi(o.padding > 0 ? mask : torch::Tensor(), o.time, o.heads, torch::kFloat)
                 : torch::Tensor();
-    const models::QkvAttentionOptions attention{o.packing, key_bias};
-    GA_CHECK(models::qkv_attention_fuses(qkv, o.heads, allowed, attention),
+    const kernels::QkvAttentionOptions attention{o.packing, key_bias};
+    GA_CHECK(kernels::qkv_attention_fuses(qkv, o.heads, allowed, attention),
              "attention_ab: the fused path does not take these inputs (custom_kernels, BLAS)");
     const std::string fused_kernels = kernels::custom_kernels_description();
     std::vector<double> fused_ms, libtorch_ms, ratios;
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
                      "\"threads\": {}, \"rounds\": {}, \"fused_ms\": {}, \"libtorch_ms\": {}, "
                      "\"fused_over_libtorch\": {:.3f}, \"max_rel_diff_y\": {:.2e}, \"max_rel_diff_grad\": {:.2e}}}",
                      o.batch, o.time, o.heads, o.head_dim,
-                     o.packing == models::QkvPacking::by_head ? "by_head" : "by_part", o.alibi ? "alibi" : "none",
+                     o.packing == kernels::QkvPacking::by_head ? "by_head" : "by_part", o.alibi ? "alibi" : "none",
                      o.padding, o.threads, o.rounds - 1, summary(fused_ms), summary(libtorch_ms), median(ratios),
                      value_difference, grad_difference)
               << std::endl;

@@ -1,6 +1,6 @@
 #!/opt/gradaccum/venv/bin/python
 """16-bit CPU GEMM rates against float32, per instruction set: what decides
-`bf16_cpu_matmuls: auto` and fp16's routing (core/float32_cpu_matmuls.h).
+`bf16_cpu_matmuls: auto` and fp16's routing (kernels/float32_cpu_matmuls.h).
 
 For each cap of oneDNN's instruction set (ONEDNN_MAX_CPU_ISA: none = what the CPU has,
 AVX512_CORE = AVX-512 without BF16/FP16, AVX2) a child process on one thread times a

@@ -35,9 +35,9 @@
 #include "bench_support.h"
 #include "gradaccum/base/check.h"
 #include "gradaccum/core/mixed_precision.h"
+#include "gradaccum/kernels/heap_retention.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
-#include "gradaccum/run/heap_retention.h"
 
 namespace {
 
@@ -94,7 +94,7 @@ Options parse_options(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gradaccum::run::retain_freed_heap();  // as gradaccum's main does
+  gradaccum::kernels::retain_freed_heap();  // as gradaccum's main does
   Options opts;
   try {
     opts = parse_options(argc, argv);

@@ -25,7 +25,7 @@
 // and the loss run under bfloat16 autocast, the backward outside it; weights,
 // gradients and AdamW stay float32 (docs/mixed_precision.md). On a CPU without
 // AVX-512 the bf16 matmuls run as float32 GEMMs on bfloat16-rounded operands, as
-// in `gradaccum train` (core/float32_cpu_matmuls.h), and the GEMM peak is
+// in `gradaccum train` (kernels/float32_cpu_matmuls.h), and the GEMM peak is
 // probed in float32; the Python peer keeps libtorch's bfloat16 GEMM.
 //
 // Before and after training, the same process measures the GEMM rate it can
@@ -50,7 +50,7 @@
 // each micro-batch's gradient kept apart and added in the canonical tree), whose cost
 // bench/deterministic_cost.py measures against the plain accumulation.
 //
-// Like `gradaccum`, the program keeps freed heap memory (run::retain_freed_heap).
+// Like `gradaccum`, the program keeps freed heap memory (kernels::retain_freed_heap).
 //
 // --dropout P sets GPT-2's resid_pdrop, embd_pdrop and attn_pdrop to P (default 0), drawn by
 // --dropout-rng (model.dropout_rng, models/sample_dropout.h; default per_sample).
@@ -86,18 +86,20 @@
 
 #include "bench_support.h"
 #include "gradaccum/base/check.h"
-#include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/core/loss_normalizer.h"
 #include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/io/process_stats.h"
+#include "gradaccum/kernels/cpu_and_blas.h"
 #include "gradaccum/kernels/custom_kernels.h"
+#include "gradaccum/kernels/float32_cpu_matmuls.h"
+#include "gradaccum/kernels/heap_retention.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/optim/optimizer_factory.h"
-#include "gradaccum/run/heap_retention.h"
 #include "gradaccum/run/profiler_trace.h"
+#include "gradaccum/run/runtime.h"
 
 namespace {
 
@@ -337,16 +339,16 @@ int main(int argc, char** argv) {
   }
   // As `gradaccum train` does with its custom_kernels setting.
   kernels::set_custom_kernels(opts.custom_kernels);
-  if (kernels::custom_kernel_enabled(kernels::CustomKernel::heap_retention)) gradaccum::run::retain_freed_heap();
+  kernels::retain_freed_heap();
   const int64_t threads = opts.threads, warmup = opts.warmup, steps = opts.steps;
   const bool profile = opts.profile;
   const core::MixedPrecision precision = opts.precision;
   const torch::Device device = opts.device;
   // bf16 on a CPU without bfloat16 instructions runs its matmuls as float32 GEMMs, as
-  // `gradaccum train` does by default (bf16_cpu_matmuls: auto, core/float32_cpu_matmuls.h).
-  const bool float32_bf16_matmuls = core::routes_cpu_matmuls_through_float32(
-      opts.bf16_cpu_matmuls, precision, device, core::cpu_has_native_bf16(), core::cpu_has_native_fp16());
-  if (float32_bf16_matmuls) core::route_cpu_autocast_matmuls_through_float32();
+  // `gradaccum train` does by default (bf16_cpu_matmuls: auto, kernels/float32_cpu_matmuls.h).
+  const bool float32_bf16_matmuls = gradaccum::run::routes_cpu_matmuls_through_float32(
+      opts.bf16_cpu_matmuls, precision, device, kernels::cpu_has_native_bf16(), kernels::cpu_has_native_fp16());
+  if (float32_bf16_matmuls) kernels::route_cpu_autocast_matmuls_through_float32();
   // The dtype of the model's matmuls: autocast's under bf16, unless routed to float32.
   const torch::ScalarType gemm_dtype =
       core::uses_autocast(precision, device) && !float32_bf16_matmuls ? core::autocast_dtype(precision) : torch::kFloat;

@@ -38,9 +38,9 @@
 #include "gradaccum/data/gather_rows.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/kernels/custom_kernels.h"
+#include "gradaccum/kernels/heap_retention.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
-#include "gradaccum/run/heap_retention.h"
 
 namespace {
 
@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "mlp_microstep: {}\n", e.what());
     return 2;
   }
-  if (kernels::custom_kernel_enabled(kernels::CustomKernel::heap_retention)) gradaccum::run::retain_freed_heap();
+  kernels::retain_freed_heap();
 
   at::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(42);

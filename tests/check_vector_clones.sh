@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that the row kernels compiled with GRADACCUM_VECTOR_CLONES
-# (src/gradaccum/models/vector_exp.h) are vectorized in their AVX2 clone, not
+# (src/gradaccum/kernels/vector_exp.h) are vectorized in their AVX2 clone, not
 # just in the AVX-512 one. A loop that GCC cannot if-convert stays scalar
 # without AVX-512's masks, silently: under -ftrapping-math every AVX2 clone of
 # the GELU, softmax and loss kernels was scalar, and a micro-step of the
@@ -13,7 +13,7 @@
 # vaddps, vfmadd…ps, vmaxps, … on %ymm); fails naming each clone with fewer
 # than MIN_PACKED (default 6; with GCC 12 the scalar clones had 0 to 4, the
 # vectorized ones have 7 (softmax_grad_rows, the smallest loop) to 62). The
-# GroupNorm loops (models/group_norm.cpp, named *_rows_f) are one to four
+# GroupNorm loops (kernels/group_norm.cpp, named *_rows_f) are one to four
 # operations per element: their vectorized clones hold 1 to 8 packed ops and a
 # scalar one none, so they need 1.
 set -euo pipefail

@@ -15,10 +15,11 @@
 #include <map>
 #include <set>
 
-#include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/core/trainer.h"
+#include "gradaccum/kernels/cpu_and_blas.h"
 #include "gradaccum/models/tasks.h"
 #include "gradaccum/optim/loss_scaler.h"
+#include "gradaccum/run/runtime.h"
 #include "test_support.h"
 
 namespace mixed_precision_test {
@@ -485,7 +486,7 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
       {"bf16", "--set mixed_precision=bf16"},
       {"bf16-float32", "--set mixed_precision=bf16 --set bf16_cpu_matmuls=float32"},
       {"fp16", "--set mixed_precision=fp16"}};
-  const bool native_bf16 = core::cpu_has_native_bf16();
+  const bool native_bf16 = kernels::cpu_has_native_bf16();
   const std::string routed = "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands";
   const std::string routed_fp16 = "fp16 matmuls: float32 GEMMs on float16-rounded operands";
   std::map<std::string, std::vector<nlohmann::json>> curves;
@@ -494,7 +495,7 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
     ASSERT_EQ(r.exit_code, 0) << mp << ": " << r.err;
     const bool expect_routed = mp == "bf16-float32" || (mp == "bf16" && !native_bf16);
     EXPECT_EQ(r.err.find(routed) != std::string::npos, expect_routed) << mp << ": " << r.err;
-    EXPECT_EQ(r.err.find(routed_fp16) != std::string::npos, mp == "fp16" && !core::cpu_has_native_fp16())
+    EXPECT_EQ(r.err.find(routed_fp16) != std::string::npos, mp == "fp16" && !kernels::cpu_has_native_fp16())
         << mp << ": " << r.err;
     curves[mp] = step_records(dir + "/" + mp + "/metrics.jsonl");
     ASSERT_EQ(curves[mp].size(), 50u) << mp;
@@ -530,7 +531,7 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
 TEST(MixedPrecisionBf16CpuMatmuls, RouteThroughFloat32OnlyForCpuBf16WhereChosen) {
   const torch::Device cpu(torch::kCPU), cuda(torch::kCUDA);
   using core::MixedPrecision;
-  using core::routes_cpu_matmuls_through_float32;
+  using run::routes_cpu_matmuls_through_float32;
   // Arguments: bf16_cpu_matmuls, precision, device, native bf16, native fp16.
   EXPECT_TRUE(routes_cpu_matmuls_through_float32("auto", MixedPrecision::bf16, cpu, false, false));
   EXPECT_FALSE(routes_cpu_matmuls_through_float32("auto", MixedPrecision::bf16, cpu, true, false));

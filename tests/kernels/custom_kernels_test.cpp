@@ -9,11 +9,11 @@
 
 #include <filesystem>
 
+#include "gradaccum/kernels/gelu_tanh.h"
+#include "gradaccum/kernels/group_norm.h"
+#include "gradaccum/kernels/qkv_attention.h"
 #include "gradaccum/models/decoder.h"
-#include "gradaccum/models/gelu_mlp.h"
-#include "gradaccum/models/gelu_tanh.h"
-#include "gradaccum/models/group_norm.h"
-#include "gradaccum/models/qkv_attention.h"
+#include "gradaccum/models/networks.h"
 #include "test_support.h"
 
 namespace custom_kernels_test {
@@ -71,29 +71,29 @@ TEST(CustomKernels, OffEveryGateClosesAndLibtorchComputesTheSameFunction) {
   const auto image = torch::randn({3, 8, 5, 5}, torch::kDouble).contiguous(torch::MemoryFormat::ChannelsLast);
   const auto scale = torch::randn({8}, torch::kDouble), shift = torch::randn({8}, torch::kDouble);
 
-  ASSERT_TRUE(models::qkv_attention_fuses(qkv, n_head, allowed));
-  ASSERT_TRUE(models::gelu_tanh_fuses(act));
+  ASSERT_TRUE(kernels::qkv_attention_fuses(qkv, n_head, allowed));
+  ASSERT_TRUE(kernels::gelu_tanh_fuses(act));
   ASSERT_TRUE(mlp->fuses(x));
-  ASSERT_TRUE(models::group_norm_fuses(image, 4, scale, shift));
-  const auto fused_norm = models::group_norm(image, 4, scale, shift, 1e-5);
-  const auto fused_attention = models::qkv_attention(qkv, n_head, allowed);
+  ASSERT_TRUE(kernels::group_norm_fuses(image, 4, scale, shift));
+  const auto fused_norm = kernels::group_norm(image, 4, scale, shift, 1e-5);
+  const auto fused_attention = kernels::qkv_attention(qkv, n_head, allowed);
   const auto fused_mlp = mlp->forward(x);
-  const auto fused_gelu = models::gelu_tanh(act);
+  const auto fused_gelu = kernels::gelu_tanh(act);
 
   CustomKernelsScope off("none");
-  EXPECT_FALSE(models::qkv_attention_fuses(qkv, n_head, allowed));
-  EXPECT_FALSE(models::gelu_tanh_fuses(act));
+  EXPECT_FALSE(kernels::qkv_attention_fuses(qkv, n_head, allowed));
+  EXPECT_FALSE(kernels::gelu_tanh_fuses(act));
   EXPECT_FALSE(mlp->fuses(x));
-  EXPECT_FALSE(models::group_norm_fuses(image, 4, scale, shift));
-  EXPECT_LT(max_relative_difference(models::group_norm(image, 4, scale, shift, 1e-5), fused_norm), 1e-12);
+  EXPECT_FALSE(kernels::group_norm_fuses(image, 4, scale, shift));
+  EXPECT_LT(max_relative_difference(kernels::group_norm(image, 4, scale, shift, 1e-5), fused_norm), 1e-12);
   // at::scaled_dot_product_attention, including the rows that attend uniformly.
-  const auto sdpa = models::qkv_attention(qkv, n_head, allowed);
-  EXPECT_LT(max_relative_difference(sdpa, models::qkv_attention_reference(qkv, n_head, allowed)), 1e-12);
+  const auto sdpa = kernels::qkv_attention(qkv, n_head, allowed);
+  EXPECT_LT(max_relative_difference(sdpa, kernels::qkv_attention_reference(qkv, n_head, allowed)), 1e-12);
   EXPECT_LT(max_relative_difference(sdpa, fused_attention), 1e-12);
   const auto v = qkv.slice(2, 2 * channels, 3 * channels);
   EXPECT_LT(max_relative_difference(sdpa[1][0], v[1].mean(0)), 1e-12);
   EXPECT_LT(max_relative_difference(mlp->forward(x), fused_mlp), 1e-12);
-  EXPECT_LT(max_relative_difference(models::gelu_tanh(act), fused_gelu), 1e-6);
+  EXPECT_LT(max_relative_difference(kernels::gelu_tanh(act), fused_gelu), 1e-6);
 }
 
 // Seed 000's MLP in float64 (the fused MLP node, then libtorch's layers): the same

@@ -374,7 +374,7 @@ struct LmRun {
   std::vector<std::pair<std::string, torch::Tensor>> grads;
   int checkpoint_nodes = 0;
   // Attention nodes: one per block in a plain graph (BLOOM's fused attention, or its softmax
-  // under dropout; GPT-2's attention is one node on the CPU, models/qkv_attention.h).
+  // under dropout; GPT-2's attention is one node on the CPU, kernels/qkv_attention.h).
   int attention_nodes = 0;
 };
 

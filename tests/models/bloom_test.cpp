@@ -295,7 +295,7 @@ TEST(BloomModel, GeluGradientIsHfsBloomGeluBack) {
   EXPECT_GT(x.grad().abs().max().item<double>(), 0.5);
 }
 
-// In float32 it runs as models/gelu_tanh's fused node: BLOOM's 0.79788456 and √(2/π) round to
+// In float32 it runs as kernels/gelu_tanh's fused node: BLOOM's 0.79788456 and √(2/π) round to
 // the same float, so values and gradients are HF's bloom_gelu_forward and bloom_gelu_back to
 // float32 rounding (measured against both in float64). custom_kernels without gelu_tanh
 // brings back the operator chain.

@@ -13,7 +13,7 @@
 //         (optim/loss_scaler.h). A CPU without AVX512-FP16 multiplies float16
 //         matrices ~20x slower than float32 ones; there `gradaccum train` routes
 //         autocast's matmuls to float32 GEMMs on float16-rounded operands
-//         (core/float32_cpu_matmuls.h), which keeps fp16's rounding and range.
+//         (kernels/float32_cpu_matmuls.h), which keeps fp16's rounding and range.
 #pragma once
 
 #include <torch/torch.h>

@@ -36,7 +36,7 @@ std::optional<BatchGeometry> smaller_micro_batch(const BatchGeometry& g);
 // Hands memory that allocators keep for reuse back to the system after an out-of-memory error,
 // so that the smaller micro-batch is not refused for memory the failed attempt left cached:
 // CUDA's caching allocator empties its cache on `device`; on the CPU glibc returns its heap's
-// free top (which heap retention keeps, run/heap_retention.h), so under an address-space limit the
+// free top (which heap retention keeps, kernels/heap_retention.h), so under an address-space limit the
 // retry gets that space back.
 void release_cached_memory(const c10::Device& device);
 

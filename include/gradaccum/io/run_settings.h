@@ -15,7 +15,7 @@ struct RunSettings {
   std::string output_dir = "runs/default";
   int64_t threads = 0;                    // 0: this host's cores shared among its ranks
   std::string custom_kernels = "all";     // kernels/custom_kernels.h
-  std::string bf16_cpu_matmuls = "auto";  // auto | float32 | libtorch (core/float32_cpu_matmuls.h)
+  std::string bf16_cpu_matmuls = "auto";  // auto | float32 | libtorch (kernels/float32_cpu_matmuls.h)
   int64_t logging_steps = 1;              // console and TensorBoard interval
   std::vector<std::string> report_to;     // "tensorboard" (HF's key): event files in logging_dir
   std::string logging_dir;                // "" = output_dir/runs

@@ -1,6 +1,9 @@
 // The engine's hand-written CPU kernels, and the one process-wide switch over
 // them: the config key `custom_kernels` (`all`, `none`, or a comma-separated
-// list of the names below).
+// list of the names below). Every kernel and its support lives in this folder
+// (kernels/), below every layer that calls it; a caller asks for the operation
+// (kernels::gelu_tanh(x), ...) and the kernel decides, from this switch and its
+// inputs, whether it runs itself or libtorch's path.
 //
 // Each kernel replaces a sequence of libtorch operators that computes the same
 // function; it stays in the engine only while bench/custom_kernels.py shows it
@@ -18,12 +21,12 @@
 namespace gradaccum::kernels {
 
 enum class CustomKernel {
-  qkv_attention,          // models/qkv_attention.h: attention's forward and backward
-  gelu_tanh,              // models/gelu_tanh.h: GPT-2's and BLOOM's GELU
-  softmax_cross_entropy,  // models/softmax_cross_entropy.h: the LM head's loss rows
-  gelu_mlp,               // models/gelu_mlp.h: seed 000's Linear → GELU → Linear as one node
-  heap_retention,         // run/heap_retention.h: glibc keeps freed activations
-  group_norm,             // models/group_norm.h: GroupNorm on channels-last images
+  qkv_attention,          // kernels/qkv_attention.h: attention's forward and backward
+  gelu_tanh,              // kernels/gelu_tanh.h: GPT-2's and BLOOM's GELU
+  softmax_cross_entropy,  // kernels/softmax_cross_entropy.h: the LM head's loss rows
+  gelu_mlp,               // kernels/gelu_mlp.h: seed 000's Linear → GELU → Linear as one node
+  heap_retention,         // kernels/heap_retention.h: glibc keeps freed activations
+  group_norm,             // kernels/group_norm.h: GroupNorm on channels-last images
   mkl_intel_path,         // kernels/mkl_intel_path.h: MKL's Intel code on other vendors' CPUs
 };
 

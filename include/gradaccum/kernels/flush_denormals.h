@@ -6,7 +6,7 @@
 // of scores (BLOOM's ALiBi bias adds up to slope × 511 to the last key's score)
 // hold many probabilities below float's smallest normal 1.2e-38, and every
 // product over them (p · v, pᵀ · dy, the softmax gradient) then runs at the
-// assists' pace: models/qkv_attention's fused node took 2.5 times libtorch's
+// assists' pace: kernels/qkv_attention's fused node took 2.5 times libtorch's
 // attention at BLOOM-560m's shape before it flushed them (bench/attention_ab).
 // What a flush changes is below 1.2e-38 of the values it is summed with.
 //

@@ -24,7 +24,7 @@
 //   with no position table, any length is accepted (max_positions() = 0);
 // - the fused query_key_value output is laid out per head, [B, T, n_head, 3,
 //   head_dim], not as q | k | v blocks.
-// Both: causal mask ∧ key is real (decoder.h's masked_softmax), tanh-GELU MLP
+// Both: causal mask ∧ key is real (kernels/masked_softmax.h), tanh-GELU MLP
 // of width 4·hidden, pre-LayerNorm residual blocks (HF's
 // apply_residual_connection_post_layernorm = false), final ln_f. Dropout at HF's places
 // (attention probabilities; each residual branch's output, HF's dropout_add), off by default,
@@ -109,7 +109,7 @@ TORCH_MODULE(BloomAttention);
 // the tanh approximation of GELU with BLOOM's literal for √(2/π). Its gradient is
 // HF's hand-written bloom_gelu_back (what HF trains with), computed from the saved
 // input alone. Where gelu_tanh_fuses(x) (contiguous float32 or bfloat16 on the CPU) it is
-// models/gelu_tanh's fused kernel: in float32 the literal and √(2/π) are the same float,
+// kernels/gelu_tanh's fused kernel: in float32 the literal and √(2/π) are the same float,
 // and HF's chain of ATen operators was the largest cost after the GEMMs and attention in
 // a traced BLOOM-560m step (BENCHMARKS.md).
 torch::Tensor bloom_gelu(const torch::Tensor& x);

@@ -114,16 +114,4 @@ torch::Tensor causal_attention_allowed(const torch::Tensor& input_ids, const tor
 // any valid index would do). attention_mask [B, T] (1 = real); returns [B, T] int64.
 torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask);
 
-// The most negative finite value of `dtype` (double, float, bfloat16, half; float's
-// for any other): what attention masks fill where a key is not allowed, since -inf
-// would make a row without any allowed key NaN.
-double lowest_finite(torch::ScalarType dtype);
-
-// Softmax over the last dimension of `scores` where `allowed`, as HF does it:
-// disallowed scores become the dtype's lowest finite value, not -inf, so a
-// query that sees no real key (a pad query under left padding) gets a uniform
-// distribution instead of NaN, while for every query with a real key
-// exp(lowest - max) is exactly 0 and padding stays invisible.
-torch::Tensor masked_softmax(const torch::Tensor& scores, const torch::Tensor& allowed);
-
 }  // namespace gradaccum::models

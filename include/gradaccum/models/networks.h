@@ -1,19 +1,43 @@
-// The networks of the image workload and of seed 000, as plain Sequentials.
+// The networks of the image workload and of seed 000, as plain Sequentials, and seed 000's MLP as
+// one module whose forward is one kernel call.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <vector>
 
-#include "gradaccum/models/gelu_mlp.h"
+#include "gradaccum/kernels/gelu_mlp.h"
 #include "gradaccum/models/memory_format.h"
 #include "gradaccum/models/norm.h"
 #include "gradaccum/models/sample_dropout.h"
 
 namespace gradaccum::models {
 
-// Seed 000's MLP, Linear(16, 32) → GELU → Linear(32, 1), as a GeluMlp: one
-// fused autograd node on small CPU inputs (models/gelu_mlp.h).
+// Linear → GELU → Linear as one module: forward is kernels::gelu_mlp, one fused autograd node
+// on small CPU inputs and libtorch's layers elsewhere (kernels/gelu_mlp.h).
+class GeluMlpImpl : public torch::nn::Module {
+ public:
+  // Parameters are named as in the Sequential Linear(in, hidden) → GELU →
+  // Linear(hidden, out): "0.weight", "0.bias", "2.weight", "2.bias", and
+  // initialized as those Linear layers are.
+  GeluMlpImpl(int64_t in_features, int64_t hidden_features, int64_t out_features);
+
+  // x: [rows, in] → [rows, out]; GELU is the exact (erf) one.
+  torch::Tensor forward(const torch::Tensor& x);
+
+  // Whether forward(x) takes the fused path (public for tests and benchmarks).
+  bool fuses(const torch::Tensor& x) const;
+
+  // Largest rows × (in × hidden + hidden × out) the fused path takes.
+  static constexpr int64_t kMaxFusedMultiplyAdds = kernels::kGeluMlpMaxFusedMultiplyAdds;
+
+  torch::nn::Linear fc1{nullptr};
+  torch::nn::Linear fc2{nullptr};
+};
+TORCH_MODULE(GeluMlp);
+
+// Seed 000's MLP, Linear(16, 32) → GELU → Linear(32, 1), as a GeluMlp.
 GeluMlp seed000_mlp();
 
 // Seed 000's networks as plain Sequentials of libtorch layers: the MLP above,

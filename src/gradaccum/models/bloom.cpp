@@ -9,10 +9,11 @@
 #include <string>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/kernels/gelu_tanh.h"
+#include "gradaccum/kernels/masked_softmax.h"
+#include "gradaccum/kernels/qkv_attention.h"
 #include "gradaccum/models/activation_checkpoint.h"
-#include "gradaccum/models/gelu_tanh.h"
 #include "gradaccum/models/linear.h"
-#include "gradaccum/models/qkv_attention.h"
 
 namespace gradaccum::models {
 
@@ -73,7 +74,7 @@ torch::Tensor bloom_alibi(const torch::Tensor& attention_mask, int64_t time, int
 
 torch::Tensor bloom_attention_bias(const torch::Tensor& alibi, const torch::Tensor& allowed,
                                    std::optional<torch::ScalarType> scores_dtype) {
-  const double lowest = lowest_finite(scores_dtype.value_or(alibi.scalar_type()));
+  const double lowest = kernels::lowest_finite(scores_dtype.value_or(alibi.scalar_type()));
   return torch::where(allowed, alibi, torch::scalar_tensor(lowest, alibi.options()));
 }
 
@@ -94,11 +95,11 @@ torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::T
   // Per head: [q | k | v] of head_dim each, head after head.
   const auto qkv = linear(query_key_value, x);
   if (attention_dropout->p() == 0.0 || !is_training()) {
-    // One node on the CPU (models/qkv_attention.h), libtorch's fused attention elsewhere.
+    // One node on the CPU (kernels/qkv_attention.h), libtorch's fused attention elsewhere.
     // Padding queries, which attend to nothing, get a uniform average and pass no gradient
     // back (in float16 through libtorch's attention an average weighted by their scores);
     // no real position and no loss reads them.
-    const auto y = qkv_attention(qkv, n_head_, allowed, {QkvPacking::by_head, alibi});
+    const auto y = kernels::qkv_attention(qkv, n_head_, allowed, {kernels::QkvPacking::by_head, alibi});
     return hidden_dropout->forward(linear(dense, y));
   }
   // Dropout on the probabilities needs them as a tensor: HF's expression, alibi + q·kᵀ / √D
@@ -112,7 +113,7 @@ torch::Tensor BloomAttentionImpl::forward(const torch::Tensor& x, const torch::T
   const double inv_norm = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const auto bias = bloom_attention_bias(alibi, allowed, qkv.scalar_type());
   const auto scores = bias + torch::matmul(q, k.transpose(-2, -1)) * inv_norm;  // [B, H, T, T]
-  const auto y = torch::matmul(attention_dropout->forward(masked_softmax(scores, allowed)), v);
+  const auto y = torch::matmul(attention_dropout->forward(kernels::masked_softmax(scores, allowed)), v);
   return hidden_dropout->forward(linear(dense, y.transpose(1, 2).reshape({batch, time, channels})));
 }
 
@@ -142,7 +143,7 @@ struct BloomGeluFunction : torch::autograd::Function<BloomGeluFunction> {
 }  // namespace
 
 torch::Tensor bloom_gelu(const torch::Tensor& x) {
-  if (gelu_tanh_fuses(x)) return gelu_tanh(x);
+  if (kernels::gelu_tanh_fuses(x)) return kernels::gelu_tanh(x);
   return x.requires_grad() && torch::GradMode::is_enabled() ? BloomGeluFunction::apply(x) : bloom_gelu_value(x);
 }
 

@@ -13,10 +13,9 @@
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/base/host_reads.h"
-#include "gradaccum/core/float32_cpu_matmuls.h"
-#include "gradaccum/kernels/custom_kernels.h"
+#include "gradaccum/kernels/float32_cpu_matmuls.h"
+#include "gradaccum/kernels/softmax_cross_entropy.h"
 #include "gradaccum/models/causal_lm.h"
-#include "gradaccum/models/softmax_cross_entropy.h"
 
 namespace gradaccum::models {
 namespace {
@@ -33,7 +32,7 @@ struct Precision {
   torch::ScalarType matmul;   // the chunk projections (autocast's dtype under autocast)
   torch::ScalarType softmax;  // log-sum-exp, softmax and the sums: float32 or float64
   // 16-bit projections computed as float32 GEMMs on 16-bit values, the result
-  // rounded to 16 bits, as core/float32_cpu_matmuls.h routes autocast's own.
+  // rounded to 16 bits, as kernels/float32_cpu_matmuls.h routes autocast's own.
   bool float32_gemms = false;
 
   // A projection operand: in the matmul dtype, or its 16-bit values in float32.
@@ -56,20 +55,8 @@ Precision precision_of(const torch::Tensor& hidden, const torch::Tensor& weight)
   // Autocast lowers float16/bfloat16/float32 matmuls and leaves float64 alone.
   if (autocast && inputs != torch::kDouble) p.matmul = lower;
   p.float32_gemms = hidden.is_cpu() && (p.matmul == torch::kBFloat16 || p.matmul == torch::kHalf) &&
-                    core::cpu_autocast_matmuls_route_through_float32();
+                    kernels::cpu_autocast_matmuls_route_through_float32();
   return p;
-}
-
-// Whether a chunk's logits go through softmax_cross_entropy_: on the CPU, when
-// the kernel computes in the softmax dtype (float32 for float32 and bfloat16
-// logits, float64 for float64).
-bool fused_softmax(const torch::Tensor& logits, const Precision& p) {
-  if (!kernels::custom_kernel_enabled(kernels::CustomKernel::softmax_cross_entropy) ||
-      !softmax_cross_entropy_supports(logits)) {
-    return false;
-  }
-  const auto dtype = logits.scalar_type();
-  return p.softmax == (dtype == torch::kDouble ? torch::kDouble : torch::kFloat);
 }
 
 // Sum of cross-entropies of the target positions, with its gradients
@@ -120,8 +107,9 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       grad_hidden_flat = compact ? torch::zeros_like(hidden_flat) : torch::empty_like(hidden_flat);
     }
 
-    auto total = torch::zeros({}, hidden.options().dtype(p.softmax));
-    double fused_total = 0.0;  // the chunks that fused_softmax() takes
+    // The loss and d sum / d logits = softmax - onehot(target) of each chunk
+    // (kernels/softmax_cross_entropy.h: in place of the logits on the CPU).
+    kernels::SoftmaxCrossEntropySum loss_sum(hidden.options().dtype(p.softmax));
     const int64_t n = targets.size(0);
     for (int64_t begin = 0; begin < n; begin += chunk_tokens) {
       const int64_t end = std::min(n, begin + chunk_tokens);
@@ -129,25 +117,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
                                        : hidden_flat.slice(0, begin, end));
       auto logits = p.result(h.matmul(weight_mm.t()));
       const auto scored = compact ? torch::Tensor() : valid.slice(0, begin, end);
-      torch::Tensor grad_mm;
-      if (fused_softmax(logits, p)) {
-        // The loss and d sum / d logits = softmax - onehot(target) in one pass per row, in
-        // place of the logits (softmax_cross_entropy.h).
-        fused_total += softmax_cross_entropy_(logits, targets.slice(0, begin, end), scored);
-        grad_mm = std::move(logits);
-      } else {
-        // -log softmax(logits)[target], from one log_softmax pass over the chunk.
-        const auto target = targets.slice(0, begin, end).unsqueeze(1);
-        auto log_probs = torch::log_softmax(logits.to(p.softmax), 1);
-        const auto picked = log_probs.gather(1, target);
-        total.sub_(compact ? picked.sum() : picked.mul(scored.unsqueeze(1)).sum());
-        if (!need_hidden && !need_weight) continue;
-        // d sum / d logits = softmax - onehot(target), in place of the log-probabilities.
-        auto grad_logits = log_probs.exp_();
-        grad_logits.scatter_(1, target, grad_logits.gather(1, target) - 1);
-        if (!compact) grad_logits.mul_(scored.unsqueeze(1));  // unscored rows contribute nothing
-        grad_mm = grad_logits.to(p.matmul);
-      }
+      auto grad_mm = loss_sum.add(logits, targets.slice(0, begin, end), scored, need_hidden || need_weight);
       if (!need_hidden && !need_weight) continue;
       if (p.float32_gemms) grad_mm = grad_mm.to(torch::kFloat);  // bfloat16 values, exactly
       if (need_hidden) {
@@ -168,7 +138,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
         }
       }
     }
-    total.add_(fused_total);
+    auto total = loss_sum.sum();
     if (need_weight && !grad_weight.defined()) {  // no scored position at all
       grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(p.softmax));
     }

@@ -1,7 +1,5 @@
 #include "gradaccum/models/decoder.h"
 
-#include <limits>
-
 #include "gradaccum/base/check.h"
 #include "gradaccum/base/host_reads.h"
 
@@ -49,28 +47,6 @@ torch::Tensor causal_attention_allowed(const torch::Tensor& input_ids, const tor
 torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask) {
   auto mask = attention_mask.to(torch::kLong);
   return (mask.cumsum(-1) - 1).masked_fill(mask.eq(0), 1);
-}
-
-double lowest_finite(torch::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kDouble:
-      return std::numeric_limits<double>::lowest();
-    case torch::kBFloat16:
-      return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
-    case torch::kHalf:
-      return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
-    default:
-      return static_cast<double>(std::numeric_limits<float>::lowest());
-  }
-}
-
-torch::Tensor masked_softmax(const torch::Tensor& scores, const torch::Tensor& allowed) {
-  // 16-bit scores (from an autocast matmul) are normalized in float32, as CUDA
-  // autocast does for softmax: float32's lowest does not fit in them, and a
-  // 16-bit softmax over long rows loses the small probabilities.
-  const bool low_precision = scores.scalar_type() == torch::kBFloat16 || scores.scalar_type() == torch::kHalf;
-  const auto s = low_precision ? scores.to(torch::kFloat) : scores;
-  return torch::softmax(s.masked_fill(allowed.logical_not(), lowest_finite(s.scalar_type())), -1);
 }
 
 }  // namespace gradaccum::models

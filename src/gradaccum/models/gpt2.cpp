@@ -7,10 +7,10 @@
 #include <string>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/kernels/gelu_tanh.h"
+#include "gradaccum/kernels/qkv_attention.h"
 #include "gradaccum/models/activation_checkpoint.h"
-#include "gradaccum/models/gelu_tanh.h"
 #include "gradaccum/models/linear.h"
-#include "gradaccum/models/qkv_attention.h"
 
 namespace gradaccum::models {
 
@@ -67,9 +67,9 @@ torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, const torch::Te
   const auto qkv = linear(c_attn, x);
   // Dropout on the probabilities needs them as a tensor: the libtorch expression then.
   const auto y = attn_dropout->p() > 0.0 && is_training()
-                     ? qkv_attention_transformed(qkv, n_head_, allowed,
-                                                 [this](const torch::Tensor& p) { return attn_dropout->forward(p); })
-                     : qkv_attention(qkv, n_head_, allowed);
+                     ? kernels::qkv_attention_transformed(
+                           qkv, n_head_, allowed, [this](const torch::Tensor& p) { return attn_dropout->forward(p); })
+                     : kernels::qkv_attention(qkv, n_head_, allowed);
   return resid_dropout->forward(linear(c_proj, y));
 }
 
@@ -80,7 +80,7 @@ Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& config, int64_t layer) {
 }
 
 torch::Tensor Gpt2MlpImpl::forward(const torch::Tensor& x) {
-  return dropout->forward(linear(c_proj, gelu_tanh(linear(c_fc, x))));
+  return dropout->forward(linear(c_proj, kernels::gelu_tanh(linear(c_fc, x))));
 }
 
 Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& config, int64_t layer) {

@@ -4,6 +4,21 @@ namespace gradaccum::models {
 
 namespace nn = torch::nn;
 
+GeluMlpImpl::GeluMlpImpl(int64_t in_features, int64_t hidden_features, int64_t out_features) {
+  // Names "0" and "2" as in the Sequential (with the GELU at "1"), so state
+  // dicts and golden files keyed by parameter name fit either form.
+  fc1 = register_module("0", nn::Linear(in_features, hidden_features));
+  fc2 = register_module("2", nn::Linear(hidden_features, out_features));
+}
+
+bool GeluMlpImpl::fuses(const torch::Tensor& x) const {
+  return kernels::gelu_mlp_fuses(x, fc1->weight, fc1->bias, fc2->weight, fc2->bias);
+}
+
+torch::Tensor GeluMlpImpl::forward(const torch::Tensor& x) {
+  return kernels::gelu_mlp(x, fc1->weight, fc1->bias, fc2->weight, fc2->bias);
+}
+
 GeluMlp seed000_mlp() { return GeluMlp(16, 32, 1); }
 
 nn::Sequential seed000_sequential_mlp(bool batch_norm) {

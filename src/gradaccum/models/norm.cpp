@@ -3,7 +3,7 @@
 #include <numeric>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/models/group_norm.h"
+#include "gradaccum/kernels/group_norm.h"
 
 namespace gradaccum::models {
 
@@ -27,7 +27,7 @@ class GroupNormInParamDtypeImpl : public torch::nn::GroupNormImpl {
  public:
   using torch::nn::GroupNormImpl::GroupNormImpl;
   torch::Tensor forward(const torch::Tensor& x) {
-    return group_norm(x.to(weight.scalar_type()), options.num_groups(), weight, bias, options.eps());
+    return kernels::group_norm(x.to(weight.scalar_type()), options.num_groups(), weight, bias, options.eps());
   }
 };
 TORCH_MODULE(GroupNormInParamDtype);

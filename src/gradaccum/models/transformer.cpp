@@ -9,9 +9,10 @@
 #include <set>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/kernels/gelu_tanh.h"
+#include "gradaccum/kernels/masked_softmax.h"
 #include "gradaccum/models/activation_checkpoint.h"
 #include "gradaccum/models/bloom.h"
-#include "gradaccum/models/gelu_tanh.h"
 #include "gradaccum/models/linear.h"
 
 namespace gradaccum::models {
@@ -49,7 +50,7 @@ void init_weights(torch::nn::Module& model, const TransformerOptions& options) {
 // The additive form of `allowed` in `dtype`: `alibi` ([B or 1, H, 1, T]) or 0 where allowed, the
 // dtype's lowest value elsewhere.
 torch::Tensor additive_mask(const torch::Tensor& allowed, const torch::Tensor& alibi, torch::ScalarType dtype) {
-  const auto lowest = torch::scalar_tensor(lowest_finite(dtype), allowed.options().dtype(dtype));
+  const auto lowest = torch::scalar_tensor(kernels::lowest_finite(dtype), allowed.options().dtype(dtype));
   if (alibi.defined()) return torch::where(allowed, alibi.to(dtype), lowest);
   return torch::zeros(allowed.sizes(), allowed.options().dtype(dtype)).masked_fill_(allowed.logical_not(), lowest);
 }
@@ -148,7 +149,7 @@ torch::Tensor TransformerAttentionImpl::forward(const torch::Tensor& x, const At
     const auto folded = q.reshape({batch, kv_heads_, groups * time, head_dim_});
     const auto scores =
         torch::matmul(folded, k.transpose(-2, -1)).view({batch, heads_, time, time}) * scale + mask.bias;
-    const auto probs = attn_dropout->forward(masked_softmax(scores, mask.allowed)).to(v.scalar_type());
+    const auto probs = attn_dropout->forward(kernels::masked_softmax(scores, mask.allowed)).to(v.scalar_type());
     y = torch::matmul(probs.reshape({batch, kv_heads_, groups * time, time}), v).view({batch, heads_, time, head_dim_});
   } else {
     y = at::scaled_dot_product_attention(q, k, v, mask.bias.to(q.scalar_type()), 0.0, false, scale,
@@ -167,7 +168,7 @@ TransformerMlpImpl::TransformerMlpImpl(const TransformerOptions& o, int64_t laye
 
 torch::Tensor TransformerMlpImpl::forward(const torch::Tensor& x) {
   const auto inner = kind_ == MlpKind::swiglu ? torch::silu(apply_linear(gate_proj, x)) * apply_linear(up_proj, x)
-                                              : gelu_tanh(apply_linear(up_proj, x));
+                                              : kernels::gelu_tanh(apply_linear(up_proj, x));
   return dropout->forward(apply_linear(down_proj, inner));
 }
 

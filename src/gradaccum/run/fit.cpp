@@ -13,7 +13,6 @@
 #include "gradaccum/base/check.h"
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/evaluator.h"
-#include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/dist/process_group.h"
@@ -26,13 +25,15 @@
 #include "gradaccum/io/metrics_writer.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/io/tensorboard_writer.h"
+#include "gradaccum/kernels/cpu_and_blas.h"
 #include "gradaccum/kernels/custom_kernels.h"
+#include "gradaccum/kernels/float32_cpu_matmuls.h"
+#include "gradaccum/kernels/heap_retention.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/hf_checkpoint.h"
 #include "gradaccum/models/lora.h"
 #include "gradaccum/models/module_tensors.h"
 #include "gradaccum/run/checkpoint_writer.h"
-#include "gradaccum/run/heap_retention.h"
 #include "gradaccum/run/profiler_trace.h"
 #include "gradaccum/run/progress.h"
 #include "gradaccum/run/runtime.h"
@@ -120,11 +121,11 @@ int set_up_process(const RunOptions& options, int64_t local_ranks, bool rank0) {
   const int threads = configure_threads(options.threads, local_ranks);
   kernels::set_custom_kernels(options.custom_kernels);
   // Keep the memory a step frees for the next step instead of re-faulting it (heap_retention.h).
-  if (kernels::custom_kernel_enabled(kernels::CustomKernel::heap_retention)) run::retain_freed_heap();
+  kernels::retain_freed_heap();
   const auto& t = options.trainer;
-  if (core::routes_cpu_matmuls_through_float32(options.bf16_cpu_matmuls, t.mixed_precision, t.device,
-                                               core::cpu_has_native_bf16(), core::cpu_has_native_fp16())) {
-    core::route_cpu_autocast_matmuls_through_float32();
+  if (routes_cpu_matmuls_through_float32(options.bf16_cpu_matmuls, t.mixed_precision, t.device,
+                                         kernels::cpu_has_native_bf16(), kernels::cpu_has_native_fp16())) {
+    kernels::route_cpu_autocast_matmuls_through_float32();
     if (rank0 && t.mixed_precision == core::MixedPrecision::bf16) {
       fmt::print(stderr, "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands (bf16_cpu_matmuls: {})\n",
                  options.bf16_cpu_matmuls);

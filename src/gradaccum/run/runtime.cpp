@@ -31,6 +31,20 @@ int configure_threads(int64_t requested, int64_t local_ranks) {
   return threads;
 }
 
+bool routes_cpu_matmuls_through_float32(const std::string& bf16_setting, core::MixedPrecision precision,
+                                        const c10::Device& device, bool cpu_has_native_bf16, bool cpu_has_native_fp16) {
+  if (!device.is_cpu()) return false;
+  switch (precision) {
+    case core::MixedPrecision::bf16:
+      return bf16_setting == "float32" || (bf16_setting == "auto" && !cpu_has_native_bf16);
+    case core::MixedPrecision::fp16:
+      return !cpu_has_native_fp16;
+    case core::MixedPrecision::none:
+      break;
+  }
+  return false;
+}
+
 std::string libtorch_description() {
   const auto config = at::show_config();
   const auto cuda = build_setting(config, "CUDA_VERSION");

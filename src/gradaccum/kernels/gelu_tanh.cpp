@@ -1,4 +1,4 @@
-#include "gradaccum/models/gelu_tanh.h"
+#include "gradaccum/kernels/gelu_tanh.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -6,9 +6,9 @@
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/kernels/custom_kernels.h"
-#include "gradaccum/models/vector_exp.h"
+#include "gradaccum/kernels/vector_exp.h"
 
-namespace gradaccum::models {
+namespace gradaccum::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -120,8 +120,8 @@ class FusedGeluTanh : public torch::autograd::Function<FusedGeluTanh> {
 }  // namespace
 
 bool gelu_tanh_fuses(const torch::Tensor& x) {
-  return kernels::custom_kernel_enabled(kernels::CustomKernel::gelu_tanh) && x.defined() && x.is_cpu() &&
-         x.is_contiguous() && (x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16);
+  return custom_kernel_enabled(CustomKernel::gelu_tanh) && x.defined() && x.is_cpu() && x.is_contiguous() &&
+         (x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16);
 }
 
 torch::Tensor gelu_tanh(const torch::Tensor& x) {
@@ -129,4 +129,4 @@ torch::Tensor gelu_tanh(const torch::Tensor& x) {
   return torch::gelu(x, "tanh");
 }
 
-}  // namespace gradaccum::models
+}  // namespace gradaccum::kernels

@@ -1,12 +1,15 @@
-#include "gradaccum/run/heap_retention.h"
+#include "gradaccum/kernels/heap_retention.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
-namespace gradaccum::run {
+#include "gradaccum/kernels/custom_kernels.h"
+
+namespace gradaccum::kernels {
 
 bool retain_freed_heap() {
+  if (!custom_kernel_enabled(CustomKernel::heap_retention)) return false;
 #if defined(__GLIBC__)
   // Every block from the heap (no mmap), and up to 1 GiB of free heap top kept.
   constexpr int kTrimThreshold = 1024 * 1024 * 1024;
@@ -16,4 +19,4 @@ bool retain_freed_heap() {
 #endif
 }
 
-}  // namespace gradaccum::run
+}  // namespace gradaccum::kernels

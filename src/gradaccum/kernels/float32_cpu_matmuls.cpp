@@ -1,8 +1,4 @@
-#include "gradaccum/core/float32_cpu_matmuls.h"
-
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__clang__) && __clang_major__ < 16
-#include <cpuid.h>
-#endif
+#include "gradaccum/kernels/float32_cpu_matmuls.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Version.h>
@@ -15,7 +11,7 @@
 #include <atomic>
 #include <mutex>
 
-namespace gradaccum::core {
+namespace gradaccum::kernels {
 namespace {
 
 std::atomic<bool> g_installed{false};
@@ -68,7 +64,7 @@ using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optio
 // whole weight, alive from the forward to the backward (1.2 GB for BLOOM-560m's blocks), and
 // float32 inputs. This saves the 16-bit input and a reference to the weight, and rounds the
 // weight again in the backward. Same products, same roundings: the gradients equal the generic
-// route's bit for bit (tests/core/float32_cpu_matmuls_check.cpp). Only for the inputs that
+// route's bit for bit (tests/kernels/float32_cpu_matmuls_check.cpp). Only for the inputs that
 // at::linear runs as one 2-D product (2-D, or 3-D contiguous), whose backward is the two GEMMs
 // below and a sum over rows; anything else takes the generic route.
 struct RoundedLinear : torch::autograd::Function<RoundedLinear> {
@@ -145,66 +141,6 @@ class SilentWarnings : public c10::WarningHandler {
 
 }  // namespace
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__clang__) && __clang_major__ < 16
-// Clang before 16 knows neither "amx-bf16" nor "avx512fp16" in __builtin_cpu_supports (the fuzz
-// build compiles this file with clang 14): read CPUID leaf 7 instead. Both bits need the OS's
-// AVX-512 state, which XCR0 bits 5-7 (opmask, ZMM) report.
-namespace {
-bool cpuid7_bit(unsigned subleaf, int reg, int bit) {
-  unsigned r[4] = {0, 0, 0, 0};
-  if (__get_cpuid_count(7, subleaf, &r[0], &r[1], &r[2], &r[3]) == 0) return false;
-  return ((r[reg] >> bit) & 1U) != 0;
-}
-bool os_saves_avx512_state() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1U) == 0) return false;  // OSXSAVE
-  unsigned xcr0 = 0, high = 0;
-  __asm__ volatile("xgetbv" : "=a"(xcr0), "=d"(high) : "c"(0));  // XCR0 (no -mxsave needed)
-  return (xcr0 & 0xe6) == 0xe6;
-}
-}  // namespace
-
-bool cpu_has_native_bf16() {
-  // AVX512_BF16: leaf 7.1 EAX bit 5; AMX-BF16: leaf 7.0 EDX bit 22.
-  return os_saves_avx512_state() && (cpuid7_bit(1, 0, 5) || cpuid7_bit(0, 3, 22));
-}
-
-bool cpu_has_native_fp16() {
-  return os_saves_avx512_state() && cpuid7_bit(0, 3, 23);  // AVX512_FP16: leaf 7.0 EDX bit 23
-}
-#else
-bool cpu_has_native_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
-#else
-  return false;  // not known here: float32 GEMMs are the safe choice
-#endif
-}
-
-bool cpu_has_native_fp16() {
-#if defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx512fp16");
-#else
-  return false;
-#endif
-}
-#endif
-
-bool routes_cpu_matmuls_through_float32(const std::string& bf16_setting, MixedPrecision precision,
-                                        const torch::Device& device, bool cpu_has_native_bf16,
-                                        bool cpu_has_native_fp16) {
-  if (!device.is_cpu()) return false;
-  switch (precision) {
-    case MixedPrecision::bf16:
-      return bf16_setting == "float32" || (bf16_setting == "auto" && !cpu_has_native_bf16);
-    case MixedPrecision::fp16:
-      return !cpu_has_native_fp16;
-    case MixedPrecision::none:
-      break;
-  }
-  return false;
-}
-
 void route_cpu_autocast_matmuls_through_float32() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -230,4 +166,4 @@ void route_cpu_autocast_matmuls_through_float32() {
 
 bool cpu_autocast_matmuls_route_through_float32() { return g_installed; }
 
-}  // namespace gradaccum::core
+}  // namespace gradaccum::kernels

@@ -1,7 +1,8 @@
-// models::softmax_cross_entropy_ against libtorch's log_softmax, gather and
+// kernels::softmax_cross_entropy_ against libtorch's log_softmax, gather and
 // exp: the loss and the gradient softmax − onehot, weighted rows, bfloat16
-// rounding, thread-count independence and its errors.
-#include "gradaccum/models/softmax_cross_entropy.h"
+// rounding, thread-count independence and its errors; and SoftmaxCrossEntropySum,
+// which runs it or libtorch's path per block.
+#include "gradaccum/kernels/softmax_cross_entropy.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,12 +11,14 @@
 #include <limits>
 #include <vector>
 
+#include "gradaccum/kernels/custom_kernels.h"
 #include "test_support.h"
 
 namespace softmax_cross_entropy_test {
 
-using gradaccum::models::softmax_cross_entropy_;
-using gradaccum::models::softmax_cross_entropy_supports;
+using gradaccum::kernels::softmax_cross_entropy_;
+using gradaccum::kernels::softmax_cross_entropy_supports;
+using gradaccum::kernels::SoftmaxCrossEntropySum;
 using gradaccum::testing::error_of;
 using gradaccum::testing::max_relative_difference;
 using ::testing::HasSubstr;
@@ -162,6 +165,39 @@ TEST(SoftmaxCrossEntropy, RefusesWhatItDoesNotTake) {
               HasSubstr("targets must be a CPU int64 tensor of 3 row(s)"));
   // A refused call leaves the logits untouched.
   EXPECT_EQ(logits.abs().sum().item<float>(), 0.0f);
+}
+
+// Two blocks, weighted and not, through the kernel and (switch off, or float16 logits the kernel
+// does not take) through libtorch: the same sum and gradients, in the logits' dtype.
+TEST(SoftmaxCrossEntropySum, KernelAndLibtorchPathsGiveTheSameSumAndGradients) {
+  const auto first = logits_of(5, 37, torch::kDouble, 6), second = logits_of(3, 37, torch::kDouble, 7);
+  const auto first_targets = torch::tensor({0, 36, 4, 9, 1}, torch::kLong);
+  const auto second_targets = torch::tensor({2, 3, 5}, torch::kLong);
+  const auto weights = torch::tensor({1.0, 0.0, 0.5}, torch::kDouble);
+  const auto a = reference(first, first_targets, {}), b = reference(second, second_targets, weights);
+  for (const auto* spec : {"all", "none"}) {
+    SCOPED_TRACE(spec);
+    const gradaccum::testing::CustomKernelsScope scope(spec);
+    SoftmaxCrossEntropySum sum(torch::TensorOptions().dtype(torch::kDouble));
+    auto x = first.clone(), y = second.clone();
+    const auto grad_x = sum.add(x, first_targets, {}, true);
+    const auto grad_y = sum.add(y, second_targets, weights, true);
+    EXPECT_EQ(x.data_ptr() == grad_x.data_ptr(), std::string(spec) == "all");  // in place: the kernel ran
+    EXPECT_LT(max_relative_difference(grad_x, a.grad), 1e-13);
+    EXPECT_LT(max_relative_difference(grad_y, b.grad), 1e-13);
+    const auto total = sum.sum();
+    ASSERT_EQ(total.dim(), 0);
+    EXPECT_NEAR(total.item<double>(), a.loss + b.loss, 1e-12 * (a.loss + b.loss));
+  }
+  // float16 logits: libtorch's path in float32, the gradient back in float16; none without `gradient`.
+  SoftmaxCrossEntropySum sum(torch::TensorOptions().dtype(torch::kFloat));
+  auto half = first.to(torch::kHalf);
+  const auto expected = reference(half, first_targets, {});
+  const auto grad = sum.add(half, first_targets, {}, true);
+  EXPECT_EQ(grad.scalar_type(), torch::kHalf);
+  EXPECT_LT(max_relative_difference(grad.to(torch::kDouble), expected.grad), 1e-3);
+  EXPECT_FALSE(sum.add(half, first_targets, {}, false).defined());
+  EXPECT_NEAR(sum.sum().item<double>(), 2 * expected.loss, 1e-5 * expected.loss);
 }
 
 }  // namespace softmax_cross_entropy_test

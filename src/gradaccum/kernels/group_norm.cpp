@@ -1,4 +1,4 @@
-#include "gradaccum/models/group_norm.h"
+#include "gradaccum/kernels/group_norm.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -10,9 +10,9 @@
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/kernels/custom_kernels.h"
-#include "gradaccum/models/vector_exp.h"
+#include "gradaccum/kernels/vector_exp.h"
 
-namespace gradaccum::models {
+namespace gradaccum::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -84,7 +84,7 @@ inline __attribute__((always_inline)) void input_grad_rows(const T* __restrict g
   }
 }
 
-// float32: compiled for AVX-512, AVX2 and the baseline (models/vector_exp.h). float64
+// float32: compiled for AVX-512, AVX2 and the baseline (kernels/vector_exp.h). float64
 // is the tests' dtype and stays on the baseline.
 GRADACCUM_VECTOR_CLONES void sum_rows_f(const float* __restrict x, int64_t rows, int64_t channels,
                                         float* __restrict sum) {
@@ -329,7 +329,7 @@ class ChannelsLastGroupNorm : public torch::autograd::Function<ChannelsLastGroup
 }  // namespace
 
 bool group_norm_fuses(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight, const torch::Tensor& bias) {
-  if (!kernels::custom_kernel_enabled(kernels::CustomKernel::group_norm)) return false;
+  if (!custom_kernel_enabled(CustomKernel::group_norm)) return false;
   if (!x.defined() || !weight.defined() || !bias.defined()) return false;
   if (!x.is_cpu() || x.dim() != 4 || x.numel() == 0) return false;
   if (x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kDouble) return false;
@@ -345,4 +345,4 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
   return torch::group_norm(x, groups, weight, bias, eps);
 }
 
-}  // namespace gradaccum::models
+}  // namespace gradaccum::kernels

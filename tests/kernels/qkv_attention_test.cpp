@@ -1,8 +1,8 @@
-// models::qkv_attention's fused CPU path against the libtorch expression it
+// kernels::qkv_attention's fused CPU path against the libtorch expression it
 // replaces (qkv_attention_reference): outputs and gradients with causal and
 // padding masks, both packings of qkv and a key bias, rows with no allowed key,
 // which inputs fuse, and its errors.
-#include "gradaccum/models/qkv_attention.h"
+#include "gradaccum/kernels/qkv_attention.h"
 
 #include <ATen/autocast_mode.h>
 #include <gmock/gmock.h>
@@ -13,13 +13,13 @@
 
 namespace qkv_attention_test {
 
+using gradaccum::kernels::qkv_attention;
+using gradaccum::kernels::qkv_attention_fuses;
+using gradaccum::kernels::qkv_attention_reference;
+using gradaccum::kernels::qkv_attention_sdpa;
+using gradaccum::kernels::QkvAttentionOptions;
+using gradaccum::kernels::QkvPacking;
 using gradaccum::models::causal_attention_allowed;
-using gradaccum::models::qkv_attention;
-using gradaccum::models::qkv_attention_fuses;
-using gradaccum::models::qkv_attention_reference;
-using gradaccum::models::qkv_attention_sdpa;
-using gradaccum::models::QkvAttentionOptions;
-using gradaccum::models::QkvPacking;
 using gradaccum::testing::error_of;
 using gradaccum::testing::max_relative_difference;
 using gradaccum::testing::value_and_grad;

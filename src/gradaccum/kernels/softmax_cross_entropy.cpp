@@ -1,4 +1,4 @@
-#include "gradaccum/models/softmax_cross_entropy.h"
+#include "gradaccum/kernels/softmax_cross_entropy.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -12,9 +12,10 @@
 #include <vector>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/models/vector_exp.h"
+#include "gradaccum/kernels/custom_kernels.h"
+#include "gradaccum/kernels/vector_exp.h"
 
-namespace gradaccum::models {
+namespace gradaccum::kernels {
 namespace {
 
 // One row in float32 arithmetic. `e` holds the exponentials between the second
@@ -152,4 +153,38 @@ double softmax_cross_entropy_(torch::Tensor& logits, const torch::Tensor& target
   return total;
 }
 
-}  // namespace gradaccum::models
+SoftmaxCrossEntropySum::SoftmaxCrossEntropySum(const torch::TensorOptions& options)
+    : libtorch_sum_(torch::zeros({}, options)) {}
+
+torch::Tensor SoftmaxCrossEntropySum::add(torch::Tensor& logits, const torch::Tensor& targets,
+                                          const torch::Tensor& row_weights, bool gradient) {
+  // The kernel computes in float32 for float32 and bfloat16 logits and in float64 for float64.
+  const auto sum_dtype = libtorch_sum_.scalar_type();
+  const auto kernel_dtype = logits.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  if (custom_kernel_enabled(CustomKernel::softmax_cross_entropy) && softmax_cross_entropy_supports(logits) &&
+      sum_dtype == kernel_dtype) {
+    // The loss and d sum / d logits = softmax - onehot(target) in one pass per row, in
+    // place of the logits.
+    kernel_sum_ += softmax_cross_entropy_(logits, targets, row_weights);
+    return logits;
+  }
+  // -log softmax(logits)[target], from one log_softmax pass over the block.
+  const auto target = targets.unsqueeze(1);
+  auto log_probs = torch::log_softmax(logits.to(sum_dtype), 1);
+  const auto picked = log_probs.gather(1, target);
+  libtorch_sum_.sub_(row_weights.defined() ? picked.mul(row_weights.unsqueeze(1)).sum() : picked.sum());
+  if (!gradient) return {};
+  // d sum / d logits = softmax - onehot(target), in place of the log-probabilities.
+  auto grad_logits = log_probs.exp_();
+  grad_logits.scatter_(1, target, grad_logits.gather(1, target) - 1);
+  if (row_weights.defined()) grad_logits.mul_(row_weights.unsqueeze(1));  // unscored rows contribute nothing
+  return grad_logits.to(logits.scalar_type());
+}
+
+torch::Tensor SoftmaxCrossEntropySum::sum() {
+  libtorch_sum_.add_(kernel_sum_);
+  kernel_sum_ = 0.0;
+  return libtorch_sum_;
+}
+
+}  // namespace gradaccum::kernels

@@ -1,7 +1,7 @@
-// run::retain_freed_heap: blocks of activation size and of GPT-2 small's table
+// kernels::retain_freed_heap: blocks of activation size and of GPT-2 small's table
 // gradient are served from the heap and stay there after free, instead of being
 // mmapped or trimmed (which the next micro-step would fault back in).
-#include "gradaccum/run/heap_retention.h"
+#include "gradaccum/kernels/heap_retention.h"
 
 #include <gtest/gtest.h>
 #include <malloc.h>
@@ -9,13 +9,16 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "gradaccum/kernels/custom_kernels.h"
+#include "test_support.h"
+
 namespace heap_retention_test {
 
 // Keeps the compiler from eliding a malloc/free pair whose block is never read.
 void escape(void* p) { asm volatile("" : : "g"(p) : "memory"); }
 
 TEST(HeapRetention, BlocksComeFromTheHeapAndAreNotTrimmed) {
-  ASSERT_TRUE(gradaccum::run::retain_freed_heap());
+  ASSERT_TRUE(gradaccum::kernels::retain_freed_heap());
   // The default CNN's largest activation at b = 64 is 6.4 MB; by default glibc
   // mmaps blocks above 128 KiB until its dynamic threshold has grown, and blocks
   // of 32 MiB and more always. GPT-2 small's tied table gradient is 154 MB.
@@ -34,6 +37,13 @@ TEST(HeapRetention, BlocksComeFromTheHeapAndAreNotTrimmed) {
     EXPECT_EQ(after.arena, held.arena) << bytes << " bytes: the heap was trimmed: " << held.arena - after.arena
                                        << " bytes returned to the kernel";
   }
+}
+
+// Like every kernel it follows the switch: off, it leaves glibc's settings alone and says so.
+TEST(HeapRetention, OffTheSwitchItLeavesTheHeapAlone) {
+  using namespace gradaccum::kernels;
+  const gradaccum::testing::CustomKernelsScope off(custom_kernels_without(CustomKernel::heap_retention));
+  EXPECT_FALSE(retain_freed_heap());
 }
 
 }  // namespace heap_retention_test

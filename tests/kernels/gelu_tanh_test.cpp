@@ -1,7 +1,7 @@
-// models::gelu_tanh's fused CPU path against libtorch's gelu(x, "tanh"):
+// kernels::gelu_tanh's fused CPU path against libtorch's gelu(x, "tanh"):
 // values and slopes in float32, bfloat16 as the float32 result rounded once,
 // the fallback for other dtypes, and its refusal of second-order gradients.
-#include "gradaccum/models/gelu_tanh.h"
+#include "gradaccum/kernels/gelu_tanh.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 
 namespace gelu_tanh_test {
 
-using gradaccum::models::gelu_tanh;
-using gradaccum::models::gelu_tanh_fuses;
+using gradaccum::kernels::gelu_tanh;
+using gradaccum::kernels::gelu_tanh_fuses;
 using gradaccum::testing::error_of;
 using gradaccum::testing::max_relative_difference;
 using gradaccum::testing::value_and_grad;

@@ -29,7 +29,7 @@
 #define GRADACCUM_VECTOR_CLONES
 #endif
 
-namespace gradaccum::models {
+namespace gradaccum::kernels {
 
 // Independent accumulators per pass of a row kernel, so that the compiler may
 // vectorize a maximum or a sum without reordering one float sum (which it must not).
@@ -64,4 +64,4 @@ inline __attribute__((always_inline)) float exp_nonpositive(float x) {
   return e_r * two_to_n;
 }
 
-}  // namespace gradaccum::models
+}  // namespace gradaccum::kernels

@@ -36,7 +36,7 @@
 
 #include <functional>
 
-namespace gradaccum::models {
+namespace gradaccum::kernels {
 
 // How qkv's last dimension holds the heads' queries, keys and values.
 enum class QkvPacking {
@@ -65,7 +65,7 @@ struct QkvAttentionOptions {
 //   returns  [B, T, C]
 //
 // Exactly qkv_attention_reference() (the libtorch expression), to rounding;
-// tests/models/qkv_attention_test.cpp holds them to each other. The fused path runs
+// tests/kernels/qkv_attention_test.cpp holds them to each other. The fused path runs
 // when qkv_attention_fuses() says so; otherwise this is qkv_attention_sdpa().
 // Differentiating the result twice (create_graph) is refused with
 // gradaccum::Error on the fused path.
@@ -98,4 +98,4 @@ torch::Tensor qkv_attention_transformed(const torch::Tensor& qkv, int64_t n_head
                                         const std::function<torch::Tensor(const torch::Tensor&)>& on_probabilities,
                                         const QkvAttentionOptions& options = {});
 
-}  // namespace gradaccum::models
+}  // namespace gradaccum::kernels

@@ -1,4 +1,4 @@
-// core/float32_cpu_matmuls.h: under bf16 (fp16) CPU autocast, once routed, the matmuls
+// kernels/float32_cpu_matmuls.h: under bf16 (fp16) CPU autocast, once routed, the matmuls
 // and convolutions equal float32 ops on bfloat16- (float16-) rounded operands, rounded to
 // 16 bits, in value and in gradient. Its own executable (not gradaccum_tests): the routing changes
 // libtorch's dispatcher for the rest of the process, and the other tests compare with
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "gradaccum/core/float32_cpu_matmuls.h"
 #include "gradaccum/core/mixed_precision.h"
+#include "gradaccum/kernels/float32_cpu_matmuls.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/chunked_cross_entropy.h"
 
@@ -44,9 +44,9 @@ class Float32Bf16Matmuls : public ::testing::Test {
       AutocastScope autocast(MixedPrecision::bf16, kCpu);
       unrouted_error_ = relative_error(torch::mm(a_, b_), exact_);
     }
-    ASSERT_FALSE(gradaccum::core::cpu_autocast_matmuls_route_through_float32());
-    gradaccum::core::route_cpu_autocast_matmuls_through_float32();
-    gradaccum::core::route_cpu_autocast_matmuls_through_float32();  // idempotent
+    ASSERT_FALSE(gradaccum::kernels::cpu_autocast_matmuls_route_through_float32());
+    gradaccum::kernels::route_cpu_autocast_matmuls_through_float32();
+    gradaccum::kernels::route_cpu_autocast_matmuls_through_float32();  // idempotent
   }
   static torch::Tensor a_, b_, exact_;
   static double unrouted_error_;
@@ -55,7 +55,7 @@ torch::Tensor Float32Bf16Matmuls::a_, Float32Bf16Matmuls::b_, Float32Bf16Matmuls
 double Float32Bf16Matmuls::unrouted_error_ = 0.0;
 
 TEST_F(Float32Bf16Matmuls, MmIsTheFloat32ProductOfRoundedOperandsRounded) {
-  EXPECT_TRUE(gradaccum::core::cpu_autocast_matmuls_route_through_float32());
+  EXPECT_TRUE(gradaccum::kernels::cpu_autocast_matmuls_route_through_float32());
   AutocastScope autocast(MixedPrecision::bf16, kCpu);
   const auto y = torch::mm(a_, b_);
   EXPECT_EQ(y.scalar_type(), torch::kBFloat16);

@@ -28,32 +28,14 @@
 // Why hand-written: PyTorch has no switch for this. The routing replaces those
 // ops' AutocastCPU kernels in libtorch's dispatcher, process-wide and for the
 // rest of the process, and only ever from float32-producing 16-bit autocast.
+//
+// This is the mechanism only. Whether a run routes depends on its mixed precision
+// and the config key bf16_cpu_matmuls, which the process set-up decides
+// (run/runtime.h, routes_cpu_matmuls_through_float32), from what the CPU multiplies
+// itself (kernels/cpu_and_blas.h, cpu_has_native_bf16 and cpu_has_native_fp16).
 #pragma once
 
-#include <torch/torch.h>
-
-#include <string>
-
-#include "gradaccum/core/mixed_precision.h"
-
-namespace gradaccum::core {
-
-// Whether a run routes, on a CPU device only:
-//   bf16: when `bf16_setting` (the config key bf16_cpu_matmuls) is "float32", or
-//         "auto" on a CPU without bfloat16 instructions (`cpu_has_native_bf16`,
-//         cpu_has_native_bf16()); never for "libtorch";
-//   fp16: on a CPU without float16 instructions (`cpu_has_native_fp16`).
-bool routes_cpu_matmuls_through_float32(const std::string& bf16_setting, MixedPrecision precision,
-                                        const torch::Device& device, bool cpu_has_native_bf16,
-                                        bool cpu_has_native_fp16);
-
-// Whether the CPU has AVX512-BF16 or AMX-BF16 (false off x86): where oneDNN's
-// bfloat16 GEMMs outrun float32 ones.
-bool cpu_has_native_bf16();
-
-// Whether the CPU has AVX512-FP16 (false off x86; the compiler here cannot ask
-// for AMX-FP16, which comes with AVX512-FP16 on every CPU that has it).
-bool cpu_has_native_fp16();
+namespace gradaccum::kernels {
 
 // Installs the routing once per process; later calls do nothing. Affects only
 // code that runs under CPU autocast (bfloat16 or float16).
@@ -62,4 +44,4 @@ void route_cpu_autocast_matmuls_through_float32();
 // Whether route_cpu_autocast_matmuls_through_float32() has run in this process.
 bool cpu_autocast_matmuls_route_through_float32();
 
-}  // namespace gradaccum::core
+}  // namespace gradaccum::kernels

@@ -1,6 +1,6 @@
 // GeluMlp: the fused CPU path against libtorch's own Linear → GELU → Linear,
 // against central finite differences, and which inputs take which path.
-#include "gradaccum/models/gelu_mlp.h"
+#include "gradaccum/kernels/gelu_mlp.h"
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>

@@ -22,14 +22,14 @@
 
 #include <torch/torch.h>
 
-namespace gradaccum::models {
+namespace gradaccum::kernels {
 
 // torch::group_norm(x, groups, weight, bias, eps) for x of [N, C, ...] and
 // weight, bias of [C] (or undefined: no affine). Fused when group_norm_fuses(...);
 // otherwise libtorch's group_norm, with its checks and errors. The fused node
 // computes each sample's statistics in float64 (in float32 blocks of 64 pixels
 // for float32 input), so its result equals libtorch's to float rounding
-// (tests/models/group_norm_test.cpp). Differentiating the fused result twice
+// (tests/kernels/group_norm_test.cpp). Differentiating the fused result twice
 // (create_graph) throws gradaccum::Error.
 torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight, const torch::Tensor& bias,
                          double eps);
@@ -40,4 +40,4 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
 // device; groups divides the channels.
 bool group_norm_fuses(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight, const torch::Tensor& bias);
 
-}  // namespace gradaccum::models
+}  // namespace gradaccum::kernels

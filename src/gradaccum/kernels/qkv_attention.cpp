@@ -1,4 +1,4 @@
-#include "gradaccum/models/qkv_attention.h"
+#include "gradaccum/kernels/qkv_attention.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
@@ -14,10 +14,10 @@
 #include "gradaccum/kernels/blas_gemm.h"
 #include "gradaccum/kernels/custom_kernels.h"
 #include "gradaccum/kernels/flush_denormals.h"
-#include "gradaccum/models/decoder.h"
-#include "gradaccum/models/vector_exp.h"
+#include "gradaccum/kernels/masked_softmax.h"
+#include "gradaccum/kernels/vector_exp.h"
 
-namespace gradaccum::models {
+namespace gradaccum::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -188,7 +188,7 @@ void attention_forward(const Layout& s, const T* qkv, const T* allowed, const T*
   const int64_t blocks = query_blocks(s.time), block_rows = query_block_rows(s.time);
   const auto block_keys = block_key_counts(allowed, s.mask_batch, s.time);
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
-    const kernels::FlushDenormalsScope flush;  // its header says why
+    const FlushDenormalsScope flush;  // its header says why
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / s.heads, h = item % s.heads;
       const int64_t m = s.mask_batch == 1 ? 0 : b;
@@ -203,11 +203,11 @@ void attention_forward(const Layout& s, const T* qkv, const T* allowed, const T*
       for (int64_t block = 0; block < blocks; ++block) {
         const int64_t r0 = block * block_rows, rows = std::min(block_rows, s.time - r0);
         const int64_t keys = block_keys[static_cast<size_t>(m * blocks + block)];
-        kernels::blas_gemm(false, true, rows, keys, s.head_dim, T(1), q + r0 * s.row(), s.row(), k, s.row(), T(0),
-                           p + r0 * s.time, s.time);  // scores = q kᵀ
+        blas_gemm(false, true, rows, keys, s.head_dim, T(1), q + r0 * s.row(), s.row(), k, s.row(), T(0),
+                  p + r0 * s.time, s.time);  // scores = q kᵀ
         softmax_rows(p + r0 * s.time, mask + r0 * s.time, bias, rows, keys, s.time, scale);
-        kernels::blas_gemm(false, false, rows, s.head_dim, keys, T(1), p + r0 * s.time, s.time, v, s.row(), T(0),
-                           out + r0 * s.channels, s.channels);  // y = p v
+        blas_gemm(false, false, rows, s.head_dim, keys, T(1), p + r0 * s.time, s.time, v, s.row(), T(0),
+                  out + r0 * s.channels, s.channels);  // y = p v
       }
     }
   });
@@ -221,7 +221,7 @@ void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T
   const int64_t blocks = query_blocks(s.time), block_rows = query_block_rows(s.time);
   const auto block_keys = block_key_counts(allowed, s.mask_batch, s.time);
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
-    const kernels::FlushDenormalsScope flush;
+    const FlushDenormalsScope flush;
     std::vector<T> grad_scores(static_cast<size_t>(tt));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / s.heads, h = item % s.heads;
@@ -241,15 +241,15 @@ void attention_backward(const Layout& s, const T* qkv, const T* allowed, const T
         const T* mask = allowed + m * tt + r0 * s.time;
         T* ds = grad_scores.data() + r0 * s.time;
         const T* dy_rows = dy + r0 * s.channels;
-        kernels::blas_gemm(false, true, rows, keys, s.head_dim, T(1), dy_rows, s.channels, v, s.row(), T(0), ds,
-                           s.time);  // d p = d y vᵀ
-        kernels::blas_gemm(true, false, keys, s.head_dim, rows, T(1), p, s.time, dy_rows, s.channels, T(1), dv,
-                           s.row());  // d v += pᵀ d y
+        blas_gemm(false, true, rows, keys, s.head_dim, T(1), dy_rows, s.channels, v, s.row(), T(0), ds,
+                  s.time);  // d p = d y vᵀ
+        blas_gemm(true, false, keys, s.head_dim, rows, T(1), p, s.time, dy_rows, s.channels, T(1), dv,
+                  s.row());  // d v += pᵀ d y
         softmax_grad_rows(ds, p, mask, rows, keys, s.time, scale);
-        kernels::blas_gemm(false, false, rows, s.head_dim, keys, T(1), ds, s.time, k, s.row(), T(0), dq + r0 * s.row(),
-                           s.row());  // d q = d scores k
-        kernels::blas_gemm(true, false, keys, s.head_dim, rows, T(1), ds, s.time, q + r0 * s.row(), s.row(), T(1), dk,
-                           s.row());  // d k += d scoresᵀ q
+        blas_gemm(false, false, rows, s.head_dim, keys, T(1), ds, s.time, k, s.row(), T(0), dq + r0 * s.row(),
+                  s.row());  // d q = d scores k
+        blas_gemm(true, false, keys, s.head_dim, rows, T(1), ds, s.time, q + r0 * s.row(), s.row(), T(1), dk,
+                  s.row());  // d k += d scoresᵀ q
       }
     }
   });
@@ -330,11 +330,11 @@ bool qkv_attention_fuses(const torch::Tensor& qkv, int64_t n_head, const torch::
   const bool dtype_fuses = autocast ? (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
                                           at::autocast::get_autocast_dtype(at::kCPU) == dtype
                                     : dtype == torch::kFloat || dtype == torch::kDouble;
-  return kernels::custom_kernel_enabled(kernels::CustomKernel::qkv_attention) && qkv.is_cpu() && allowed.is_cpu() &&
-         dtype_fuses && qkv.is_contiguous() && allowed.is_contiguous() &&
+  return custom_kernel_enabled(CustomKernel::qkv_attention) && qkv.is_cpu() && allowed.is_cpu() && dtype_fuses &&
+         qkv.is_contiguous() && allowed.is_contiguous() &&
          (!options.key_bias.defined() ||
           (options.key_bias.is_cpu() && options.key_bias.is_contiguous() && !options.key_bias.requires_grad())) &&
-         kernels::blas_gemm_available();
+         blas_gemm_available();
 }
 
 namespace {
@@ -413,4 +413,4 @@ torch::Tensor qkv_attention(const torch::Tensor& qkv, int64_t n_head, const torc
   return half ? y.to(qkv.scalar_type()) : y;
 }
 
-}  // namespace gradaccum::models
+}  // namespace gradaccum::kernels

@@ -6,7 +6,7 @@
 // much for the backward on float32 (8 × 128 × 768 elements per GPT block and
 // micro-step here), and its bfloat16 kernels are slower than casting to
 // float32 and back. This computes in float32 for float32 and bfloat16 inputs,
-// with tanh from one exponential (models/vector_exp.h), reading and writing
+// with tanh from one exponential (kernels/vector_exp.h), reading and writing
 // each element once per direction.
 //
 // Why hand-written: libtorch's fast vectorized tanh lives inside ATen's own
@@ -21,9 +21,9 @@
 
 #include <torch/torch.h>
 
-namespace gradaccum::models {
+namespace gradaccum::kernels {
 
-// torch::gelu(x, "tanh") to float32 rounding (tests/models/gelu_tanh_test.cpp), same
+// torch::gelu(x, "tanh") to float32 rounding (tests/kernels/gelu_tanh_test.cpp), same
 // dtype as x. Fused when gelu_tanh_fuses(x); otherwise libtorch's gelu in x's
 // dtype (libtorch 2.x's 16-bit CPU GELU is vectorized: the float32 detour that
 // 1.13 needed is gone). Differentiating the fused result twice (create_graph)
@@ -34,4 +34,4 @@ torch::Tensor gelu_tanh(const torch::Tensor& x);
 // float32 or bfloat16.
 bool gelu_tanh_fuses(const torch::Tensor& x);
 
-}  // namespace gradaccum::models
+}  // namespace gradaccum::kernels

@@ -1,8 +1,8 @@
-// models::group_norm's channels-last CPU node against libtorch's group_norm on the
+// kernels::group_norm's channels-last CPU node against libtorch's group_norm on the
 // same batch in NCHW: values and the gradients of input, weight and bias in
 // float64 (to rounding) and float32, group sizes from 1 channel to all of them,
 // a mean far from zero, and where it falls back to libtorch.
-#include "gradaccum/models/group_norm.h"
+#include "gradaccum/kernels/group_norm.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,8 +12,8 @@
 
 namespace group_norm_test {
 
-using gradaccum::models::group_norm;
-using gradaccum::models::group_norm_fuses;
+using gradaccum::kernels::group_norm;
+using gradaccum::kernels::group_norm_fuses;
 using gradaccum::testing::CustomKernelsScope;
 using gradaccum::testing::error_of;
 using gradaccum::testing::max_relative_difference;

@@ -1,4 +1,4 @@
-#include "gradaccum/models/gelu_mlp.h"
+#include "gradaccum/kernels/gelu_mlp.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
@@ -10,7 +10,7 @@
 
 #include "gradaccum/kernels/custom_kernels.h"
 
-namespace gradaccum::models {
+namespace gradaccum::kernels {
 
 namespace {
 
@@ -172,29 +172,24 @@ bool contiguous_cpu(const torch::Tensor& t, torch::ScalarType dtype) {
 
 }  // namespace
 
-GeluMlpImpl::GeluMlpImpl(int64_t in_features, int64_t hidden_features, int64_t out_features) {
-  // Names "0" and "2" as in the Sequential (with the GELU at "1"), so state
-  // dicts and golden files keyed by parameter name fit either form.
-  fc1 = register_module("0", torch::nn::Linear(in_features, hidden_features));
-  fc2 = register_module("2", torch::nn::Linear(hidden_features, out_features));
-}
-
-bool GeluMlpImpl::fuses(const torch::Tensor& x) const {
-  if (!kernels::custom_kernel_enabled(kernels::CustomKernel::gelu_mlp)) return false;
+bool gelu_mlp_fuses(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1, const torch::Tensor& w2,
+                    const torch::Tensor& b2) {
+  if (!custom_kernel_enabled(CustomKernel::gelu_mlp)) return false;
   const auto dtype = x.scalar_type();
   if (dtype != torch::kFloat && dtype != torch::kDouble) return false;
   if (at::autocast::is_autocast_enabled(at::kCPU)) return false;  // autocast runs the Linear layers in bf16
-  if (x.dim() != 2 || x.size(1) != fc1->weight.size(1)) return false;
-  for (const auto* t : {&x, &fc1->weight, &fc1->bias, &fc2->weight, &fc2->bias}) {
+  if (x.dim() != 2 || x.size(1) != w1.size(1)) return false;
+  for (const auto* t : {&x, &w1, &b1, &w2, &b2}) {
     if (!contiguous_cpu(*t, dtype)) return false;
   }
-  const int64_t per_row = fc1->weight.size(0) * fc1->weight.size(1) + fc2->weight.size(0) * fc2->weight.size(1);
-  return x.size(0) * per_row <= kMaxFusedMultiplyAdds;
+  const int64_t per_row = w1.size(0) * w1.size(1) + w2.size(0) * w2.size(1);
+  return x.size(0) * per_row <= kGeluMlpMaxFusedMultiplyAdds;
 }
 
-torch::Tensor GeluMlpImpl::forward(const torch::Tensor& x) {
-  if (fuses(x)) return FusedGeluMlp::apply(x, fc1->weight, fc1->bias, fc2->weight, fc2->bias);
-  return fc2(torch::gelu(fc1(x)));
+torch::Tensor gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                       const torch::Tensor& w2, const torch::Tensor& b2) {
+  if (gelu_mlp_fuses(x, w1, b1, w2, b2)) return FusedGeluMlp::apply(x, w1, b1, w2, b2);
+  return torch::linear(torch::gelu(torch::linear(x, w1, b1)), w2, b2);
 }
 
-}  // namespace gradaccum::models
+}  // namespace gradaccum::kernels
