@@ -72,7 +72,7 @@ Options parse_options(int argc, char** argv) {
     } else if (key == "--micro-batch") {
       o.micro_batch = parse_count("lm_loss_ab", key, value);
     } else if (key == "--mixed-precision") {
-      o.precision = core::parse_mixed_precision(value);
+      o.precision = core::mixed_precision_names().parse(value, "--mixed-precision");
     } else if (key == "--trace") {
       o.trace = value;
     } else if (key == "--chunks") {

@@ -201,7 +201,7 @@ Options parse_options(int argc, char** argv) {
     } else if (key == "--trace") {
       o.trace = value;
     } else if (key == "--dropout-rng") {
-      o.dropout_rng = models::parse_dropout_rng(value);
+      o.dropout_rng = models::dropout_rng_names().parse(value, "lm_throughput: --dropout-rng");
     } else if (key == "--loss-chunk-tokens") {
       o.loss_chunk_tokens = parse_count("lm_throughput", key, value);
     } else if (key == "--custom-kernels") {
@@ -220,7 +220,7 @@ Options parse_options(int argc, char** argv) {
       GA_CHECK(value == "cpu" || value == "cuda", "lm_throughput: --device is cpu or cuda, not {}", value);
       o.device = value == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
     } else if (key == "--mixed-precision") {
-      o.precision = core::parse_mixed_precision(value);
+      o.precision = core::mixed_precision_names().parse(value, "--mixed-precision");
       GA_CHECK(o.precision != core::MixedPrecision::fp16,
                "lm_throughput: --mixed-precision fp16 is a float32 emulation on CPU; use no or bf16");
     } else {

@@ -57,6 +57,7 @@ core::TrainerOptions sgd_options(int64_t b, int64_t n, double lr) {
   core::TrainerOptions o;
   o.per_device_train_batch_size = b;
   o.gradient_accumulation_steps = n;
+  o.num_train_epochs = 1;  // one pass over the data unless a test says otherwise
   o.optimizer.type = "sgd";
   o.optimizer.learning_rate = lr;
   o.lr_scheduler_type = optim::ScheduleType::constant;
