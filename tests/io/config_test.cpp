@@ -117,6 +117,11 @@ TEST(Config, TheLibrarysDefaultsAreTheKeyTablesDefaults) {
   EXPECT_EQ(c.ddp_bucket_cap_mb, r.ddp_bucket_cap_mb);
   EXPECT_EQ(c.sync_each_micro_step, r.sync_each_micro_step);
   EXPECT_EQ(c.zero_stage, r.zero_stage);
+  // A training run's sample and `gradaccum generate` draw with the same defaults.
+  const gradaccum::models::GenerationOptions g;
+  EXPECT_EQ(c.sample.max_new_tokens, g.max_new_tokens);
+  EXPECT_EQ(c.sample.temperature, g.temperature);
+  EXPECT_EQ(c.sample.top_k, g.top_k);
 }
 
 TEST(Config, EveryKeyIsInTheDefaultYamlAndTakesItsDefaultThroughSet) {

@@ -13,6 +13,7 @@
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/data/text_classification.h"
 #include "gradaccum/io/run_settings.h"
+#include "gradaccum/models/generation.h"
 #include "gradaccum/models/lora.h"
 #include "gradaccum/models/model_factory.h"
 
@@ -44,9 +45,9 @@ struct DataConfig {
 // A sample generated at the end of a causal-LM run.
 struct SampleConfig {
   std::string prompt;  // "" = none
-  int64_t max_new_tokens = 40;
-  double temperature = 0.8;
-  int64_t top_k = 40;  // the key's default, and `gradaccum generate --top-k`'s
+  int64_t max_new_tokens = models::GenerationOptions{}.max_new_tokens;
+  double temperature = models::GenerationOptions{}.temperature;
+  int64_t top_k = models::GenerationOptions{}.top_k;
 };
 
 // The resolved configuration: the run's settings (the library's own fields, run_settings.h), the

@@ -47,20 +47,21 @@ int run_generate(const GenerateArgs& args) {
   run::configure_threads(args.threads, 1);
   auto model = load_causal_lm(args.checkpoint, args.base);
   const auto tokenizer = load_tokenizer(args.tokenizer, args.checkpoint);
-  const auto prompt = tokenizer.encode(args.prompt);
-  GA_CHECK(!prompt.empty(), "--prompt: the prompt is empty");
+  GA_CHECK(!tokenizer.encode(args.prompt).empty(), "--prompt: the prompt is empty");
   models::GenerationOptions options;
   options.max_new_tokens = args.max_new_tokens;
   options.temperature = args.temperature;
   options.top_k = args.top_k;
   options.seed = args.seed;
   options.max_positions = model.max_positions;
-  const auto eot = tokenizer.token_id("<|endoftext|>");
-  if (eot) options.stop_token = *eot;
-  auto ids = models::generate(*model.causal_lm(), std::vector<int64_t>(prompt.begin(), prompt.end()), options);
-  std::vector<data::TokenId> tokens(ids.begin(), ids.end());
-  if (!tokens.empty() && eot && tokens.back() == *eot) tokens.pop_back();
-  fmt::print("{}{}\n", args.prompt, tokenizer.decode(tokens));
+  // The continuation is printed as it is drawn.
+  fmt::print("{}", args.prompt);
+  std::fflush(stdout);
+  models::generate_text(*model.causal_lm(), tokenizer, args.prompt, options, [](const std::string& piece) {
+    fmt::print("{}", piece);
+    std::fflush(stdout);
+  });
+  fmt::print("\n");
   return 0;
 }
 

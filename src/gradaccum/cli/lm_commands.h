@@ -21,9 +21,9 @@ struct GenerateArgs {
   std::string checkpoint;
   std::string tokenizer;  // "" = the checkpoint's own, else the default
   std::string prompt;
-  int64_t max_new_tokens = 50;
-  double temperature = 1.0;
-  int64_t top_k = io::SampleConfig{}.top_k;  // the same default as sample.top_k
+  int64_t max_new_tokens = models::GenerationOptions{}.max_new_tokens;  // sample.*'s defaults
+  double temperature = models::GenerationOptions{}.temperature;
+  int64_t top_k = models::GenerationOptions{}.top_k;
   uint64_t seed = 0;
   int64_t threads = 0;
   std::string base;  // a LoRA adapter's base ("" = the adapter's own)

@@ -28,20 +28,14 @@ std::vector<std::string> final_files(const io::Workload& workload) {
 
 void print_sample(io::Workload& workload, const io::SampleConfig& sample) {
   const auto& tokenizer = *workload.tokenizer;
-  const auto prompt = tokenizer.encode(sample.prompt);
-  if (prompt.empty()) return;
+  if (tokenizer.encode(sample.prompt).empty()) return;
   models::GenerationOptions options;
   options.max_new_tokens = sample.max_new_tokens;
   options.temperature = sample.temperature;
   options.top_k = sample.top_k;
   options.max_positions = workload.model.max_positions;
-  const auto eot = tokenizer.token_id("<|endoftext|>");
-  if (eot) options.stop_token = *eot;
-  const auto ids =
-      models::generate(*workload.model.causal_lm(), std::vector<int64_t>(prompt.begin(), prompt.end()), options);
-  std::vector<data::TokenId> tokens(ids.begin(), ids.end());
-  if (!tokens.empty() && eot && tokens.back() == *eot) tokens.pop_back();
-  fmt::print("sample: {}{}\n", sample.prompt, tokenizer.decode(tokens));
+  fmt::print("sample: {}{}\n", sample.prompt,
+             models::generate_text(*workload.model.causal_lm(), tokenizer, sample.prompt, options));
 }
 
 // The configuration's keys as fit()'s options.

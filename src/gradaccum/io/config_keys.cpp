@@ -288,7 +288,7 @@ std::vector<ConfigKey> make_keys() {
 
       section("sample", "causal LMs: a generated sample printed at the end"),
       text("sample.prompt", "\"\"", "\"\" = none", [](TrainConfig& c, const std::string& v) { c.sample.prompt = v; }),
-      integer("sample.max_new_tokens", 40, "tokens to generate", at_least(0),
+      integer("sample.max_new_tokens", SampleConfig{}.max_new_tokens, "tokens to generate", at_least(0),
               [](TrainConfig& c, int64_t v) { c.sample.max_new_tokens = v; }),
       number("sample.temperature", "0.8", "softmax temperature", at_least(0, "0 = greedy"),
              [](TrainConfig& c, double v) { c.sample.temperature = v; }),
@@ -525,6 +525,77 @@ const std::string& default_config_yaml() {
   return yaml;
 }
 
+// What a key's one-line help cannot say: the reference's "In more words" section (printed in the
+// key table's order). Each name must be a key: the reference refuses a stale one.
+const std::vector<std::pair<std::string, std::string>>& key_details() {
+  static const std::vector<std::pair<std::string, std::string>> details{
+      {"output_dir",
+       "holds `config.yaml` (the resolved configuration), `metrics.jsonl`, `summary.json`, the "
+       "checkpoints and `final/` ([usage.md](usage.md))"},
+      {"seed", "the model's initialization, the per-epoch data permutation, dropout masks and random data"},
+      {"device", "`cuda` needs a CUDA build of libtorch (`-DGRADACCUM_WITH_CUDA=ON`; `scripts/gpu_check.sh`)"},
+      {"model.hf_checkpoint",
+       "an HF directory (`config.json` + `model.safetensors`, or shards) or a Llama-family `.gguf` file; "
+       "`model.type` is taken from it"},
+      {"model.memory_format",
+       "`channels_last`: libtorch's channels-last convolution and pooling, GroupNorm as the engine's own node "
+       "(`kernels/group_norm.h`), 0.75–0.9 of the time per micro-step on the CPU; `auto` keeps a single image "
+       "in NCHW, where ATen's im2col convolution has no channels-last path, and a GPU, where it is not measured. "
+       "Parameters, gradients and checkpoints keep the default layout either way"},
+      {"model.dropout_rng",
+       "`per_sample`: each sample's mask is a pure function of (seed, step, sample, site, position), so dropout "
+       "does not depend on the decomposition ([exactness.md](exactness.md))"},
+      {"data.train_size",
+       "`random_tokens`: `train_size` rows of `max_length` uniform ids in [0, `vocab_size`), a pure function of "
+       "`seed`, labels = inputs, no padding and no tokenizer; evaluation on ⌊`train_size` × `eval_fraction`⌋ "
+       "further rows of the same stream. For timing and scaling runs: the loss tends to ln(`vocab_size`)"},
+      {"data.train_limit", "the first K images; for text, K samples spread evenly over the ordered corpus"},
+      {"gradient_accumulation_steps", "*N*; or set `global_batch_size` and *N* is derived as B / (b × W)"},
+      {"weight_decay",
+       "reaches matrices and embeddings, not biases and normalization gains (HF Trainer's split; nanoGPT's and "
+       "llm.c's rule)"},
+      {"mixed_precision",
+       "parameters, optimizer state and accumulated gradients stay float32 ([mixed_precision.md](mixed_precision.md)); "
+       "on a CPU without AVX512-FP16, fp16's matmuls run as float32 GEMMs on float16-rounded operands"},
+      {"bf16_cpu_matmuls",
+       "`float32`: float32 GEMMs on bfloat16-rounded operands (bfloat16 products, float32 sums, as bf16 hardware "
+       "does); `libtorch`: its bfloat16 kernels; `auto`: `float32` on CPUs without AVX512-BF16 or AMX, where "
+       "libtorch's bfloat16 GEMM is emulated (2–90× slower than float32)"},
+      {"custom_kernels",
+       "the engine's hand-written CPU kernels that still beat libtorch end to end ([BENCHMARKS.md](../BENCHMARKS.md)), "
+       "`mkl_intel_path` (MKL's Intel code on other vendors' CPUs; fixed at the process's first GEMM) and "
+       "`heap_retention` (glibc keeps freed blocks in its heap); `none` runs libtorch's own paths everywhere. "
+       "The header line `kernels: …; custom: …` says which run"},
+      {"loss_chunk_tokens",
+       "the fused LM head + cross-entropy never holds the full logits: chunks of ~64 MiB of float32 logits on the "
+       "CPU, ~512 MiB on a GPU"},
+      {"loss_normalization", "`micro_batch` is the naive mean of means, for comparison ([exactness.md](exactness.md))"},
+      {"last_window",
+       "`partial`: the shorter last window is normalized by its own count; `carry`: the remainder opens the next "
+       "epoch's first window ([exactness.md](exactness.md))"},
+      {"train_sampling_strategy",
+       "`sequential` replays the data file's order every epoch (to match another trainer's batches); "
+       "`longest_first` is what `gradaccum plan`'s probes use"},
+      {"grad_flow_steps", "per-parameter gradient statistics ([usage.md](usage.md), \"What a run writes\")"},
+      {"profile_from_step", "each rank's operators go to `<output_dir>/profiler/trace-rank<R>.json`"},
+      {"report_to", "`tensorboard` (or `[tensorboard]`, HF's spelling): event files in `logging_dir`"},
+      {"max_tokens_per_micro_batch",
+       "> 0: each window's samples are cut into micro-batches of at most K padded tokens instead of *b* rows "
+       "([exactness.md](exactness.md))"},
+      {"window_tokens",
+       "> 0: a window closes where its samples' targets (non-ignored tokens) reach T; its gradient is normalized by "
+       "its own count, *N* follows, the schedule counts these windows ([exactness.md](exactness.md))"},
+      {"oom_recovery",
+       "a window whose micro-step runs out of memory is trained again at half the micro-batch and twice the "
+       "micro-steps ([exactness.md](exactness.md))"},
+      {"deterministic_accumulation",
+       "for a fixed micro-batch size, gradients bit-identical in float32 for every N × W with W a power of two "
+       "([exactness.md](exactness.md))"},
+      {"nan_policy", "`abort` names the step and the micro-step; `skip` leaves the weights alone for that step"},
+  };
+  return details;
+}
+
 std::string config_reference_markdown() {
   std::string out =
       "# Configuration reference\n\n"
@@ -553,6 +624,18 @@ std::string config_reference_markdown() {
     out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", key.name, type_name(key), cell(key.default_yaml),
                        cell(allowed), cell(key.help));
   }
+  out += "\n## In more words\n\n";
+  for (const auto& [name, text] : key_details()) {
+    GA_CHECK(find_config_key(name) != nullptr, "key_details: '{}' is not a key", name);
+  }
+  for (const auto& key : config_keys()) {
+    for (const auto& [name, text] : key_details()) {
+      if (name == key.name) out += fmt::format("- `{}`: {}.\n", name, text);
+    }
+  }
+  out +=
+      "\nAn unknown key, a wrong type or an impossible value stops the run before anything is written, with one "
+      "line naming\nthe key: `gradaccum: error: key 'learning_rate': must be >= 0, got -0.1`.\n";
   return out;
 }
 

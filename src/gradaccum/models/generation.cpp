@@ -42,10 +42,43 @@ std::vector<int64_t> generate(CausalLmHeadImpl& model, const std::vector<int64_t
     }
     out.push_back(next);
     context.push_back(next);
+    if (options.on_token) options.on_token(next);
     if (next == options.stop_token) break;
   }
   model.train(was_training);
   return out;
+}
+
+std::string generate_text(CausalLmHeadImpl& model, const data::Tokenizer& tokenizer, const std::string& prompt,
+                          GenerationOptions options, const std::function<void(const std::string&)>& on_text) {
+  const auto encoded = tokenizer.encode(prompt);
+  GA_CHECK(!encoded.empty(), "generate: the prompt \"{}\" encodes to no token", prompt);
+  const auto end_of_text = tokenizer.token_id("<|endoftext|>");
+  if (end_of_text) options.stop_token = *end_of_text;
+  // Streamed as bytes: what the tokens so far decode to, past what was already given. Byte-level
+  // BPE decodes a longer list to a longer string with the same start, so the pieces add up to
+  // the whole (a character split across tokens arrives in two pieces, as a terminal expects).
+  std::vector<data::TokenId> drawn;
+  std::string given;
+  if (on_text) {
+    options.on_token = [&](int64_t id) {
+      if (end_of_text && id == *end_of_text) return;
+      drawn.push_back(static_cast<data::TokenId>(id));
+      const auto text = tokenizer.decode(drawn);
+      if (text.size() > given.size() && text.compare(0, given.size(), given) == 0) {
+        on_text(text.substr(given.size()));
+        given = text;
+      }
+    };
+  }
+  const auto ids = generate(model, std::vector<int64_t>(encoded.begin(), encoded.end()), options);
+  std::vector<data::TokenId> tokens(ids.begin(), ids.end());
+  if (!tokens.empty() && end_of_text && tokens.back() == *end_of_text) tokens.pop_back();
+  auto text = tokenizer.decode(tokens);
+  if (on_text && text.size() > given.size() && text.compare(0, given.size(), given) == 0) {
+    on_text(text.substr(given.size()));
+  }
+  return text;
 }
 
 }  // namespace gradaccum::models
