@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -277,6 +278,10 @@ TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
   const auto sixteen = run_limited(plain + micro_batch_and_steps(16, 1), limit);
   ASSERT_EQ(sixteen.exit_code, 1) << "micro-batch 16 fits in " << limit << " KiB, so the test proves nothing";
   EXPECT_NE(sixteen.err.find("can't allocate memory"), std::string::npos) << sixteen.err;
+  // The allocator's words inside one line that says what failed and what to change.
+  EXPECT_EQ(sixteen.err.rfind("gradaccum: error: out of memory (", 0), 0u) << sixteen.err;
+  EXPECT_NE(sixteen.err.find("lower per_device_train_batch_size"), std::string::npos) << sixteen.err;
+  EXPECT_EQ(std::count(sixteen.err.begin(), sixteen.err.end(), '\n'), 1) << sixteen.err;
 
   const auto recovered = run_limited(
       kLimited + " --set per_device_train_batch_size=16 --set save_steps=2 --set output_dir=" + dir + "/recovered",

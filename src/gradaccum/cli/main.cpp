@@ -17,6 +17,7 @@
 #include "gradaccum/cli/tokenize_command.h"
 #include "gradaccum/cli/train_command.h"
 #include "gradaccum/cli/verify_command.h"
+#include "gradaccum/core/out_of_memory.h"
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/config_keys.h"
 #include "gradaccum/run/runtime.h"
@@ -24,6 +25,15 @@
 namespace {
 // c10::Error messages carry a C++ backtrace after the first line.
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// An allocation that failed outside what oom_recovery handles: what failed, the allocator's own
+// words, and what to change.
+std::string out_of_memory_message(const std::string& cause) {
+  return fmt::format(
+      "out of memory ({}): lower per_device_train_batch_size, data.max_length or per_device_eval_batch_size, keep "
+      "oom_recovery: true, or run `gradaccum plan`",
+      cause);
+}
 
 // The checks of option values that CLI11 runs as it parses; their message follows the option's
 // name ("--threads: must be ...").
@@ -208,10 +218,14 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "gradaccum: error: {}\n", e.what());
     return 1;
   } catch (const c10::Error& e) {
-    fmt::print(stderr, "gradaccum: error: {}\n", first_line(e.what_without_backtrace()));
+    const auto cause = first_line(e.what_without_backtrace());
+    fmt::print(stderr, "gradaccum: error: {}\n",
+               gradaccum::core::is_out_of_memory(e) ? out_of_memory_message(cause) : cause);
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "gradaccum: error: {}\n", first_line(e.what()));
+    const auto cause = first_line(e.what());
+    fmt::print(stderr, "gradaccum: error: {}\n",
+               gradaccum::core::is_out_of_memory(e) ? out_of_memory_message(cause) : cause);
     return 1;
   }
   return 0;
