@@ -52,6 +52,10 @@ struct HfCheckpoint {
 // checkpoints are refused with an error saying so.
 HfCheckpoint read_hf_checkpoint(const std::string& dir);
 
+// A checkpoint's JSON file (config.json, the shard index, adapter_config.json); unreadable or
+// malformed text is a gradaccum::Error naming the file, on one line.
+nlohmann::json read_json_file(const std::string& path);
+
 // Writes config.json and model.safetensors into `<dir>.tmp-<pid>`, fsyncs
 // them, then swaps that directory in for `dir` (replacing an existing one, by
 // renameat2's RENAME_EXCHANGE where the filesystem supports it), so `dir` is

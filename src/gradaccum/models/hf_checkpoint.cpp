@@ -96,20 +96,6 @@ std::string hf_name(const HfTensorNames& rules, const std::string& name) {
   return has_prefix(name, kModulePrefix) ? rules.hf_prefix + name.substr(kModulePrefix.size()) : name;
 }
 
-nlohmann::json read_json_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  GA_CHECK(in.good(), "{}: cannot read", path.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    std::string message = e.what();
-    std::replace(message.begin(), message.end(), '\n', ' ');
-    throw Error(fmt::format("{}: not valid JSON: {}", path.string(), message));
-  }
-}
-
 // The tensor named `name` with or without the family's file prefix ("transformer.", "model."),
 // or null.
 const std::pair<std::string, torch::Tensor>* tensor_named(const formats::NamedTensors& tensors, const std::string& name,
@@ -184,7 +170,7 @@ void check_claims_against_tensors(const nlohmann::json& config, const formats::N
 // tensor's shard (a file beside it); every shard is read once, and a tensor the index lists
 // that its shard lacks, or a shard's tensor the index does not list, is an error.
 std::vector<std::pair<std::string, torch::Tensor>> read_shards(const fs::path& root, const fs::path& index_path) {
-  const auto index = read_json_file(index_path);
+  const auto index = read_json_file(index_path.string());
   const std::string what = index_path.string();
   GA_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
            "{}: has no \"weight_map\" object", what);
@@ -212,6 +198,21 @@ std::vector<std::pair<std::string, torch::Tensor>> read_shards(const fs::path& r
 
 }  // namespace
 
+nlohmann::json read_json_file(const std::string& file) {
+  const fs::path path(file);
+  std::ifstream in(path, std::ios::binary);
+  GA_CHECK(in.good(), "{}: cannot read", path.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    std::string message = e.what();
+    std::replace(message.begin(), message.end(), '\n', ' ');
+    throw Error(fmt::format("{}: not valid JSON: {}", path.string(), message));
+  }
+}
+
 HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   const fs::path root(dir);
   GA_CHECK(fs::is_directory(root), "{}: HF checkpoint directory does not exist", dir);
@@ -221,7 +222,7 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   const fs::path index = root / "model.safetensors.index.json";
   if (!fs::exists(weights) && fs::exists(index)) {
     HfCheckpoint checkpoint;
-    checkpoint.config = read_json_file(config_path);
+    checkpoint.config = read_json_file(fs::path(config_path).string());
     GA_CHECK(checkpoint.config.is_object(), "{}: not a JSON object", config_path.string());
     checkpoint.tensors = read_shards(root, index);
     check_claims_against_tensors(checkpoint.config, checkpoint.tensors, config_path.string(), index.string());
@@ -235,7 +236,7 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
     throw Error(fmt::format("{}: HF checkpoint has no model.safetensors", dir));
   }
   HfCheckpoint checkpoint;
-  checkpoint.config = read_json_file(config_path);
+  checkpoint.config = read_json_file(fs::path(config_path).string());
   GA_CHECK(checkpoint.config.is_object(), "{}: not a JSON object", config_path.string());
   checkpoint.tensors = formats::load_safetensors(weights.string());
   check_claims_against_tensors(checkpoint.config, checkpoint.tensors, config_path.string(), weights.string());

@@ -50,20 +50,6 @@ std::string lora_key(const std::string& what, const std::string& config_key, con
   return what == "lora" ? fmt::format("key 'lora.{}'", config_key) : fmt::format("{}: \"{}\"", what, peft_key);
 }
 
-nlohmann::json read_adapter_json(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  GA_CHECK(in.good(), "{}: cannot read", path.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    std::string message = e.what();
-    std::replace(message.begin(), message.end(), '\n', ' ');
-    throw Error(fmt::format("{}: not valid JSON: {}", path.string(), message));
-  }
-}
-
 // The decoder's Linear layers: the adapters' candidates. The heads (lm_head, score) run outside
 // models::linear and are trained whole through modules_to_save instead.
 std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>> adaptable_linears(
@@ -339,7 +325,7 @@ BuiltModel load_language_model_with_adapter(const std::string& adapter_dir, cons
   const fs::path dir(adapter_dir);
   const auto config_path = (dir / kAdapterConfig).string();
   GA_CHECK(fs::exists(config_path), "{}: no {} (not a PEFT adapter directory)", adapter_dir, kAdapterConfig);
-  const auto config = read_adapter_json(config_path);
+  const auto config = read_json_file(config_path);
   const auto lora = lora_config_from_peft(config, config_path);
   std::string base_dir = base;
   if (base_dir.empty()) {
