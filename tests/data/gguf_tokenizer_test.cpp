@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "gguf_reference.h"
 #include "gradaccum/data/tokenizer.h"
 #include "test_support.h"
 
@@ -31,20 +32,12 @@ using gradaccum::testing::error_of;
 using nlohmann::json;
 using Ids = std::vector<TokenId>;
 
-constexpr const char* kSmolLm2Path = "/var/lib/gradaccum/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+using gradaccum::testing::kSmolLm2Path;
 const std::string kMovieReviews = "/var/lib/gradaccum/data/movie-reviews/reviews.csv";
 const std::string kTokenizerData = std::string(GRADACCUM_TEST_DATA) + "/tokenizer";
 const char* const kCases[] = {"tok-smollm", "tok-llama-bpe", "tok-qwen2"};
 
-#define REQUIRE_SMOLLM2()                                                                                              \
-  if (!fs::exists(kSmolLm2Path)) {                                                                                     \
-    GTEST_SKIP() << "SmolLM2-135M-Instruct is not installed at " << kSmolLm2Path << " (scripts/setup.sh installs it)"; \
-  }
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+std::string read_bytes(const std::string& path) { return gradaccum::testing::file_bytes(path); }
 
 std::vector<std::string> split_lines(const std::string& bytes) {
   std::vector<std::string> lines;
@@ -65,26 +58,16 @@ int run(const std::string& command, const std::string& dir) {
   return WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
 }
 
-struct Reference {
-  std::string dir, error;
-};
-Reference run_reference(const std::string& name, const std::string& args_before_dir) {
-  Reference made{gradaccum::testing::make_temp_dir(name), ""};
-  const std::string script = std::string(GRADACCUM_TEST_DATA) + "/../hf/gguf_transformers_reference.py";
-  if (run(python() + "'" + script + "' " + args_before_dir + " '" + made.dir + "'", made.dir) != 0) {
-    made.error = "tests/hf/gguf_transformers_reference.py " + args_before_dir +
-                 " failed (transformers and gguf in the venv? scripts/setup.sh installs them):\n" +
-                 read_bytes(made.dir + "/log");
-  }
-  return made;
-}
+using Reference = gradaccum::testing::GgufReference;
+using gradaccum::testing::run_gguf_reference;
 // The small tokenizers (~10 s) and SmolLM2's tokenizer.json (~10 s), once per test process.
 const Reference& synthetic() {
-  static const Reference r = run_reference("gguf-tokenizers", "tokenizers");
+  static const Reference r = run_gguf_reference("gguf-tokenizers", "tokenizers");
   return r;
 }
 const Reference& smollm2() {
-  static const Reference r = run_reference("gguf-smollm2-tokenizer", std::string("tokenizer '") + kSmolLm2Path + "'");
+  static const Reference r =
+      run_gguf_reference("gguf-smollm2-tokenizer", std::string("tokenizer '") + kSmolLm2Path + "'");
   return r;
 }
 

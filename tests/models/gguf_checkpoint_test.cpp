@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "gguf_reference.h"
 #include "gradaccum/core/batch.h"
 #include "gradaccum/formats/safetensors.h"
 #include "gradaccum/models/built_model.h"
@@ -29,44 +30,21 @@ namespace fs = std::filesystem;
 using namespace gradaccum;
 using gradaccum::testing::error_of;
 
-constexpr const char* kSmolLm2Path = "/var/lib/gradaccum/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+using gradaccum::testing::kSmolLm2Path;
 
-#define REQUIRE_SMOLLM2()                                                                                              \
-  if (!fs::exists(kSmolLm2Path)) {                                                                                     \
-    GTEST_SKIP() << "SmolLM2-135M-Instruct is not installed at " << kSmolLm2Path << " (scripts/setup.sh installs it)"; \
-  }
+std::string read_bytes(const std::string& path) { return gradaccum::testing::file_bytes(path); }
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// tests/hf/gguf_transformers_reference.py ARGS run once into a fresh directory; `error` is the
-// failure message ("" when it succeeded).
-struct Reference {
-  std::string dir, error;
-};
-Reference run_reference(const std::string& name, const std::string& args_before_dir) {
-  Reference made{gradaccum::testing::make_temp_dir(name), ""};
-  const std::string script = std::string(GRADACCUM_TEST_DATA) + "/../hf/gguf_transformers_reference.py";
-  const std::string command = "'" + gradaccum::testing::venv_program("python") + "' -B '" + script + "' " +
-                              args_before_dir + " '" + made.dir + "' > '" + made.dir + "/log' 2>&1";
-  if (std::system(command.c_str()) != 0) {
-    made.error = "tests/hf/gguf_transformers_reference.py " + args_before_dir +
-                 " failed (transformers and gguf in the venv? scripts/setup.sh installs them):\n" +
-                 read_bytes(made.dir + "/log");
-  }
-  return made;
-}
+using Reference = gradaccum::testing::GgufReference;
+using gradaccum::testing::run_gguf_reference;
 
 // The tiny Llama and the refused files (~10 s), once per test process.
 const Reference& synthetic() {
-  static const Reference r = run_reference("gguf-models", "models");
+  static const Reference r = run_gguf_reference("gguf-models", "models");
   return r;
 }
 // transformers on SmolLM2-135M (~30 s), once per test process.
 const Reference& smollm2() {
-  static const Reference r = run_reference("gguf-smollm2", std::string("model '") + kSmolLm2Path + "'");
+  static const Reference r = run_gguf_reference("gguf-smollm2", std::string("model '") + kSmolLm2Path + "'");
   return r;
 }
 
