@@ -200,4 +200,15 @@ std::vector<int> count_autograd_nodes(const torch::Tensor& t, const std::vector<
   return counts;
 }
 
+std::vector<std::string> split_lines(const std::string& bytes) {
+  std::vector<std::string> lines;
+  for (std::size_t pos = 0; pos < bytes.size();) {
+    std::size_t end = bytes.find('\n', pos);
+    if (end == std::string::npos) end = bytes.size();
+    lines.push_back(bytes.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return lines;
+}
+
 }  // namespace gradaccum::testing

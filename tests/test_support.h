@@ -134,6 +134,10 @@ std::string venv_program(const std::string& name);
 // data::kDefaultTokenizerDir when the variable is unset or empty.
 std::string gpt2_tokenizer_dir();
 
+// The lines of a file's bytes as the reference scripts split them: the bytes between '\n', a
+// final '\n' ending the last line.
+std::vector<std::string> split_lines(const std::string& bytes);
+
 std::string read_text(const std::string& path);
 
 // The JSON objects of a JSON-lines file (metrics.jsonl), in order.

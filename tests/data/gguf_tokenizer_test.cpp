@@ -39,16 +39,7 @@ const char* const kCases[] = {"tok-smollm", "tok-llama-bpe", "tok-qwen2"};
 
 std::string read_bytes(const std::string& path) { return gradaccum::testing::file_bytes(path); }
 
-std::vector<std::string> split_lines(const std::string& bytes) {
-  std::vector<std::string> lines;
-  for (std::size_t pos = 0; pos < bytes.size();) {
-    std::size_t end = bytes.find('\n', pos);
-    if (end == std::string::npos) end = bytes.size();
-    lines.push_back(bytes.substr(pos, end - pos));
-    pos = end + 1;
-  }
-  return lines;
-}
+using gradaccum::testing::split_lines;
 
 std::string python() { return "'" + gradaccum::testing::venv_program("python") + "' -B "; }
 

@@ -55,16 +55,7 @@ void write_bytes(const fs::path& path, const std::string& bytes) {
   out << bytes;
 }
 
-std::vector<std::string> split_lines(const std::string& bytes) {
-  std::vector<std::string> lines;
-  for (std::size_t pos = 0; pos < bytes.size();) {
-    std::size_t end = bytes.find('\n', pos);
-    if (end == std::string::npos) end = bytes.size();
-    lines.push_back(bytes.substr(pos, end - pos));
-    pos = end + 1;
-  }
-  return lines;
-}
+using gradaccum::testing::split_lines;
 
 std::string from_hex(const std::string& hex) {
   std::string out;
