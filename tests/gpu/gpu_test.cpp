@@ -3,6 +3,7 @@
 // through pinned memory, and two NCCL ranks equal one process. Every test skips, naming the
 // reason, where no CUDA device is visible or the build links libtorch's CPU libraries only
 // (configure with -DGRADACCUM_WITH_CUDA=ON). CI compiles this file in both builds.
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #ifdef GRADACCUM_WITH_CUDA
@@ -19,6 +20,7 @@
 #include "gradaccum/core/grad_flow.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/dist/process_group.h"
+#include "gradaccum/models/built_model.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/models/networks.h"
@@ -98,6 +100,69 @@ TEST(GpuLmLoss, MaskedFusedLossOnCudaEqualsTheCpu) {
   EXPECT_EQ(cpu_count, (5 - 1) + (9 - 1) + (3 - 1) + (12 - 1));
   EXPECT_NEAR(cuda_sum, cpu_sum, 1e-12 * std::abs(cpu_sum));
   EXPECT_LE(gradaccum::testing::max_relative_difference(cuda_grads, cpu_grads), 1e-10);
+}
+
+// A Llama-family decoder (RoPE, RMSNorm, SwiGLU, 2 key-value heads for 4 query heads) as a
+// causal LM on a left-padded batch: on CUDA its loss, count and gradients equal the CPU's in
+// float64; under bf16 autocast on CUDA it stays near float32 while really running in bf16.
+models::ModelConfig tiny_llama_config() {
+  models::ModelConfig c;
+  c.type = "llama";
+  c.n_layer = 2;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.intermediate_size = 40;
+  c.n_positions = 16;
+  return c;
+}
+
+struct LlamaStep {
+  double sum = 0;
+  double count = 0;
+  torch::Tensor grads;  // flat, float64, on the CPU
+};
+
+LlamaStep llama_step(const torch::Device& device, torch::ScalarType dtype, bool bf16_autocast) {
+  const auto data = gradaccum::testing::pad(gradaccum::testing::make_sequences({5, 9, 3, 12}, 7), /*left=*/true);
+  const auto labels = data.ids.masked_fill(data.mask == 0, core::kIgnoreIndex);
+  auto built =
+      models::make_language_model("llama", tiny_llama_config(), gradaccum::testing::tiny_gpt2_config().vocab_size,
+                                  /*num_labels=*/0, /*init_seed=*/3);
+  built.task->module().to(device, dtype);
+  core::LossSum l;
+  {
+    at::autocast::set_autocast_enabled(device.type(), bf16_autocast);
+    if (bf16_autocast) at::autocast::set_autocast_dtype(device.type(), torch::kBFloat16);
+    l = built.task->loss({data.ids.to(device), labels.to(device), data.mask.to(device), 4});
+    at::autocast::set_autocast_enabled(device.type(), false);
+    at::autocast::clear_cache();
+  }
+  l.sum.backward();
+  return {l.sum.item<double>(), l.count.item<double>(),
+          gradaccum::testing::flat_grads(built.task->module()).to(torch::kCPU, torch::kDouble)};
+}
+
+TEST(GpuLlama, TrainingStepOnCudaEqualsTheCpuInFloat64AndBf16AutocastStaysNearFloat32) {
+  SKIP_WITHOUT_CUDA();
+  const auto cpu = llama_step(torch::kCPU, torch::kDouble, false);
+  const auto cuda = llama_step(torch::kCUDA, torch::kDouble, false);
+  EXPECT_EQ(cpu.count, (5 - 1) + (9 - 1) + (3 - 1) + (12 - 1));
+  EXPECT_EQ(cuda.count, cpu.count);
+  EXPECT_NEAR(cuda.sum, cpu.sum, 1e-12 * std::abs(cpu.sum));
+  EXPECT_LE(gradaccum::testing::max_relative_difference(cuda.grads, cpu.grads), 1e-10);
+
+  const auto fp32 = llama_step(torch::kCUDA, torch::kFloat, false);
+  const auto bf16 = llama_step(torch::kCUDA, torch::kFloat, true);
+  EXPECT_EQ(bf16.count, cpu.count);
+  EXPECT_NEAR(fp32.sum, cpu.sum, 1e-5 * std::abs(cpu.sum));
+  EXPECT_NEAR(bf16.sum, fp32.sum, 3e-2 * std::abs(fp32.sum));
+  EXPECT_TRUE(torch::isfinite(bf16.grads).all().item<bool>());
+  // bf16 really ran: its gradients differ from float32's well beyond float32's rounding.
+  const double bf16_vs_fp32 = gradaccum::testing::max_relative_difference(bf16.grads, fp32.grads);
+  std::printf("[ measured ] Llama bf16 autocast vs float32 gradients on CUDA: %.3e\n", bf16_vs_fp32);
+  EXPECT_GT(bf16_vs_fp32, 1e-4);
+  EXPECT_LT(bf16_vs_fp32, 0.5);
 }
 
 // On a GPU the fused loss's automatic chunk holds ~512 MiB of float32 logits (64 MiB on the

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gradaccum/models/bloom.h"
+#include "gradaccum/models/built_model.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
 #include "padded_batches.h"
@@ -337,20 +338,45 @@ TEST(ActivationCheckpointFunction, UndefinedInputOrOutputIsAOneLineError) {
 }
 
 // ---------------------------------------------------------------------------
-// GPT-2 and BLOOM with gradient_checkpointing
+// GPT-2, BLOOM and the Llama family's decoder with gradient_checkpointing
 
-enum class Arch { gpt2, bloom };
+enum class Arch { gpt2, bloom, llama };
+
+const char* arch_name(Arch arch) { return arch == Arch::gpt2 ? "GPT-2" : arch == Arch::bloom ? "BLOOM" : "Llama"; }
+
+// RoPE, RMSNorm, SwiGLU and grouped-query attention (2 key-value heads for 4 query heads).
+gradaccum::models::ModelConfig tiny_llama_config() {
+  gradaccum::models::ModelConfig c;
+  c.type = "llama";
+  c.n_layer = 3;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.intermediate_size = 40;
+  c.n_positions = 16;
+  return c;
+}
 
 CausalLmHead make_model(Arch arch, torch::ScalarType dtype) {
-  CausalLmHead model =
-      arch == Arch::gpt2
-          ? CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(Gpt2LmHeadModel(tiny_gpt2_config(3)).ptr()))
-          : CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(BloomForCausalLm(tiny_bloom_config(3)).ptr()));
+  CausalLmHead model{nullptr};
+  if (arch == Arch::gpt2) {
+    model = CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(Gpt2LmHeadModel(tiny_gpt2_config(3)).ptr()));
+  } else if (arch == Arch::bloom) {
+    model = CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(BloomForCausalLm(tiny_bloom_config(3)).ptr()));
+  } else {
+    auto built = gradaccum::models::make_language_model("llama", tiny_llama_config(), tiny_gpt2_config().vocab_size,
+                                                        /*num_labels=*/0, /*init_seed=*/3);
+    model = dynamic_cast<gradaccum::models::CausalLm&>(*built.task).model();
+  }
   model->to(dtype);
   return model;
 }
 
-int64_t n_layer(Arch arch) { return arch == Arch::gpt2 ? tiny_gpt2_config(3).n_layer : tiny_bloom_config(3).n_layer; }
+int64_t n_layer(Arch arch) {
+  return arch == Arch::gpt2    ? tiny_gpt2_config(3).n_layer
+         : arch == Arch::bloom ? tiny_bloom_config(3).n_layer
+                               : tiny_llama_config().n_layer;
+}
 
 // A right-padded batch of very different lengths, padding labelled -100.
 struct LmBatch {
@@ -425,8 +451,8 @@ void expect_plain_gradients(Arch arch, torch::ScalarType dtype, double tolerance
   EXPECT_TRUE(torch::equal(checkpointed.loss, plain.loss))
       << checkpointed.loss.item<double>() << " vs " << plain.loss.item<double>();
   const double worst = worst_gradient_difference(checkpointed, plain, tolerance);
-  std::printf("[ measured ] %s %s: max relative gradient difference %.3e\n", arch == Arch::gpt2 ? "GPT-2" : "BLOOM",
-              c10::toString(dtype), worst);
+  std::printf("[ measured ] %s %s: max relative gradient difference %.3e\n", arch_name(arch), c10::toString(dtype),
+              worst);
 }
 
 TEST(ActivationCheckpointGpt2, GradientsEqualThePlainRunInFloat64AndFloat32) {
@@ -439,12 +465,18 @@ TEST(ActivationCheckpointBloom, GradientsEqualThePlainRunInFloat64AndFloat32) {
   expect_plain_gradients(Arch::bloom, torch::kFloat, 1e-5);
 }
 
+TEST(ActivationCheckpointLlama, GradientsEqualThePlainRunInFloat64AndFloat32) {
+  expect_plain_gradients(Arch::llama, torch::kDouble, 1e-10);
+  expect_plain_gradients(Arch::llama, torch::kFloat, 1e-5);
+}
+
 // The memory claim, read off the graph: with checkpointing the loss's graph
 // holds one checkpoint node per block and none of the blocks' own operations
 // (their attention softmaxes stand for all of them), so no activation inside
 // a block is saved.
 TEST(ActivationCheckpointModels, BlocksKeepNoActivationsInTheGraph) {
-  for (Arch arch : {Arch::gpt2, Arch::bloom}) {
+  for (Arch arch : {Arch::gpt2, Arch::bloom, Arch::llama}) {
+    SCOPED_TRACE(arch_name(arch));
     auto model = make_model(arch, torch::kDouble);
     const auto plain = lm_step(model, false, lm_batch());
     const auto checkpointed = lm_step(model, true, lm_batch());

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,9 @@ struct GenerationOptions {
   double temperature = 0.8;  // 0: greedy (argmax)
   int64_t top_k = 40;        // > 0: sample among the k most likely tokens only
   uint64_t seed = 0;
-  int64_t stop_token = -1;                // >= 0: stop after emitting this id (e.g. <|endoftext|>)
+  // Stop after emitting any of these ids (the model's eos_token_id: SmolLM2-Instruct's <|im_end|>,
+  // Llama 3's three end tokens); empty in generate_text: the tokenizer's <|endoftext|>, if any.
+  std::vector<int64_t> stop_tokens;
   int64_t max_positions = 0;              // > 0: keep only the last max_positions tokens as context
   std::function<void(int64_t)> on_token;  // called with each new id as soon as it is drawn
 };
@@ -34,12 +37,17 @@ std::vector<int64_t> generate(CausalLmHeadImpl& model, const std::vector<int64_t
                               const GenerationOptions& options);
 
 // The continuation of `prompt` as text, as `train`'s sample and `gradaccum generate` print it: the
-// prompt encoded by `tokenizer`, generated until max_new_tokens or the tokenizer's end-of-text
-// token (when it has one; options.stop_token is set from it), decoded without that token. Throws
+// prompt encoded by `tokenizer`, generated until max_new_tokens or a stop token
+// (options.stop_tokens; when empty, the tokenizer's <|endoftext|> when it has one), decoded
+// without that token. Throws
 // gradaccum::Error when the prompt encodes to no token. `on_text`, when given, receives the
 // continuation piece by piece as the tokens are drawn (their concatenation is the returned text),
 // so a caller can print it as it grows.
 std::string generate_text(CausalLmHeadImpl& model, const data::Tokenizer& tokenizer, const std::string& prompt,
                           GenerationOptions options, const std::function<void(const std::string&)>& on_text = {});
+
+// The end-of-sequence ids an HF config.json names: its eos_token_id, a number or a list (Llama 3
+// lists three); empty when it names none. Throws gradaccum::Error when the key holds anything else.
+std::vector<int64_t> eos_token_ids(const nlohmann::json& hf_config);
 
 }  // namespace gradaccum::models

@@ -54,6 +54,7 @@ int run_generate(const GenerateArgs& args) {
   options.top_k = args.top_k;
   options.seed = args.seed;
   options.max_positions = model.max_positions;
+  options.stop_tokens = models::eos_token_ids(model.hf_config);
   // The continuation is printed as it is drawn.
   fmt::print("{}", args.prompt);
   std::fflush(stdout);

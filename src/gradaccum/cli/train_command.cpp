@@ -34,6 +34,7 @@ void print_sample(io::Workload& workload, const io::SampleConfig& sample) {
   options.temperature = sample.temperature;
   options.top_k = sample.top_k;
   options.max_positions = workload.model.max_positions;
+  options.stop_tokens = models::eos_token_ids(workload.model.hf_config);
   fmt::print("sample: {}{}\n", sample.prompt,
              models::generate_text(*workload.model.causal_lm(), tokenizer, sample.prompt, options));
 }

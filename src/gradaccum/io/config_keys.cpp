@@ -364,7 +364,8 @@ std::vector<ConfigKey> make_keys() {
              [](TrainConfig& c, double v) { c.trainer.loss_scaler.backoff_factor = v; }),
       integer("loss_scaler.growth_interval", 2000, "good optimizer steps before the scale grows", at_least(1),
               [](TrainConfig& c, int64_t v) { c.trainer.loss_scaler.growth_interval = v; }),
-      boolean("gradient_checkpointing", false, "GPT-2/BLOOM: recompute block activations in backward",
+      boolean("gradient_checkpointing", false,
+              "Decoder LMs (GPT-2, BLOOM, the Llama family): recompute each block's activations in backward",
               [](TrainConfig& c, bool v) { c.model.gradient_checkpointing = v; }),
       integer("loss_chunk_tokens", 0,
               "causal LMs: the fused LM head + loss works on chunks of this many tokens (0 = automatic, ~64 MiB of "

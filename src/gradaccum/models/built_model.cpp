@@ -108,7 +108,8 @@ CausalLmHeadImpl* BuiltModel::causal_lm() {
 void BuiltModel::set_gradient_checkpointing(bool enabled) {
   if (!enabled && backbone.is_empty()) return;
   GA_CHECK(!backbone.is_empty(),
-           "key 'gradient_checkpointing': only GPT-2 and BLOOM models have transformer blocks to checkpoint");
+           "key 'gradient_checkpointing': only decoder language models (GPT-2, BLOOM, the Llama family) have "
+           "transformer blocks to checkpoint");
   backbone->set_gradient_checkpointing(enabled);
 }
 

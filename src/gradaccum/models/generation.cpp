@@ -2,6 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+
 #include "gradaccum/base/check.h"
 
 namespace gradaccum::models {
@@ -43,7 +45,7 @@ std::vector<int64_t> generate(CausalLmHeadImpl& model, const std::vector<int64_t
     out.push_back(next);
     context.push_back(next);
     if (options.on_token) options.on_token(next);
-    if (next == options.stop_token) break;
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) != options.stop_tokens.end()) break;
   }
   model.train(was_training);
   return out;
@@ -53,8 +55,12 @@ std::string generate_text(CausalLmHeadImpl& model, const data::Tokenizer& tokeni
                           GenerationOptions options, const std::function<void(const std::string&)>& on_text) {
   const auto encoded = tokenizer.encode(prompt);
   GA_CHECK(!encoded.empty(), "generate: the prompt \"{}\" encodes to no token", prompt);
-  const auto end_of_text = tokenizer.token_id("<|endoftext|>");
-  if (end_of_text) options.stop_token = *end_of_text;
+  if (options.stop_tokens.empty()) {
+    if (const auto end_of_text = tokenizer.token_id("<|endoftext|>")) options.stop_tokens.push_back(*end_of_text);
+  }
+  const auto stops = [&](int64_t id) {
+    return std::find(options.stop_tokens.begin(), options.stop_tokens.end(), id) != options.stop_tokens.end();
+  };
   // Streamed as bytes: what the tokens so far decode to, past what was already given. Byte-level
   // BPE decodes a longer list to a longer string with the same start, so the pieces add up to
   // the whole (a character split across tokens arrives in two pieces, as a terminal expects).
@@ -62,7 +68,7 @@ std::string generate_text(CausalLmHeadImpl& model, const data::Tokenizer& tokeni
   std::string given;
   if (on_text) {
     options.on_token = [&](int64_t id) {
-      if (end_of_text && id == *end_of_text) return;
+      if (stops(id)) return;
       drawn.push_back(static_cast<data::TokenId>(id));
       const auto text = tokenizer.decode(drawn);
       if (text.size() > given.size() && text.compare(0, given.size(), given) == 0) {
@@ -73,12 +79,31 @@ std::string generate_text(CausalLmHeadImpl& model, const data::Tokenizer& tokeni
   }
   const auto ids = generate(model, std::vector<int64_t>(encoded.begin(), encoded.end()), options);
   std::vector<data::TokenId> tokens(ids.begin(), ids.end());
-  if (!tokens.empty() && end_of_text && tokens.back() == *end_of_text) tokens.pop_back();
+  if (!tokens.empty() && stops(tokens.back())) tokens.pop_back();
   auto text = tokenizer.decode(tokens);
   if (on_text && text.size() > given.size() && text.compare(0, given.size(), given) == 0) {
     on_text(text.substr(given.size()));
   }
   return text;
+}
+
+std::vector<int64_t> eos_token_ids(const nlohmann::json& hf_config) {
+  if (!hf_config.is_object() || !hf_config.contains("eos_token_id") || hf_config.at("eos_token_id").is_null())
+    return {};
+  const auto& eos = hf_config.at("eos_token_id");
+  std::vector<int64_t> ids;
+  if (eos.is_number_integer()) {
+    ids.push_back(eos.get<int64_t>());
+  } else if (eos.is_array()) {
+    for (const auto& id : eos) {
+      GA_CHECK(id.is_number_integer(), "config.json: eos_token_id holds {}, not a token id", id.dump());
+      ids.push_back(id.get<int64_t>());
+    }
+  } else {
+    GA_CHECK(false, "config.json: eos_token_id is {}, not a token id or a list of them", eos.dump());
+  }
+  for (const auto id : ids) GA_CHECK(id >= 0, "config.json: eos_token_id {} is negative", id);
+  return ids;
 }
 
 }  // namespace gradaccum::models

@@ -32,6 +32,18 @@ void Progress::on_micro_batch_change(const core::MicroBatchChange& c) {
   std::fflush(out_);
 }
 
+namespace {
+
+// A rate with about three significant digits: a pretrained model on the CPU trains under one
+// sample a second, a small one thousands.
+std::string rate(double per_s) {
+  if (per_s >= 100) return fmt::format("{:.0f}", per_s);
+  if (per_s >= 10) return fmt::format("{:.1f}", per_s);
+  return fmt::format("{:.2f}", per_s);
+}
+
+}  // namespace
+
 void Progress::on_step(const core::StepRecord& r) {
   ++trained_steps_;
   trained_samples_ += r.samples;
@@ -43,12 +55,12 @@ void Progress::on_step(const core::StepRecord& r) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * r.step / std::max<int64_t>(1, total_));
     const double eta = r.time_s / static_cast<double>(r.step) * static_cast<double>(total_ - r.step);
-    fmt::print(out_, "\r[{:=<{}}{: <{}}] {}/{} loss {:.4f} lr {:.2e} |g| {:.3f} {:.0f} samples/s eta {:.0f}s ", "",
-               filled, "", kWidth - filled, r.step, total_, r.loss, r.lr, r.grad_norm, r.samples_per_s, eta);
+    fmt::print(out_, "\r[{:=<{}}{: <{}}] {}/{} loss {:.4f} lr {:.2e} |g| {:.3f} {} samples/s eta {:.0f}s ", "",
+               filled, "", kWidth - filled, r.step, total_, r.loss, r.lr, r.grad_norm, rate(r.samples_per_s), eta);
     if (r.step == total_) fmt::print(out_, "\n");
   } else if (r.step % interval_ == 0 || r.step == total_) {
-    fmt::print(out_, "step {}/{} epoch {} loss {:.4f} lr {:.3e} grad_norm {:.4f} {:.0f} samples/s\n", r.step, total_,
-               r.epoch, r.loss, r.lr, r.grad_norm, r.samples_per_s);
+    fmt::print(out_, "step {}/{} epoch {} loss {:.4f} lr {:.3e} grad_norm {:.4f} {} samples/s\n", r.step, total_,
+               r.epoch, r.loss, r.lr, r.grad_norm, rate(r.samples_per_s));
   }
   std::fflush(out_);
 }
@@ -68,8 +80,8 @@ void Progress::on_end(const core::TrainSummary& s) {
                "done: {} steps, {} samples (all trained before the checkpoint this run resumed), train loss {:.4f}\n",
                s.steps, s.samples, s.train_loss);
   } else {
-    fmt::print(out_, "done: {} steps, {} samples in {:.1f} s ({:.0f} samples/s), train loss {:.4f}\n", s.steps,
-               s.samples, s.wall_s, static_cast<double>(trained_samples_) / s.wall_s, s.train_loss);
+    fmt::print(out_, "done: {} steps, {} samples in {:.1f} s ({} samples/s), train loss {:.4f}\n", s.steps,
+               s.samples, s.wall_s, rate(static_cast<double>(trained_samples_) / s.wall_s), s.train_loss);
   }
   if (s.has_eval && !std::isnan(s.eval.accuracy)) {
     fmt::print(out_, "test accuracy: {:.2f}% ({} samples)\n", 100.0 * s.eval.accuracy, s.eval.samples);
