@@ -13,7 +13,8 @@
 // gradaccum does not, is refused with a one-line error.
 // (2) Trajectories: `gradaccum train` equals transformers' Trainer step for step from the
 // same initial weights on the same padded batches, and its naive mode equals HF Accelerate's
-// accumulate() loop (tests/hf/trainer_parity.py says how the peers run). (3) `gradaccum eval`
+// accumulate() loop (tests/hf/trainer_parity.py says how the peers run); with LoRA adapters it
+// equals the Trainer on a PEFT model (tests/hf/peft_trainer_parity.py). (3) `gradaccum eval`
 // gives transformers' perplexity on a checkpoint gradaccum wrote.
 #include <gtest/gtest.h>
 
@@ -420,6 +421,112 @@ class HfTrainerParity : public ::testing::Test {
 };
 std::string HfTrainerParity::dir_, HfTrainerParity::tokenizer_;
 int HfTrainerParity::status_ = -1;
+
+// (2b) The Trainer on a PEFT LoRA model (tests/hf/peft_trainer_parity.py): gradaccum, starting
+// from PEFT's adapter (lora.init_from) on the same Llama base and data, follows it step for step
+// in float64 and ends with the same adapter; without lora.init_from (fresh adapters) it does not.
+class HfTrainerPeftParity : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = gradaccum::testing::make_temp_dir("hf-trainer-peft-parity");
+    status_ =
+        run_hf_script("peft_trainer_parity.py", dir_, gradaccum::testing::gpt2_tokenizer_dir() + "/gpt2.tiktoken");
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    ASSERT_EQ(status_, 0) << "tests/hf/peft_trainer_parity.py failed (transformers and peft in the venv?):\n"
+                          << tail_of(dir_ + "/log");
+  }
+  static std::string dir_;
+  static int status_;
+};
+std::string HfTrainerPeftParity::dir_;
+int HfTrainerPeftParity::status_ = -1;
+
+TEST_F(HfTrainerPeftParity, GradaccumFromPeftsAdapterFollowsTheTrainerAndEndsWithItsAdapter) {
+  std::ifstream in(dir_ + "/trainer-float64.json");
+  const auto trainer = nlohmann::json::parse(in).get<std::vector<nlohmann::json>>();
+  ASSERT_EQ(trainer.size(), 10u);
+  const auto train = [&](const std::string& init_from, const std::string& out) {
+    const std::string args =
+        "--set model.hf_checkpoint=" + dir_ + "/model --set data.type=text --set data.path=" + dir_ +
+        "/train.jsonl --set data.tokenizer=" + gradaccum::testing::gpt2_tokenizer_dir() +
+        " --set data.max_length=48 --set data.eval_fraction=0 --set train_sampling_strategy=sequential"
+        " --set per_device_train_batch_size=4 --set gradient_accumulation_steps=4 --set max_steps=10"
+        " --set learning_rate=3e-3 --set weight_decay=0.1 --set lr_scheduler_type=cosine --set warmup_steps=2"
+        " --set max_grad_norm=1.0 --set threads=2 --set seed=5 --set dtype=float64 --set loss_normalization=window"
+        " --set lora.target_modules=[q_proj,v_proj,down_proj] --set lora.r=4 --set lora.alpha=8" +
+        (init_from.empty() ? std::string() : " --set lora.init_from=" + init_from);
+    return gradaccum::testing::train_steps(args, out);
+  };
+  const auto ours = train(dir_ + "/adapter-init", dir_ + "/run");
+  ASSERT_EQ(ours.size(), trainer.size());
+  double loss_gap = 0, norm_gap = 0, lr_gap = 0;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    using gradaccum::testing::relative_difference;
+    loss_gap = std::max(loss_gap, relative_difference(ours[i]["loss"].get<double>(), trainer[i]["loss"].get<double>()));
+    norm_gap = std::max(norm_gap,
+                        relative_difference(ours[i]["grad_norm"].get<double>(), trainer[i]["grad_norm"].get<double>()));
+    lr_gap = std::max(lr_gap, std::abs(ours[i]["lr"].get<double>() - trainer[i]["lr"].get<double>()));
+  }
+  std::printf(
+      "[ measured ] gradaccum + LoRA vs the Trainer + PEFT over 10 steps (float64): loss %.3g, grad norm %.3g\n",
+      loss_gap, norm_gap);
+  EXPECT_LE(loss_gap, 1e-10);
+  EXPECT_LE(norm_gap, 1e-10);
+  EXPECT_LE(lr_gap, 1e-15);
+
+  // The trained adapter is PEFT's, tensor for tensor, and it moved away from where it started.
+  const auto theirs = formats::load_safetensors(dir_ + "/adapter-final/adapter_model.safetensors");
+  const auto start = formats::load_safetensors(dir_ + "/adapter-init/adapter_model.safetensors");
+  const auto mine = formats::load_safetensors(dir_ + "/run/final/adapter_model.safetensors");
+  ASSERT_EQ(mine.size(), theirs.size());
+  ASSERT_EQ(theirs.size(), 2u * 3u * 2u);  // A and B, three targets, two layers
+  std::map<std::string, torch::Tensor> by_name(theirs.begin(), theirs.end());
+  double largest = 0, moved = 0;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    ASSERT_EQ(by_name.count(mine[i].first), 1u) << mine[i].first;
+    largest = std::max(largest, max_relative_difference(mine[i].second, by_name.at(mine[i].first)));
+    moved = std::max(moved, max_relative_difference(start[i].second, theirs[i].second));
+  }
+  EXPECT_LE(largest, 1e-10);
+  EXPECT_GT(moved, 1e-3);
+
+  // Fresh adapters (B at zero) are another trajectory: lora.init_from is what made them agree.
+  const auto fresh = train("", dir_ + "/run-fresh");
+  ASSERT_EQ(fresh.size(), trainer.size());
+  EXPECT_GT(gradaccum::testing::relative_difference(fresh.front()["grad_norm"].get<double>(),
+                                                    trainer.front()["grad_norm"].get<double>()),
+            1e-3);
+}
+
+// A lora.init_from that disagrees with the section is refused in one line naming the key.
+TEST_F(HfTrainerPeftParity, AnInitAdapterThatDisagreesWithTheSectionIsRefused) {
+  const std::string base = "train --set model.hf_checkpoint=" + dir_ +
+                           "/model --set data.type=text --set data.path=" + dir_ +
+                           "/train.jsonl --set data.tokenizer=" + gradaccum::testing::gpt2_tokenizer_dir() +
+                           " --set data.eval_fraction=0 --set max_steps=1 --set output_dir=" + dir_ + "/refused" +
+                           " --set lora.init_from=" + dir_ + "/adapter-init --set lora.alpha=8";
+  const auto r8 =
+      gradaccum::testing::run_cli(base + " --set lora.target_modules=[q_proj,v_proj,down_proj] --set lora.r=8");
+  EXPECT_NE(r8.exit_code, 0);
+  EXPECT_NE(
+      r8.err.find("key 'lora.init_from': " + dir_ + "/adapter-init/adapter_config.json has r 4, the lora section 8"),
+      std::string::npos)
+      << r8.err;
+  const auto targets = gradaccum::testing::run_cli(base + " --set lora.target_modules=[q_proj,v_proj] --set lora.r=4");
+  EXPECT_NE(targets.exit_code, 0);
+  EXPECT_NE(targets.err.find("has target_modules [down_proj, q_proj, v_proj], the lora section [q_proj, v_proj]"),
+            std::string::npos)
+      << targets.err;
+  const auto missing = gradaccum::testing::run_cli(base +
+                                                   " --set lora.target_modules=[q_proj] --set lora.r=4 --set "
+                                                   "lora.init_from=" +
+                                                   dir_ + "/model");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("key 'lora.init_from': " + dir_ + "/model has no adapter_config.json"), std::string::npos)
+      << missing.err;
+}
 
 // transformers 5.24's Trainer counts a GPT2LMHeadModel's targets without the causal shift
 // (its loss_type is None, see trainer_parity.py), so it divides the first window by tokens +

@@ -39,7 +39,7 @@ int64_t total_optimizer_steps(const TrainerOptions& options, const WindowPlan& p
 
 // Moves `module` to `device` and its floating-point tensors to `dtype`, as Module::to does, except
 // frozen parameters (requires_grad false) held in 16 bits: a model that keeps its frozen weights in
-// bfloat16 to save memory (a LoRA base, models/lora.h) keeps them so.
+// bfloat16 to save memory (a frozen base under trained adapters) keeps them so.
 void place_module(torch::nn::Module& module, const torch::Device& device, torch::ScalarType dtype);
 
 class Trainer {

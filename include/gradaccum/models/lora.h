@@ -51,6 +51,9 @@ struct LoraConfig {
   std::vector<std::string> modules_to_save;  // trained in full (same matching rule)
   // The dtype the frozen base's Linear weights are held in: float32 or bfloat16.
   std::string base_dtype = "float32";
+  // "" : fresh adapters (A random, B zero); else a PEFT adapter directory they start from
+  // (init_lora_from_adapter).
+  std::string init_from;
 
   bool enabled() const { return !target_modules.empty(); }
   double scaling() const;
@@ -94,6 +97,12 @@ void load_peft_adapter_tensors(BuiltModel& model, const WeightList& tensors, con
 // config.json, else its adapter_config.json's base_model_name_or_path; with the adapter loaded onto it.
 // Errors name the directory and what is missing or wrong.
 BuiltModel load_language_model_with_adapter(const std::string& adapter_dir, const std::string& base);
+
+// Sets the attached adapters (and modules_to_save) of `model` to those saved in `adapter_dir`, to
+// continue training an adapter. Its adapter_config.json must agree with model.lora's config on r,
+// alpha, use_rslora and target_modules (an error names `what`, the file and the key otherwise); its
+// tensors are checked as load_peft_adapter_tensors checks them (modules_to_save included).
+void init_lora_from_adapter(BuiltModel& model, const std::string& adapter_dir, const std::string& what);
 
 // Whether `dir` holds a PEFT adapter (adapter_config.json).
 bool is_adapter_directory(const std::string& dir);

@@ -237,6 +237,9 @@ std::vector<ConfigKey> make_keys() {
                 [](TrainConfig& c, const std::vector<std::string>& v) { c.lora.modules_to_save = v; }),
       choice("lora.base_dtype", "float32", {"float32", "bfloat16"}, "the frozen base's Linear weights",
              [](TrainConfig& c, const std::string& v) { c.lora.base_dtype = v; }),
+      text("lora.init_from", "\"\"",
+           "a PEFT adapter directory the adapters start from; \"\" = fresh (A random, B zero)",
+           [](TrainConfig& c, const std::string& v) { c.lora.init_from = v; }),
 
       section("data", "what the model learns from (io/workload.h)"),
       choice("data.type", "fashion_mnist", base::names_of(data_types()), "the dataset",
@@ -535,6 +538,11 @@ const std::vector<std::pair<std::string, std::string>>& key_details() {
        "checkpoints and `final/` ([usage.md](usage.md))"},
       {"seed", "the model's initialization, the per-epoch data permutation, dropout masks and random data"},
       {"device", "`cuda` needs a CUDA build of libtorch (`-DGRADACCUM_WITH_CUDA=ON`; `scripts/gpu_check.sh`)"},
+      {"lora.init_from",
+       "continues training an adapter: its `adapter_model.safetensors` gives the adapters' and "
+       "`modules_to_save`'s starting values (the optimizer starts fresh); its `adapter_config.json` "
+       "must agree with this section on `r`, `alpha`, `use_rslora` and `target_modules`, and its "
+       "tensors must be exactly the ones this run trains. Resuming a run is `resume_from_checkpoint`, not this"},
       {"model.hf_checkpoint",
        "an HF directory (`config.json` + `model.safetensors`, or shards) or a Llama-family `.gguf` file; "
        "`model.type` is taken from it"},

@@ -228,6 +228,7 @@ void apply_lora(models::BuiltModel& model, const TrainConfig& config) {
   const auto& base = config.model.hf_checkpoint;
   models::attach_lora(model, lora, config.trainer.seed, config.model.dropout_rng,
                       base.empty() ? std::string() : std::filesystem::absolute(base).lexically_normal().string());
+  if (!lora.init_from.empty()) models::init_lora_from_adapter(model, lora.init_from, "key 'lora.init_from'");
 }
 
 // data.type random_tokens: no tokenizer, the vocabulary is data.vocab_size.

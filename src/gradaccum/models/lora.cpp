@@ -1,6 +1,7 @@
 #include "gradaccum/models/lora.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -317,6 +318,33 @@ void load_peft_adapter_tensors(BuiltModel& model, const WeightList& tensors, con
     if (!is_trained(*model.lora, item.key())) frozen.push_back(item.key());
   }
   load_hf_tensors(model.task->module(), stripped, model.architecture, what, frozen);
+}
+
+void init_lora_from_adapter(BuiltModel& model, const std::string& adapter_dir, const std::string& what) {
+  GA_CHECK(model.lora != nullptr, "{}: the model has no adapters to start from {}", what, adapter_dir);
+  const fs::path dir(adapter_dir);
+  const auto config_path = (dir / kAdapterConfig).string();
+  GA_CHECK(fs::exists(config_path), "{}: {} has no {} (not a PEFT adapter directory)", what, adapter_dir,
+           kAdapterConfig);
+  const auto saved = lora_config_from_peft(read_json_file(config_path), config_path);
+  const auto& ours = model.lora->config;
+  const auto sorted = [](std::vector<std::string> names) {
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto disagree = [&](const char* key, const std::string& theirs, const std::string& mine) {
+    GA_CHECK(theirs == mine, "{}: {} has {} {}, the lora section {}", what, config_path, key, theirs, mine);
+  };
+  disagree("r", std::to_string(saved.r), std::to_string(ours.r));
+  disagree("lora_alpha", fmt::format("{}", saved.alpha), fmt::format("{}", ours.alpha));
+  disagree("use_rslora", saved.use_rslora ? "true" : "false", ours.use_rslora ? "true" : "false");
+  disagree("target_modules", fmt::format("[{}]", fmt::join(sorted(saved.target_modules), ", ")),
+           fmt::format("[{}]", fmt::join(sorted(ours.target_modules), ", ")));
+  // modules_to_save are checked by their tensors: each trained module must be in the file, and
+  // nothing else (a classifier's score is there whether or not the section names it).
+  const auto weights_path = (dir / kAdapterWeights).string();
+  GA_CHECK(fs::exists(weights_path), "{}: {} has no {}", what, adapter_dir, kAdapterWeights);
+  load_peft_adapter_tensors(model, formats::load_safetensors(weights_path), weights_path);
 }
 
 bool is_adapter_directory(const std::string& dir) { return fs::exists(fs::path(dir) / kAdapterConfig); }
