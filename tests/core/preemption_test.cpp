@@ -144,15 +144,6 @@ TEST(Preemption, APartialWindowRoundTripsThroughItsPiece) {
   EXPECT_TRUE(torch::equal(back.grads[2], partial.grads[2]));
 }
 
-std::string refusal(Preemption& preemption, const TrainingState& state) {
-  try {
-    preemption.restore(state);
-  } catch (const gradaccum::Error& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
-
 // A state saved inside a window whose partial window was saved on one parameter, read back from
 // window-rank0.safetensors.
 TrainingState inside_a_window(int64_t grads) {
