@@ -8,6 +8,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "gradaccum/core/saved_geometry.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
@@ -297,10 +298,7 @@ TEST(TrainSummaryRates, CountOnlyTheSamplesThisRunTrained) {
   state.position.step = state.position.schedule_step = 2;
   state.position.window = 2;
   state.position.samples = state.position.items = 1'000'000'000;  // as if the first run were long
-  state.micro_batch = 4;
-  state.accumulation_steps = 2;
-  state.world_size = 1;
-  state.global_batch = 8;
+  core::SavedGeometry{core::BatchGeometry::from_accumulation(4, 2, 1), 0}.save(state);
   trainer.restore(state);
   const auto summary = trainer.run();
   EXPECT_EQ(summary.steps, 4);

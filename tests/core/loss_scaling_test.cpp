@@ -47,7 +47,7 @@ TEST(LossScaling, DoesNothingWithoutFp16) {
     EXPECT_EQ(multiplier(scaling), 1.0);
     TrainingState state;
     scaling.save(state);
-    EXPECT_FALSE(state.loss_scaler.has_value());
+    EXPECT_TRUE(state.pieces.empty());
   }
 }
 
@@ -55,14 +55,47 @@ TEST(LossScaling, SavesAndRestoresTheScale) {
   FortyOneTokens data;
   LossScaling scaling(MixedPrecision::fp16, {}, data, 2);
   TrainingState state;
-  state.loss_scaler = optim::LossScalerState{256.0, 7};
+  state.piece(LossScaling::kPiece).set_real("scale", 256.0);
+  state.piece(LossScaling::kPiece).set_integer("growth_tracker", 7);
   scaling.restore(state);
+  EXPECT_EQ(scaling.scaler()->state().scale, 256.0);
+  EXPECT_EQ(scaling.scaler()->state().growth_tracker, 7);
+  EXPECT_EQ(multiplier(scaling), 256.0 / 64.0);  // 2 × 40 = 80 items: 64
+  // Its save gives the same fields back, and another scaling restored from them the same scale.
   TrainingState saved;
   scaling.save(saved);
-  ASSERT_TRUE(saved.loss_scaler.has_value());
-  EXPECT_EQ(saved.loss_scaler->scale, 256.0);
-  EXPECT_EQ(saved.loss_scaler->growth_tracker, 7);
-  EXPECT_EQ(multiplier(scaling), 256.0 / 64.0);  // 2 × 40 = 80 items: 64
+  const auto piece = saved.saved_piece(LossScaling::kPiece);
+  EXPECT_EQ(piece.scalars.size(), 2u);
+  EXPECT_EQ(piece.real("scale"), 256.0);
+  EXPECT_EQ(piece.integer("growth_tracker"), 7);
+  LossScaling again(MixedPrecision::fp16, {}, data, 2);
+  again.restore(saved);
+  EXPECT_EQ(again.scaler()->state().scale, 256.0);
+  EXPECT_EQ(again.scaler()->state().growth_tracker, 7);
+}
+
+// A field of its piece that is missing or of another kind: one line naming the file and the field.
+TEST(LossScaling, NamesTheFileAndTheFieldOfABadPiece) {
+  FortyOneTokens data;
+  LossScaling scaling(MixedPrecision::fp16, {}, data, 2);
+  TrainingState state;
+  state.scalars_file = "step-4/trainer_state.json";
+  state.piece(LossScaling::kPiece).set_real("scale", 256.0);
+  try {
+    scaling.restore(state);
+    FAIL() << "restored without a growth tracker";
+  } catch (const gradaccum::Error& e) {
+    EXPECT_STREQ(e.what(), "step-4/trainer_state.json: missing field 'loss_scaling.growth_tracker'");
+  }
+  state.piece(LossScaling::kPiece).set_text("growth_tracker", "7");
+  try {
+    scaling.restore(state);
+    FAIL() << "restored a growth tracker that is a string";
+  } catch (const gradaccum::Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "step-4/trainer_state.json: field 'loss_scaling.growth_tracker' has the wrong type (an integer "
+                 "expected)");
+  }
 }
 
 // The partial gradients of a window saved inside carry the saved run's scale (or none).
@@ -79,7 +112,8 @@ TEST(LossScaling, RefusesAWindowSavedInsideUnderAnotherPrecision) {
                  "checkpoint: it was saved inside a window without fp16; resume it with the same mixed_precision");
   }
   LossScaling none(MixedPrecision::none, {}, data, 2);
-  inside.loss_scaler = optim::LossScalerState{};
+  inside.piece(LossScaling::kPiece).set_real("scale", 65536.0);
+  inside.piece(LossScaling::kPiece).set_integer("growth_tracker", 0);
   EXPECT_THROW(none.restore(inside), gradaccum::Error);
   inside.position.micro_step = 0;  // between windows: the new run's scaler starts afresh
   EXPECT_NO_THROW(none.restore(inside));

@@ -431,7 +431,7 @@ TEST(Fp16LossScaler, ScalerStateSurvivesACheckpointBitForBit) {
 
   // The checkpoint holds the scaler's state and the schedule's position at step 12.
   const auto state = nlohmann::json::parse(read_text(dir + "/straight/checkpoints/step-12/trainer_state.json"));
-  EXPECT_EQ(state["loss_scaler"]["scale"], straight[12]["loss_scale"]);
+  EXPECT_EQ(state["pieces"]["loss_scaling"]["scale"], straight[12]["loss_scale"]);
   EXPECT_EQ(state["position"]["schedule_step"].get<int64_t>(), 12 - skipped_to_12);
 
   const auto resumed_run = run_cli("train " + kFp16Run + " --set output_dir=" + dir + "/resumed " +

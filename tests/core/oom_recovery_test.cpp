@@ -5,6 +5,8 @@
 // limit (RLIMIT_AS) that micro-batch 16 exceeds and 4 fits, a resume after the switch, and the
 // one-line error when even one sample does not fit; and two ranks as separate processes, one of
 // them under the limit.
+#include "gradaccum/core/oom_recovery.h"
+
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -50,6 +52,32 @@ TEST(OutOfMemory, SmallerMicroBatchesKeepTheGlobalBatch) {
   EXPECT_EQ(odd->micro_batch(), 1);
   EXPECT_EQ(odd->accumulation_steps(), 15);
   EXPECT_FALSE(core::smaller_micro_batch(BatchGeometry::from_accumulation(1, 8)).has_value());
+}
+
+// Its piece of the state says whether the micro-batch came from a recovery; a resumed run goes on
+// with the saved geometry only then, and only for the same global batch and world size.
+TEST(OomRecovery, ItsPieceKeepsTheRecoveredMicroBatchForAResumedRun) {
+  const auto configured = BatchGeometry::from_accumulation(16, 1);
+  core::OomRecovery first(true, 0, {}, 0, 1, torch::kCPU);
+  core::TrainingState before;
+  first.save(before);
+  EXPECT_FALSE(before.saved_piece(core::OomRecovery::kPiece).flag("micro_batch_from_oom_recovery"));
+  const auto shrunk = first.shrink(core::WindowOutOfMemory("no memory", 0), configured, 1);
+  EXPECT_EQ(shrunk.micro_batch(), 8);
+  core::TrainingState after;
+  first.save(after);
+  EXPECT_TRUE(after.saved_piece(core::OomRecovery::kPiece).flag("micro_batch_from_oom_recovery"));
+
+  core::OomRecovery resumed(true, 0, {}, 0, 1, torch::kCPU);
+  EXPECT_FALSE(resumed.resumed_geometry(before, shrunk, configured).has_value());
+  EXPECT_FALSE(resumed.resumed_geometry(after, shrunk, BatchGeometry::from_accumulation(32, 1)).has_value());
+  const auto geometry = resumed.resumed_geometry(after, shrunk, configured);
+  ASSERT_TRUE(geometry.has_value());
+  EXPECT_EQ(geometry->micro_batch(), 8);
+  EXPECT_EQ(geometry->accumulation_steps(), 2);
+  core::TrainingState again;  // and its next checkpoint says so again
+  resumed.save(again);
+  EXPECT_EQ(again.pieces.at(core::OomRecovery::kPiece).scalars, after.pieces.at(core::OomRecovery::kPiece).scalars);
 }
 
 TEST(OutOfMemory, RecognizesTheAllocatorsErrors) {
@@ -301,8 +329,8 @@ TEST(OomRecoveryUnderRlimit, SwitchesToTheMicroBatchThatFitsAndResumesWithIt) {
     expect_same_step(a[i], b[i], i);
   }
   const auto state = nlohmann::json::parse(read_text(dir + "/recovered/checkpoints/step-2/trainer_state.json"));
-  EXPECT_EQ(state["micro_batch"].get<int64_t>(), 4);
-  EXPECT_TRUE(state["micro_batch_from_oom_recovery"].get<bool>());
+  EXPECT_EQ(state["pieces"]["geometry"]["micro_batch"].get<int64_t>(), 4);
+  EXPECT_TRUE(state["pieces"]["oom_recovery"]["micro_batch_from_oom_recovery"].get<bool>());
 
   // Resumed with the configured 16, the run keeps 4 and does not run out of memory again; it
   // continues bit-identically. (Reading the checkpoint maps its files, which counts against the

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "gradaccum/core/saved_geometry.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/core/window_plan.h"
 #include "gradaccum/data/lm_dataset.h"
@@ -305,8 +306,7 @@ TEST(WindowTokensRuns, ACheckpointOfOtherWindowsIsRefused) {
   models::CausalLm model{models::Gpt2LmHeadModel(support::tiny_gpt2_config(1))};
   core::Trainer trainer(options(2, kWindowTokens, 0), model, data, nullptr, quiet);
   core::TrainingState state;
-  state.global_batch = 12;
-  state.window_tokens = 0;
+  core::SavedGeometry{trainer.plan().geometry(), 0}.save(state);
   EXPECT_EQ(support::error_of([&] { trainer.restore(state); }),
             "checkpoint: it was saved with window_tokens 0 and this run has 40");
   auto naive = options(2, kWindowTokens, 0);

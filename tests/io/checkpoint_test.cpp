@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <sstream>
@@ -437,17 +438,17 @@ TEST_F(CheckpointCorruption, FlippedByteIsCaughtByItsChecksum) {
   expect_error(c, "optimizer.safetensors fails its CRC-32 check (corrupt)");
 }
 
-// A checkpoint of an older format (before 4: the optimizer state in a libtorch 1.13 archive) is
-// refused in one line that names its version.
+// A checkpoint of an older format (before 5: the trainer's state field by field, not by piece) is
+// refused in one line that names its version and the one this build reads.
 TEST_F(CheckpointCorruption, OlderFormatVersionIsRefusedByName) {
-  const auto c = copy("format-3");
+  const auto c = copy("format-4");
   auto manifest = nlohmann::json::parse(read_text(c + "/manifest.json"));
-  EXPECT_EQ(manifest.at("format_version"), 4);
-  manifest["format_version"] = 3;
+  EXPECT_EQ(manifest.at("format_version"), 5);
+  manifest["format_version"] = 4;
   std::ofstream(c + "/manifest.json") << manifest.dump(2);
   expect_error(c,
-               "manifest.json: format version 3 is not supported (this build reads version 4 "
-               "only; versions before 4 hold the optimizer state in a libtorch 1.13 archive)");
+               "manifest.json: format version 4 is not supported (this build reads version 5 "
+               "only; versions before 5 keep the trainer's state outside trainer_state.json's pieces)");
 }
 
 // CRC-32 (IEEE, zlib's), as the manifest records it.
@@ -460,16 +461,21 @@ uint32_t crc32_of(const std::string& bytes) {
   return ~crc;
 }
 
-// trainer_state.json of `checkpoint` with `edit` applied to its position, the manifest updated to
-// match: a checkpoint that passes every size and CRC check and claims what no run reaches.
-void edit_position(const std::string& checkpoint, const std::function<void(nlohmann::json&)>& edit) {
+// trainer_state.json of `checkpoint` with `edit` applied, the manifest updated to match: a
+// checkpoint that passes every size and CRC check.
+void edit_trainer_state(const std::string& checkpoint, const std::function<void(nlohmann::json&)>& edit) {
   auto state = nlohmann::json::parse(read_text(checkpoint + "/trainer_state.json"));
-  edit(state["position"]);
+  edit(state);
   const auto text = state.dump(2) + "\n";
   std::ofstream(checkpoint + "/trainer_state.json") << text;
   auto manifest = nlohmann::json::parse(read_text(checkpoint + "/manifest.json"));
   manifest["files"]["trainer_state.json"] = {{"bytes", text.size()}, {"crc32", crc32_of(text)}};
   std::ofstream(checkpoint + "/manifest.json") << manifest.dump(2);
+}
+
+// `edit` applied to its position: a checkpoint that claims what no run reaches.
+void edit_position(const std::string& checkpoint, const std::function<void(nlohmann::json&)>& edit) {
+  edit_trainer_state(checkpoint, [&](nlohmann::json& state) { edit(state["position"]); });
 }
 
 // The step-2 checkpoint has trained 2 windows of 64 samples (128 samples, epoch 0).
@@ -492,6 +498,71 @@ TEST_F(CheckpointCorruption, ImpossibleEpochOrSamplesInTrainerStateAreRefused) {
   const auto window = copy("window");
   edit_position(window, [](nlohmann::json& p) { p["window"] = 7; });
   expect_error(window, "trainer_state.json: window 7 is beyond the 2 windows trained");
+}
+
+// The pieces' state goes through the files by name (io knows none of its fields): every kind of
+// scalar and a tensor come back exactly; a field that is missing or of another kind is one line
+// naming the file and the field.
+TEST(CheckpointPieces, EveryKindOfFieldSurvivesWriteAndRead) {
+  const auto dir = make_temp_dir("ckpt-pieces");
+  gradaccum::io::CheckpointStore store({dir});
+  gradaccum::io::CheckpointContents contents;
+  contents.state.position.step = contents.state.position.schedule_step = 3;
+  auto& piece = contents.state.piece("example");
+  piece.set_integer("least", std::numeric_limits<int64_t>::min());
+  piece.set_integer("most", std::numeric_limits<int64_t>::max());
+  piece.set_real("tenth", 0.1);
+  piece.set_real("subnormal", 5e-324);
+  piece.set_real("whole", 65536.0);  // stays a real
+  piece.set_flag("on", true);
+  piece.set_flag("off", false);
+  piece.set_text("label", "b \u00d7 N \"quoted\"\n");
+  const auto sums = torch::tensor({0.1, -0.0, 1e300}, torch::kDouble);
+  piece.set_tensor("sums", sums);
+  piece.set_tensor("steps", torch::full({2, 2}, std::numeric_limits<int64_t>::max(), torch::kLong));
+  contents.model = {{"weight", torch::ones({2})}};
+  contents.optimizer = gradaccum::formats::NamedTensors{};
+  const auto checkpoint = store.save(contents);
+
+  const auto loaded = gradaccum::io::read_checkpoint(checkpoint, 0);
+  ASSERT_EQ(loaded.state.pieces.count("example"), 1u);
+  const auto& back = loaded.state.pieces.at("example");
+  EXPECT_EQ(back.scalars, piece.scalars);
+  ASSERT_EQ(back.tensors.size(), 2u);
+  EXPECT_EQ(back.tensors.at("sums").scalar_type(), torch::kDouble);
+  EXPECT_TRUE(torch::equal(back.tensors.at("sums"), sums));
+  EXPECT_TRUE(std::signbit(back.tensors.at("sums")[1].item<double>()));
+  EXPECT_TRUE(torch::equal(back.tensors.at("steps"), piece.tensors.at("steps")));
+  EXPECT_EQ(loaded.state.scalars_file, checkpoint + "/trainer_state.json");
+  EXPECT_EQ(loaded.state.tensors_file, checkpoint + "/window-rank0.safetensors");
+  const auto pieces = nlohmann::json::parse(read_text(checkpoint + "/trainer_state.json"))["pieces"];
+  EXPECT_EQ(pieces["example"]["on"], true);
+
+  const auto error_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const gradaccum::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const auto read_least = [&] {
+    gradaccum::io::read_checkpoint(checkpoint, 0).state.saved_piece("example").integer("least");
+  };
+  edit_trainer_state(checkpoint, [](nlohmann::json& s) { s["pieces"]["example"].erase("least"); });
+  EXPECT_EQ(error_of(read_least), checkpoint + "/trainer_state.json: missing field 'example.least'");
+  edit_trainer_state(checkpoint, [](nlohmann::json& s) { s["pieces"]["example"]["least"] = "-1"; });
+  EXPECT_EQ(error_of(read_least),
+            checkpoint + "/trainer_state.json: field 'example.least' has the wrong type (an integer expected)");
+  edit_trainer_state(checkpoint, [](nlohmann::json& s) { s["pieces"]["example"]["least"] = {1, 2}; });
+  EXPECT_EQ(error_of(read_least), checkpoint +
+                                      "/trainer_state.json: field 'pieces.example.least' is not an int64, a number, "
+                                      "true/false or a string");
+  edit_trainer_state(checkpoint, [](nlohmann::json& s) { s["pieces"]["example"]["least"] = uint64_t{1} << 63; });
+  EXPECT_NE(error_of(read_least).find("field 'pieces.example.least' is not an int64"), std::string::npos);
+  edit_trainer_state(checkpoint, [](nlohmann::json& s) { s.erase("pieces"); });
+  EXPECT_EQ(error_of(read_least), checkpoint + "/trainer_state.json: missing field 'pieces'");
+  fs::remove_all(dir);
 }
 
 TEST_F(CheckpointCorruption, MissingManifestMissingFileAndNoCheckpoint) {
@@ -724,7 +795,7 @@ TEST(CheckpointPreemption, StopInsideAWindowThenRestoreGivesIdenticalWeights) {
   EXPECT_TRUE(partial_summary.preempted);
   EXPECT_EQ(hook.saved.position.step, 8);
   EXPECT_EQ(hook.saved.position.micro_step, 4);
-  EXPECT_EQ(hook.saved.partial.grads.size(), 4u);
+  EXPECT_EQ(core::Preemption::partial_window(hook.saved).grads.size(), 4u);
 
   auto second_model = make_model();
   core::Trainer second(options, *second_model, data, nullptr, quiet);

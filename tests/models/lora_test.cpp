@@ -406,7 +406,7 @@ TEST(Lora, AStopInsideAWindowResumesBitIdentically) {
   ASSERT_TRUE(stopped.run().preempted);
   EXPECT_EQ(hook.saved.position.step, 1);
   EXPECT_EQ(hook.saved.position.micro_step, 2);
-  EXPECT_EQ(hook.saved.partial.grads.size(), 13u);  // the trained tensors' sums only
+  EXPECT_EQ(core::Preemption::partial_window(hook.saved).grads.size(), 13u);  // the trained tensors' sums only
   const auto adapters = first.weights();
   EXPECT_EQ(adapters.size(), 13u);
   EXPECT_EQ(adapters.front().first, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");

@@ -20,6 +20,8 @@ namespace gradaccum::core {
 
 class LossScaling final : public WindowFeature {
  public:
+  static constexpr const char* kPiece = "loss_scaling";
+
   // `data` must outlive this object (its sample lengths size the items).
   LossScaling(MixedPrecision precision, const optim::LossScalerOptions& options, const Dataset& data,
               int64_t micro_batch);
@@ -30,6 +32,7 @@ class LossScaling final : public WindowFeature {
   void set_micro_batch(int64_t micro_batch);
 
   void begin_window(WindowState& w) override;
+  // The scaler's scale and growth tracker (fp16 only: nothing otherwise).
   void save(TrainingState& state) const override;
   // Continues the saved scale; a state saved inside a window needs the same precision, since its
   // partial gradients carry the saved run's scale (or none).

@@ -23,6 +23,8 @@ namespace gradaccum::core {
 
 class OomRecovery final : public WindowFeature {
  public:
+  static constexpr const char* kPiece = "oom_recovery";
+
   // `enabled`: the oom_recovery option; `max_tokens_per_micro_batch` > 0 cannot shrink (the
   // budget, not b, sizes micro-batches).
   OomRecovery(bool enabled, int64_t max_tokens_per_micro_batch, std::vector<torch::Tensor> params, int64_t rank,
@@ -33,13 +35,16 @@ class OomRecovery final : public WindowFeature {
   void contribute(WindowTotals& totals, WindowState& w) override;
   // Several ranks: the one read of the summed flag per window; throws if any rank ran out.
   void after_reduce(WindowTotals& totals, WindowState& w) override;
-  void save(TrainingState& state) const override { state.micro_batch_from_oom_recovery = shrunk_; }
+  // Whether the micro-batch in use came from a recovery.
+  void save(TrainingState& state) const override;
 
   // The decomposition to go on with after `oom` at optimizer step `step` (cached memory released
   // first); throws gradaccum::Error when there is none.
   BatchGeometry shrink(const WindowOutOfMemory& oom, const BatchGeometry& from, int64_t step);
-  // The smaller micro-batch a resumed run goes on with, if its checkpoint has one for `current`.
-  std::optional<BatchGeometry> resumed_geometry(const TrainingState& state, const BatchGeometry& current);
+  // The smaller micro-batch a resumed run goes on with: `saved` (the state's geometry), when it
+  // came from a recovery and is a smaller micro-batch of `current`'s global batch and world.
+  std::optional<BatchGeometry> resumed_geometry(const TrainingState& state, const BatchGeometry& saved,
+                                                const BatchGeometry& current);
 
  private:
   // The window's partial gradients are dropped: it is trained again.

@@ -22,13 +22,33 @@
 
 namespace gradaccum::core {
 
+// A window interrupted after `micro_step` micro-steps on this rank: the gradient sums so far and
+// the normalizer's running [Σ sum, Σ count, Σ naive]. Resuming puts both back and runs the
+// remaining micro-steps: the same additions in the same order, so the window's result is
+// bit-identical.
+struct PartialWindow {
+  int64_t micro_step = 0;
+  torch::Tensor totals;  // float64 [3]
+  // float64 [micro_step]: each micro-step's item count, for the window's record (undefined when
+  // it was not known: the record then leaves them out).
+  torch::Tensor micro_items;
+  std::vector<torch::Tensor> grads;  // per trainable parameter; undefined = no gradient yet
+
+  // As the tensors of Preemption's piece: micro_step, grad_count, totals, micro_items and
+  // grad.<i> (the defined ones).
+  void save(PieceState& piece) const;
+  // Checks every tensor (one-line errors naming the file and the tensor).
+  static PartialWindow restore(const PieceState& piece);
+};
+
 class Preemption final : public WindowFeature {
  public:
+  static constexpr const char* kPiece = "preemption";
+
   // `params` are the trainable parameters whose .grad the window accumulates; every reference
   // must outlive this object. `inside_windows`: false when a window's partial sums cannot be
   // saved (deterministic accumulation's tree): a stop then waits for the window's end.
-  Preemption(std::vector<torch::Tensor> params, LossNormalizer& normalizer, const WindowPlan& plan,
-             torch::Device device, bool inside_windows);
+  Preemption(std::vector<torch::Tensor> params, LossNormalizer& normalizer, torch::Device device, bool inside_windows);
 
   // `stop`: the flag a stop request raises (may be null: never asked). `agreement`: where ranks
   // may stop inside a window (null: only at a window's end).
@@ -42,18 +62,21 @@ class Preemption final : public WindowFeature {
   void contribute(WindowTotals& totals, WindowState& w) override;
   void after_reduce(WindowTotals& totals, WindowState& w) override;
   void after_host_read(const WindowTotals& totals) override;
-  // A window stopped inside: its micro-step and partial sums.
+  // A window stopped inside: its micro-step (the position's) and partial sums (its piece's).
   void save(TrainingState& state) const override;
   // Checks that a state saved inside a window can be continued here, and keeps its sums for
-  // the first window.
+  // the first window (that the decomposition is the same is SavedGeometry::check_continues').
   void restore(const TrainingState& state) override;
+  // The micro-step this rank's first window continues from (0: from its start).
+  int64_t resumed_micro_step() const { return resume_.micro_step; }
+  // The partial window a state holds for this rank (empty: none).
+  static PartialWindow partial_window(const TrainingState& state);
   // Drops what restore() kept (the window is trained again from its first micro-step).
   void forget_partial_window() { resume_ = PartialWindow{}; }
 
  private:
   std::vector<torch::Tensor> params_;
   LossNormalizer& normalizer_;
-  const WindowPlan& plan_;
   torch::Device device_;
   const std::atomic<bool>* stop_ = nullptr;
   StopAgreement* agreement_ = nullptr;  // null: no stop inside a window

@@ -1,16 +1,16 @@
-// Where a run is, in the terms a resumed run needs: the loop's position in the
-// data and the step count, and — when a run was preempted inside a window — the
-// partially accumulated window itself. Model weights and optimizer state are
-// not here: they belong to the model and the optimizer, which save themselves.
+// Where a run is, in the terms a resumed run needs: the loop's position in the data and the step
+// count, and every piece's own state (piece_state.h) under the piece's name: the geometry the
+// Trainer ran with, the fp16 loss scale, the OOM recovery's micro-batch, and — when a run was
+// preempted inside a window — the partially accumulated window itself. Model weights and
+// optimizer state are not here: they belong to the model and the optimizer, which save
+// themselves.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <cstdint>
-#include <optional>
-#include <vector>
+#include <map>
+#include <string>
 
-#include "gradaccum/optim/loss_scaler.h"
+#include "gradaccum/core/piece_state.h"
 
 namespace gradaccum::core {
 
@@ -19,39 +19,29 @@ struct TrainingPosition {
   int64_t schedule_step = 0;  // the LR schedule's position: step minus fp16 overflow skips
   int64_t epoch = 0;          // epoch of the next window
   int64_t window = 0;         // index of the next window within its epoch (last_window: carry: from the run's start)
-  int64_t micro_step = 0;     // > 0: micro-steps of that window already accumulated
+  // > 0: micro-steps of that window already accumulated (on this rank: ranks may have stopped
+  // after different micro-steps, core/stop_agreement.h; a checkpoint records rank 0's here).
+  int64_t micro_step = 0;
   // Running figures for the summary of a run that spans several processes.
   double loss_total = 0.0;  // Σ window losses
   int64_t samples = 0;
   int64_t items = 0;
 };
 
-// A window interrupted after `position.micro_step` micro-steps: the gradient
-// sums so far and the normalizer's running [Σ sum, Σ count, Σ naive]. Resuming
-// puts both back and runs the remaining micro-steps: the same additions in the
-// same order, so the window's result is bit-identical.
-struct PartialWindow {
-  torch::Tensor totals;  // float64 [3]
-  // float64 [micro-steps done]: each micro-step's item count, for the window's record
-  // (undefined in a checkpoint written before it was saved: the record then leaves them out).
-  torch::Tensor micro_items;
-  std::vector<torch::Tensor> grads;  // per trainable parameter; undefined = no gradient yet
-};
-
 struct TrainingState {
   TrainingPosition position;
-  PartialWindow partial;  // empty unless position.micro_step > 0
-  // Grad accumulation geometry the state was made with; a partial window can
-  // only be continued by the same b, N and W.
-  int64_t micro_batch = 0;
-  int64_t accumulation_steps = 0;
-  int64_t world_size = 0;
-  int64_t global_batch = 0;
-  int64_t window_tokens = 0;  // > 0: windows were measured in tokens (window_plan.h)
-  // The micro-batch is smaller than configured because a window ran out of memory
-  // (out_of_memory.h): a resumed run keeps it instead of running out of memory again.
-  bool micro_batch_from_oom_recovery = false;
-  std::optional<optim::LossScalerState> loss_scaler;  // fp16 runs only
+  std::map<std::string, PieceState> pieces;  // by the piece's name
+
+  // Where a state read back from a checkpoint came from (io sets them), for the pieces' messages:
+  // the file of the pieces' scalars, and the one of this rank's tensors.
+  std::string scalars_file = "checkpoint";
+  std::string tensors_file = "checkpoint";
+
+  // Piece `name`'s entry, for its save.
+  PieceState& piece(const std::string& name) { return pieces[name]; }
+  // Piece `name`'s entry as saved (empty when it saved nothing), for its restore: its messages
+  // name the files above.
+  PieceState saved_piece(const std::string& name) const;
 };
 
 enum class SaveReason { periodic, final, preempted };

@@ -1,7 +1,7 @@
 // Training checkpoints: `output_dir/checkpoints/step-K/`, one directory per
 // saved step, that a reader either sees complete or not at all.
 //
-// Layout (format version 4):
+// Layout (format version 5):
 //   model.safetensors        the weights (HF names where the model has them); a LoRA run
 //                            writes its adapters as adapter_model.safetensors instead
 //   config.json              the model's HF config, where it has one (a LoRA run's:
@@ -10,18 +10,24 @@
 //                            (optim/optimizer_state.h); under ZeRO-1 one
 //                            optimizer-rank<R>.safetensors per rank, its shard
 //   state.safetensors        tensors of the loop: the CPU RNG state
-//   window-rank<R>.safetensors  only for a window interrupted by preemption:
-//                            rank R's micro-steps done (micro_step), gradient
-//                            sums (grad.<i> of grad_count) and loss totals
-//                            (totals). Ranks may have stopped after different
-//                            micro-steps (core/stop_agreement.h).
+//   window-rank<R>.safetensors  rank R's tensors of the pieces, as "<piece>.<name>";
+//                            only where a piece has some: a window interrupted by
+//                            preemption (preemption.micro_step, .grad_count,
+//                            .totals, .micro_items, .grad.<i>; ranks may have stopped
+//                            after different micro-steps, core/stop_agreement.h)
 //   trainer_state.json       format_version, the position (step, LR schedule
 //                            step, epoch, window, rank 0's micro-step, running
-//                            sums), the
-//                            decomposition b×N×W, the fp16 loss scaler (scale,
-//                            growth tracker; null otherwise), seed, the
-//                            resolved configuration, and the run's id (below)
+//                            sums), "pieces": {"<piece>": {"<name>": value}} with
+//                            every piece's scalars (an int64, a number, true/false
+//                            or a string: geometry's b×N×W, global batch and
+//                            window_tokens; loss_scaling's scale and growth
+//                            tracker under fp16; oom_recovery's
+//                            micro_batch_from_oom_recovery), seed, the resolved
+//                            configuration, and the run's id (below)
 //   manifest.json            size and CRC-32 of every file above, written last
+//
+// The pieces' state is written and read by name (core/piece_state.h): what a field
+// means, and whether it is valid, is its piece's, which spells it once.
 //
 // Atomicity: every rank writes its files into `checkpoints/.tmp-step-K/`, each
 // file fsynced; after a barrier rank 0 writes the manifest, fsyncs the
@@ -52,9 +58,10 @@
 namespace gradaccum::io {
 
 // 2: schedule_step, loss_scaler; 3: the partial window per rank; 4: the optimizer state in
-// safetensors under parameter names (before: a libtorch 1.13 archive keyed by pointer). Only the
-// current version is read.
-inline constexpr int kCheckpointFormatVersion = 4;
+// safetensors under parameter names (before: a libtorch 1.13 archive keyed by pointer); 5: the
+// trainer's state as its pieces' own (trainer_state.json's "pieces", "<piece>.<name>" tensors).
+// Only the current version is read.
+inline constexpr int kCheckpointFormatVersion = 5;
 
 // What one rank contributes to a checkpoint.
 struct CheckpointContents {
@@ -140,7 +147,9 @@ CheckpointChoice choose_checkpoint(const std::string& spec, const std::string& o
 std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir);
 
 // Reads and verifies (manifest checksums, format version) rank `rank`'s view of
-// a checkpoint. Every problem is a one-line gradaccum::Error naming the file.
+// a checkpoint. Every problem is a one-line gradaccum::Error naming the file; the
+// pieces' fields are checked by the pieces as they restore (their messages name the
+// file too: state.scalars_file, state.tensors_file).
 LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank);
 
 }  // namespace gradaccum::io

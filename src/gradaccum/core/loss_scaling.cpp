@@ -33,17 +33,23 @@ void LossScaling::set_micro_batch(int64_t micro_batch) {
 void LossScaling::begin_window(WindowState& w) { w.loss_multiplier = scaler_ ? scaler_->scale() / items_ : 1.0; }
 
 void LossScaling::save(TrainingState& state) const {
-  if (scaler_) state.loss_scaler = scaler_->state();
+  if (!scaler_) return;
+  const auto saved = scaler_->state();
+  auto& piece = state.piece(kPiece);
+  piece.set_real("scale", saved.scale);
+  piece.set_integer("growth_tracker", saved.growth_tracker);
 }
 
 void LossScaling::restore(const TrainingState& state) {
-  if (scaler_ && state.loss_scaler) {
-    scaler_->restore(*state.loss_scaler);
+  const auto piece = state.saved_piece(kPiece);
+  const bool saved_fp16 = !piece.scalars.empty();
+  if (scaler_ && saved_fp16) {
+    scaler_->restore({piece.real("scale"), piece.integer("growth_tracker")});
   } else if (state.position.micro_step > 0) {
-    GA_CHECK(static_cast<bool>(scaler_) == static_cast<bool>(state.loss_scaler),
+    GA_CHECK(static_cast<bool>(scaler_) == saved_fp16,
              "checkpoint: it was saved inside a window {} fp16; resume it with the same "
              "mixed_precision",
-             state.loss_scaler ? "with" : "without");
+             saved_fp16 ? "with" : "without");
   }
 }
 

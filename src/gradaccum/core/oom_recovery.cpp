@@ -64,13 +64,21 @@ BatchGeometry OomRecovery::shrink(const WindowOutOfMemory& oom, const BatchGeome
   return *to;
 }
 
-std::optional<BatchGeometry> OomRecovery::resumed_geometry(const TrainingState& state, const BatchGeometry& current) {
-  if (!state.micro_batch_from_oom_recovery || state.global_batch != current.global_batch() ||
-      state.world_size != current.world_size() || state.micro_batch >= current.micro_batch()) {
+void OomRecovery::save(TrainingState& state) const {
+  state.piece(kPiece).set_flag("micro_batch_from_oom_recovery", shrunk_);
+}
+
+std::optional<BatchGeometry> OomRecovery::resumed_geometry(const TrainingState& state, const BatchGeometry& saved,
+                                                           const BatchGeometry& current) {
+  // A state that records nothing (one a caller made) ran with the configured micro-batch.
+  const auto piece = state.saved_piece(kPiece);
+  if (!piece.has("micro_batch_from_oom_recovery") || !piece.flag("micro_batch_from_oom_recovery") ||
+      saved.global_batch() != current.global_batch() || saved.world_size() != current.world_size() ||
+      saved.micro_batch() >= current.micro_batch()) {
     return std::nullopt;
   }
   shrunk_ = true;
-  return BatchGeometry::from_accumulation(state.micro_batch, state.accumulation_steps, state.world_size);
+  return saved;
 }
 
 void OomRecovery::drop_gradients() {

@@ -5,6 +5,7 @@
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/core/evaluator.h"
+#include "gradaccum/core/saved_geometry.h"
 
 namespace gradaccum::core {
 
@@ -89,7 +90,7 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
           ? options_.warmup_steps
           : static_cast<int64_t>(std::ceil(options_.warmup_ratio * static_cast<double>(total_steps_)));
   loss_scaling_.emplace(options_.mixed_precision, options_.loss_scaler, train_data_, plan_.geometry().micro_batch());
-  preemption_.emplace(params_, normalizer_, plan_, options_.device, accumulator_->can_stop_inside_window());
+  preemption_.emplace(params_, normalizer_, options_.device, accumulator_->can_stop_inside_window());
   oom_recovery_.emplace(options_.oom_recovery, options_.max_tokens_per_micro_batch, params_, sync_.rank(),
                         sync_.world_size(), options_.device);
   steps_ = std::make_unique<StepSequence>(
@@ -108,14 +109,10 @@ void Trainer::use_geometry(const BatchGeometry& geometry) {
 }
 
 void Trainer::restore(const TrainingState& state) {
+  const auto saved = SavedGeometry::restore(state);
   // A run that shrank its micro-batch after running out of memory goes on with it.
-  if (auto shrunk = oom_recovery_->resumed_geometry(state, plan_.geometry())) use_geometry(*shrunk);
-  const auto& g = plan_.geometry();
-  GA_CHECK(state.window_tokens == options_.window_tokens,
-           "checkpoint: it was saved with window_tokens {} and this run has {}", state.window_tokens,
-           options_.window_tokens);
-  GA_CHECK(options_.window_tokens > 0 || state.global_batch == g.global_batch(),
-           "checkpoint: it was saved with global batch {} and this run has {}", state.global_batch, g.global_batch());
+  if (auto shrunk = oom_recovery_->resumed_geometry(state, saved.geometry, plan_.geometry())) use_geometry(*shrunk);
+  saved.check_continues(state, plan_.geometry(), options_.window_tokens);
   GA_CHECK(state.position.step <= total_steps_, "checkpoint: it is at step {}, beyond this run's {} steps",
            state.position.step, total_steps_);
   // With carry, windows are numbered across epochs (the step count bounds them above).
@@ -126,6 +123,7 @@ void Trainer::restore(const TrainingState& state) {
            state.position.schedule_step, state.position.step);
   for (auto* piece : pieces_) piece->restore(state);
   position_ = state.position;
+  position_.micro_step = preemption_->resumed_micro_step();  // this rank's own
   steps_->resume_at(position_.step, position_.schedule_step);
 }
 
@@ -137,12 +135,7 @@ void Trainer::set_checkpointing(CheckpointHook* hook, const std::atomic<bool>* s
 TrainingState Trainer::state_at(const TrainingPosition& position) const {
   TrainingState state;
   state.position = position;
-  const auto& g = plan_.geometry();
-  state.micro_batch = g.micro_batch();
-  state.accumulation_steps = g.accumulation_steps();
-  state.world_size = g.world_size();
-  state.global_batch = g.global_batch();
-  state.window_tokens = options_.window_tokens;
+  SavedGeometry{plan_.geometry(), options_.window_tokens}.save(state);
   for (const auto* piece : pieces_) piece->save(state);
   return state;
 }

@@ -5,14 +5,17 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
+#include <variant>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/core/batch_geometry.h"
 
 namespace gradaccum::io {
 
@@ -53,7 +56,7 @@ uLong crc32_update(uLong crc, std::string_view bytes) {
 
 uint32_t crc32_of(const std::string& bytes) { return static_cast<uint32_t>(crc32_update(crc32(0L, Z_NULL, 0), bytes)); }
 
-// A rank's partially accumulated window (format 3; format 2 kept rank 0's in state.safetensors).
+// A rank's own tensors of the pieces: a partially accumulated window's (format 3 on).
 std::string window_file(int64_t rank) { return fmt::format("window-rank{}.safetensors", rank); }
 
 // Size and CRC-32 of a file, read in pieces: the manifest of a large
@@ -151,36 +154,34 @@ nlohmann::json position_json(const core::TrainingPosition& p) {
           {"items", p.items}};
 }
 
-// A position that no run reaches (an edited trainer_state.json) is refused before it is resumed:
-// a run that trained `step` windows of at most B samples has seen at most step·B samples, and
-// is in epoch step·B at the latest (every epoch holds at least one sample), at window `step` of
-// it at the latest.
-void check_position_is_possible(const core::TrainingState& state, const std::string& what) {
-  const auto& p = state.position;
-  core::BatchGeometry geometry = core::BatchGeometry::from_accumulation(1, 1);
-  try {
-    geometry = core::BatchGeometry::from_accumulation(state.micro_batch, state.accumulation_steps, state.world_size);
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}: {}", what, e.what()));
+// Every piece's scalars by name, into trainer_state.json's "pieces".
+nlohmann::json pieces_json(const core::TrainingState& state) {
+  nlohmann::json pieces = nlohmann::json::object();
+  for (const auto& [piece, entry] : state.pieces) {
+    auto& fields = pieces[piece] = nlohmann::json::object();
+    for (const auto& [name, value] : entry.scalars) {
+      std::visit(
+          [&fields, &piece = piece, &name = name](const auto& v) {
+            if constexpr (std::is_same_v<std::decay_t<decltype(v)>, double>) {
+              // JSON has no inf or nan (nlohmann would write null).
+              GA_CHECK(std::isfinite(v), "checkpoint: piece '{}' field '{}' is {}, which JSON cannot hold", piece, name,
+                       v);
+            }
+            fields[name] = v;
+          },
+          value);
+    }
   }
-  GA_CHECK(state.global_batch == geometry.global_batch(),
-           "{}: global_batch {} is not micro_batch x accumulation_steps "
-           "x world_size = {}",
-           what, state.global_batch, geometry.to_string());
-  GA_CHECK(p.schedule_step <= p.step, "{}: schedule_step {} is beyond step {}", what, p.schedule_step, p.step);
-  GA_CHECK(p.window <= p.step, "{}: window {} is beyond the {} windows trained", what, p.window, p.step);
-  if (state.window_tokens > 0) {
-    // Windows measured in tokens hold any number of samples, and never span two epochs.
-    GA_CHECK(p.epoch <= p.step, "{}: epoch {} is impossible after {} windows", what, p.epoch, p.step);
-    return;
+  return pieces;
+}
+
+// Every piece's tensors of this rank, as "<piece>.<name>".
+formats::NamedTensors piece_tensors(const core::TrainingState& state) {
+  formats::NamedTensors tensors;
+  for (const auto& [piece, entry] : state.pieces) {
+    for (const auto& [name, tensor] : entry.tensors) tensors.emplace_back(piece + "." + name, tensor);
   }
-  // step + 1 windows: the samples of an interrupted window may be counted with the ones before.
-  int64_t windows = 0, most = 0;
-  if (__builtin_add_overflow(p.step, 1, &windows) || __builtin_mul_overflow(windows, state.global_batch, &most)) return;
-  GA_CHECK(p.samples <= most, "{}: samples {} is more than {} windows of {} samples hold", what, p.samples, windows,
-           state.global_batch);
-  GA_CHECK(p.epoch <= most, "{}: epoch {} is impossible after {} windows of {} samples", what, p.epoch, p.step,
-           state.global_batch);
+  return tensors;
 }
 
 template <typename T>
@@ -237,38 +238,17 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
     }
     formats::save_safetensors((tmp / kStateTensors).string(),
                               {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
-    nlohmann::json trainer_state = {
-        {"format_version", kCheckpointFormatVersion},
-        {"position", position_json(c.state.position)},
-        {"micro_batch", c.state.micro_batch},
-        {"accumulation_steps", c.state.accumulation_steps},
-        {"micro_batch_from_oom_recovery", c.state.micro_batch_from_oom_recovery},
-        {"world_size", c.state.world_size},
-        {"global_batch", c.state.global_batch},
-        {"window_tokens", c.state.window_tokens},
-        {"loss_scaler", c.state.loss_scaler ? nlohmann::json{{"scale", c.state.loss_scaler->scale},
-                                                             {"growth_tracker", c.state.loss_scaler->growth_tracker}}
-                                            : nlohmann::json(nullptr)},
-        {"seed", c.seed},
-        {"optimizer_per_rank", c.optimizer_per_rank},
-        {"config", c.resolved_config},
-        {"run_id", c.run_id}};
+    nlohmann::json trainer_state = {{"format_version", kCheckpointFormatVersion},
+                                    {"position", position_json(c.state.position)},
+                                    {"pieces", pieces_json(c.state)},
+                                    {"seed", c.seed},
+                                    {"optimizer_per_rank", c.optimizer_per_rank},
+                                    {"config", c.resolved_config},
+                                    {"run_id", c.run_id}};
     formats::write_file_atomically_fsync((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
   }
-  if (c.state.position.micro_step > 0) {
-    // Inside a window every rank keeps its own sums: ranks may have stopped
-    // after different micro-steps, and their gradients differ until the
-    // window's all-reduce.
-    const auto long_scalar = [](int64_t v) { return torch::full({1}, v, torch::kLong); };
-    formats::NamedTensors window{{"micro_step", long_scalar(c.state.position.micro_step)},
-                                 {"grad_count", long_scalar(static_cast<int64_t>(c.state.partial.grads.size()))},
-                                 {"totals", c.state.partial.totals}};
-    if (c.state.partial.micro_items.defined()) window.emplace_back("micro_items", c.state.partial.micro_items);
-    for (size_t i = 0; i < c.state.partial.grads.size(); ++i) {
-      const auto& g = c.state.partial.grads[i];
-      if (g.defined()) window.emplace_back(fmt::format("grad.{:05d}", i), g);
-    }
-    formats::save_safetensors((tmp / window_file(options_.rank)).string(), window);
+  if (auto tensors = piece_tensors(c.state); !tensors.empty()) {
+    formats::save_safetensors((tmp / window_file(options_.rank)).string(), tensors);
   }
   barrier();  // every rank's files are in place
 
@@ -386,7 +366,7 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
            "{}: format version {} is not supported (this build reads version {} only{})", what(kManifest), version,
            kCheckpointFormatVersion,
            version < kCheckpointFormatVersion
-               ? "; versions before 4 hold the optimizer state in a libtorch 1.13 archive"
+               ? "; versions before 5 keep the trainer's state outside trainer_state.json's pieces"
                : "");
   const auto files = field<nlohmann::json>(manifest, "files", what(kManifest));
   GA_CHECK(files.is_object(), "{}: 'files' is not an object", what(kManifest));
@@ -435,71 +415,57 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   GA_CHECK(p.step >= 0 && p.schedule_step >= 0 && p.epoch >= 0 && p.window >= 0 && p.micro_step >= 0 &&
                p.samples >= 0 && p.items >= 0,
            "{}: negative position", ts_what);
-  GA_CHECK(ts.is_object() && ts.contains("loss_scaler"), "{}: missing field 'loss_scaler'", ts_what);
-  if (!ts.at("loss_scaler").is_null()) {
-    const auto scaler = field<nlohmann::json>(ts, "loss_scaler", ts_what);
-    loaded.state.loss_scaler = optim::LossScalerState{field<double>(scaler, "scale", ts_what),
-                                                      field<int64_t>(scaler, "growth_tracker", ts_what)};
+  // What no run reaches (an edited trainer_state.json); the limits that depend on the batch are
+  // core::SavedGeometry::check_position_is_possible's.
+  GA_CHECK(p.schedule_step <= p.step, "{}: schedule_step {} is beyond step {}", ts_what, p.schedule_step, p.step);
+  GA_CHECK(p.window <= p.step, "{}: window {} is beyond the {} windows trained", ts_what, p.window, p.step);
+  // The pieces' scalars, by name; what they mean is each piece's (core/piece_state.h).
+  loaded.state.scalars_file = ts_what;
+  const auto pieces = field<nlohmann::json>(ts, "pieces", ts_what);
+  GA_CHECK(pieces.is_object(), "{}: 'pieces' is not an object", ts_what);
+  for (const auto& [piece, fields] : pieces.items()) {
+    GA_CHECK(fields.is_object(), "{}: 'pieces.{}' is not an object", ts_what, piece);
+    auto& entry = loaded.state.piece(piece);
+    for (const auto& [name, value] : fields.items()) {
+      if (value.is_boolean()) {
+        entry.set_flag(name, value.get<bool>());
+      } else if (value.is_number_integer() &&
+                 !(value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{INT64_MAX})) {
+        entry.set_integer(name, value.get<int64_t>());
+      } else if (value.is_number_float()) {
+        entry.set_real(name, value.get<double>());
+      } else if (value.is_string()) {
+        entry.set_text(name, value.get<std::string>());
+      } else {
+        throw Error(fmt::format("{}: field 'pieces.{}.{}' is not an int64, a number, true/false or a string", ts_what,
+                                piece, name));
+      }
+    }
   }
-  loaded.state.micro_batch = field<int64_t>(ts, "micro_batch", ts_what);
-  loaded.state.accumulation_steps = field<int64_t>(ts, "accumulation_steps", ts_what);
-  // Absent in checkpoints written before OOM recovery existed.
-  loaded.state.micro_batch_from_oom_recovery = ts.value("micro_batch_from_oom_recovery", false);
-  loaded.state.world_size = field<int64_t>(ts, "world_size", ts_what);
-  loaded.state.global_batch = field<int64_t>(ts, "global_batch", ts_what);
-  loaded.state.window_tokens = ts.value("window_tokens", int64_t{0});  // absent before token windows
-  GA_CHECK(loaded.state.window_tokens >= 0, "{}: negative window_tokens", ts_what);
-  check_position_is_possible(loaded.state, ts_what);
   loaded.seed = field<uint64_t>(ts, "seed", ts_what);
   loaded.resolved_config = field<std::string>(ts, "config", ts_what);
   // Absent in checkpoints saved before run ids existed.
   if (ts.contains("run_id")) loaded.run_id = field<std::string>(ts, "run_id", ts_what);
   const bool per_rank = field<bool>(ts, "optimizer_per_rank", ts_what);
-  GA_CHECK(!per_rank || rank < loaded.state.world_size,
-           "checkpoint {}: rank {} has no optimizer shard (saved by {} ranks with zero_stage 1)", directory, rank,
-           loaded.state.world_size);
-  GA_CHECK(p.micro_step == 0 || rank < loaded.state.world_size,
-           "checkpoint {}: it was saved inside a window by {} ranks, so rank {} has no partial "
-           "window; resume it with the same b x N x W",
-           directory, loaded.state.world_size, rank);
+  if (per_rank && contents.count(optimizer_file(true, rank)) == 0) {
+    int64_t shards = 0;
+    for (const auto& [name, bytes] : contents) shards += name.rfind("optimizer-rank", 0) == 0;
+    throw Error(fmt::format("checkpoint {}: rank {} has no optimizer shard (saved by {} ranks with zero_stage 1)",
+                            directory, rank, shards));
+  }
 
   const auto state_tensors = formats::parse_safetensors(need(kStateTensors), what(kStateTensors));
   for (const auto& [name, tensor] : state_tensors) {
     if (name == "rng.cpu") loaded.rng_state = tensor;
   }
-  if (p.micro_step > 0) {
-    // The window's sums: each rank's in its own file, with its own micro-step.
-    auto& partial = loaded.state.partial;
-    const std::string file = window_file(rank);
-    const auto tensors = formats::parse_safetensors(need(file), what(file.c_str()));
-    const auto where = what(file.c_str());
-    int64_t grad_count = -1;
-    for (const auto& [name, tensor] : tensors) {
-      if (name == "totals") partial.totals = tensor;
-      if (name == "micro_items") partial.micro_items = tensor;
-      if (name == "micro_step" || name == "grad_count") {
-        GA_CHECK(tensor.scalar_type() == torch::kLong && tensor.numel() == 1, "{}: '{}' is not one int64", where, name);
-        (name == "micro_step" ? p.micro_step : grad_count) = tensor.item<int64_t>();
-      }
-    }
-    GA_CHECK(partial.totals.defined() && partial.totals.numel() == 3 && partial.totals.scalar_type() == torch::kDouble,
-             "{}: the partial window's totals are missing or malformed", where);
-    GA_CHECK(grad_count >= 0 && p.micro_step > 0, "{}: the partial window's {} is missing or negative", where,
-             grad_count < 0 ? "grad_count" : "micro_step");
-    GA_CHECK(!partial.micro_items.defined() ||
-                 (partial.micro_items.dim() == 1 && partial.micro_items.numel() == p.micro_step &&
-                  partial.micro_items.scalar_type() == torch::kDouble),
-             "{}: the partial window's micro_items are not {} float64 counts", where, p.micro_step);
-    partial.grads.resize(static_cast<size_t>(grad_count));
-    const std::string grad_prefix = "grad.";
-    for (const auto& [name, tensor] : tensors) {
-      if (name.rfind(grad_prefix, 0) != 0) continue;
-      const auto digits = name.substr(grad_prefix.size());
-      GA_CHECK(!digits.empty() && digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos,
-               "{}: tensor {} has no gradient index", where, name);
-      const auto index = std::stoll(digits);
-      GA_CHECK(index < grad_count, "{}: {} is out of range", where, name);
-      partial.grads[static_cast<size_t>(index)] = tensor;
+  // This rank's tensors of the pieces, as "<piece>.<name>" (each piece checks its own).
+  const std::string window = window_file(rank);
+  loaded.state.tensors_file = what(window.c_str());
+  if (contents.count(window) > 0) {
+    for (auto& [name, tensor] : formats::parse_safetensors(need(window), loaded.state.tensors_file)) {
+      const auto dot = name.find('.');
+      GA_CHECK(dot != std::string::npos && dot > 0, "{}: tensor '{}' names no piece", loaded.state.tensors_file, name);
+      loaded.state.piece(name.substr(0, dot)).set_tensor(name.substr(dot + 1), std::move(tensor));
     }
   }
   // The weights of a whole model, or of LoRA adapters.

@@ -13,6 +13,7 @@
 #include "gradaccum/base/check.h"
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/evaluator.h"
+#include "gradaccum/core/saved_geometry.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/dist/process_group.h"
@@ -81,26 +82,28 @@ core::TrainingState resume_state(const io::LoadedCheckpoint& loaded, const RunOp
            "checkpoint {}: it was saved with seed {} and this run has seed {}; the data order would "
            "change",
            loaded.directory, loaded.seed, options.trainer.seed);
-  GA_CHECK(state.window_tokens == options.trainer.window_tokens,
+  const auto saved = core::SavedGeometry::restore(state);
+  saved.check_position_is_possible(state);
+  GA_CHECK(saved.window_tokens == options.trainer.window_tokens,
            "checkpoint {}: it was saved with window_tokens {} and this run has {}; that changes the windows",
-           loaded.directory, state.window_tokens, options.trainer.window_tokens);
+           loaded.directory, saved.window_tokens, options.trainer.window_tokens);
   // Token windows do not depend on b, N or W: any decomposition continues them between windows.
-  if (state.window_tokens > 0) {
-    state.global_batch = geometry.global_batch();
-  } else if (state.global_batch != geometry.global_batch()) {
+  const int64_t saved_batch = saved.geometry.global_batch();
+  if (saved.window_tokens == 0 && saved_batch != geometry.global_batch()) {
     GA_CHECK(options.allow_batch_change,
              "checkpoint {}: it was saved with global batch {} and this run has {}; that changes the "
              "trajectory (set allow_batch_change=true to continue anyway)",
-             loaded.directory, state.global_batch, geometry.global_batch());
+             loaded.directory, saved_batch, geometry.global_batch());
     GA_CHECK(state.position.micro_step == 0,
              "checkpoint {}: saved inside a window, it cannot continue with another global batch", loaded.directory);
-    // Continue at the window holding the first sample not yet seen.
+    // Continue at the window holding the first sample not yet seen: a position of this run's
+    // windows from then on.
     int64_t seen = 0;
-    GA_CHECK(!__builtin_mul_overflow(state.position.window, state.global_batch, &seen),
+    GA_CHECK(!__builtin_mul_overflow(state.position.window, saved_batch, &seen),
              "checkpoint {}: window {} of global batch {} is beyond any dataset", loaded.directory,
-             state.position.window, state.global_batch);
+             state.position.window, saved_batch);
     state.position.window = seen / geometry.global_batch();
-    state.global_batch = geometry.global_batch();
+    core::SavedGeometry{geometry, saved.window_tokens}.save(state);
   }
   return state;
 }
