@@ -28,15 +28,14 @@ compare runs, per precision, a gradaccum process then a Fabric process (one at a
 import argparse
 import json
 import os
-import resource
-import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "fixtures", "tokenizer"))
+sys.path.insert(0, HERE)
+import step_bench  # noqa: E402  (bench/seed001/step_bench.py)
 
 ACCUMULATION = 16
 LR = 5e-5
@@ -98,50 +97,28 @@ def fabric_run(out, precision, steps, threads):
     enc = encoding()
     with open(os.path.join(out, "train.jsonl")) as f:
         records = [json.loads(line) for line in f]
-    samples = [(torch.tensor([enc.encode_ordinary(r["text"])[:MAX_LENGTH]]), torch.tensor([r["label"]]))
-               for r in records[:steps * ACCUMULATION]]
+    samples = [{"input_ids": torch.tensor([enc.encode_ordinary(r["text"])[:MAX_LENGTH]]),
+                "labels": torch.tensor([r["label"]])} for r in records[:steps * ACCUMULATION]]
     fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="bf16-mixed" if precision == "bf16" else "32-true")
     model = BloomForSequenceClassification.from_pretrained(os.path.join(out, "model"), dtype=torch.float32)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     model, optimizer = fabric.setup(model, optimizer)
-    times, losses = [], []
-    for step in range(steps):
-        start, window = time.perf_counter(), 0.0
-        for s in range(ACCUMULATION):
-            ids, label = samples[step * ACCUMULATION + s]
-            with fabric.no_backward_sync(model, enabled=s + 1 < ACCUMULATION):
-                loss = model(input_ids=ids, labels=label).loss / ACCUMULATION
-                fabric.backward(loss)
-            window += loss.item()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-        losses.append(window)
-    return {"program": "fabric", "precision": precision, "steps": steps,
-            "s_per_step": statistics.median(times[1:] if len(times) > 1 else times), "step_times": times,
-            "losses": losses, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    times, losses = step_bench.accumulation_loop(
+        model, optimizer, samples, steps, ACCUMULATION, backward=fabric.backward,
+        no_sync=lambda last: fabric.no_backward_sync(model, enabled=not last))
+    return step_bench.result("fabric", precision, times, losses, step_bench.peak_rss_mb())
 
 
 def gradaccum_run(out, build, precision, steps, threads):
-    run_dir = os.path.join(out, f"run-{precision}")
-    subprocess.run(["rm", "-rf", run_dir], check=True)
-    command = [os.path.join(build, "gradaccum"), "train",
-               "--set", f"output_dir={run_dir}", "--set", f"model.hf_checkpoint={out}/model",
-               "--set", "data.type=text", "--set", f"data.path={out}/train.jsonl",
-               "--set", f"data.tokenizer={tokenizer_dir()}", "--set", f"data.max_length={MAX_LENGTH}",
-               "--set", "data.eval_fraction=0", "--set", "train_sampling_strategy=sequential",
-               "--set", "per_device_train_batch_size=1", "--set", f"gradient_accumulation_steps={ACCUMULATION}",
-               "--set", f"max_steps={steps}", "--set", "optim=adamw", "--set", "weight_decay=0",
-               "--set", f"learning_rate={LR}", "--set", "lr_scheduler_type=constant", "--set", "max_grad_norm=0",
-               "--set", f"threads={threads}", "--set", f"mixed_precision={'bf16' if precision == 'bf16' else 'no'}"]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f if '"loss"' in line]
-    times = [r["step_time_s"] for r in records]
-    return {"program": "gradaccum", "precision": precision, "steps": steps,
-            "s_per_step": statistics.median(times[1:] if len(times) > 1 else times), "step_times": times,
-            "losses": [r["loss"] for r in records], "peak_rss_mb": max(r["peak_rss_mb"] for r in records)}
+    return step_bench.gradaccum_train(
+        os.path.join(build, "gradaccum"), os.path.join(out, f"run-{precision}"),
+        {"model.hf_checkpoint": f"{out}/model", "data.type": "text", "data.path": f"{out}/train.jsonl",
+         "data.tokenizer": tokenizer_dir(), "data.max_length": MAX_LENGTH, "data.eval_fraction": 0,
+         "train_sampling_strategy": "sequential", "per_device_train_batch_size": 1,
+         "gradient_accumulation_steps": ACCUMULATION, "max_steps": steps, "optim": "adamw", "weight_decay": 0,
+         "learning_rate": LR, "lr_scheduler_type": "constant", "max_grad_norm": 0, "threads": threads,
+         "mixed_precision": "bf16" if precision == "bf16" else "no"}, precision)
 
 
 def compare(args):
@@ -149,9 +126,9 @@ def compare(args):
     for precision in args.precisions.split(","):
         ours = gradaccum_run(args.dir, args.build, precision, args.steps, args.threads)
         print(json.dumps(ours), flush=True)
-        theirs = json.loads(subprocess.run(
+        theirs = step_bench.child_result(
             [sys.executable, __file__, "fabric", args.dir, "--precision", precision, "--steps", str(args.steps),
-             "--threads", str(args.threads)], check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+             "--threads", str(args.threads)])
         print(json.dumps(theirs), flush=True)
         rows.append((precision, ours, theirs))
     print("\n| precision | gradaccum s/step | Fabric s/step | time ratio | gradaccum peak RSS MB | Fabric peak RSS MB "
