@@ -15,6 +15,7 @@
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/models/hf_checkpoint.h"
+#include "gradaccum/io/checkpoint.h"
 #include "test_support.h"
 
 namespace lm_cli_test {
@@ -145,6 +146,11 @@ TEST(LmEndToEnd, FinalCheckpointEvalAndGenerate) {
   for (const char* f : {"config.json", "model.safetensors", "gpt2.tiktoken"}) {
     EXPECT_TRUE(fs::exists(final_dir + "/" + f)) << f;
   }
+  // The run's checkpoint carries the tokenizer too, listed in its manifest (checksummed).
+  const auto checkpoint = gradaccum::io::newest_checkpoint_directory(dir + "/run");
+  ASSERT_FALSE(checkpoint.empty());
+  EXPECT_TRUE(fs::exists(checkpoint + "/gpt2.tiktoken"));
+  EXPECT_NE(gradaccum::testing::read_text(checkpoint + "/manifest.json").find("\"gpt2.tiktoken\""), std::string::npos);
 
   // eval: Σ token losses / Σ tokens over the file, compared with the same model
   // run line by line in this process (no padding at all).

@@ -6,6 +6,8 @@
 //                            writes its adapters as adapter_model.safetensors instead
 //   config.json              the model's HF config, where it has one (a LoRA run's:
 //                            adapter_config.json)
+//   tokenizer files          a language model's (tokenizer.json, gpt2.tiktoken, ...), as in
+//                            final/: the checkpoint loads with HF's from_pretrained on its own
 //   optimizer.safetensors    optimizer state under parameter names
 //                            (optim/optimizer_state.h); under ZeRO-1 one
 //                            optimizer-rank<R>.safetensors per rank, its shard
@@ -76,6 +78,9 @@ struct CheckpointContents {
   std::optional<formats::NamedTensors> optimizer;
   bool optimizer_per_rank = false;  // ZeRO-1: every rank saves its own shard
   std::string resolved_config;      // the run's YAML
+  // Files rank 0 copies in beside the model (a language model's tokenizer files, so that a
+  // checkpoint loads in HF's from_pretrained and in `gradaccum eval` / `generate` on its own).
+  std::vector<std::string> extra_files;
   uint64_t seed = 0;
   std::string run_id;  // the run that saves it ("" = none recorded)
 };

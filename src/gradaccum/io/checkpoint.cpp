@@ -236,6 +236,13 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
     if (!c.model_config.is_null()) {
       formats::write_file_atomically_fsync((tmp / c.model_config_file).string(), c.model_config.dump(2) + "\n");
     }
+    for (const auto& file : c.extra_files) {
+      const auto copy = tmp / fs::path(file).filename();
+      std::error_code ec;
+      fs::copy_file(file, copy, fs::copy_options::overwrite_existing, ec);
+      GA_CHECK(!ec, "checkpoint {}: cannot copy {} into it: {}", final_dir.string(), file, ec.message());
+      formats::fsync_file(copy.string());
+    }
     formats::save_safetensors((tmp / kStateTensors).string(),
                               {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
     nlohmann::json trainer_state = {{"format_version", kCheckpointFormatVersion},

@@ -29,6 +29,7 @@ void CheckpointWriter::save(const core::TrainingState& state, core::SaveReason /
     contents.model_config = files_.config;
     contents.model_file = files_.weights_file;
     contents.model_config_file = files_.config_file;
+    contents.extra_files = extra_files_;
   }
   if (rank0_ || optimizer_per_rank_) contents.optimizer = dist::named_optimizer_state(*optimizer_, parameters_);
   contents.optimizer_per_rank = optimizer_per_rank_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "gradaccum/core/training_state.h"
 #include "gradaccum/io/checkpoint.h"
@@ -21,6 +22,8 @@ class CheckpointWriter final : public core::CheckpointHook {
                    std::string description, uint64_t seed, std::string run_id);
 
   void set_optimizer(torch::optim::Optimizer& optimizer, optim::NamedParameters parameters);
+  // Files rank 0 copies into every checkpoint beside the weights (RunOptions::final_files).
+  void set_extra_files(std::vector<std::string> files) { extra_files_ = std::move(files); }
   void save(const core::TrainingState& state, core::SaveReason reason) override;
   const std::string& last() const { return last_; }
 
@@ -34,6 +37,7 @@ class CheckpointWriter final : public core::CheckpointHook {
   std::string run_id_;
   torch::optim::Optimizer* optimizer_ = nullptr;
   optim::NamedParameters parameters_;
+  std::vector<std::string> extra_files_;
   std::string last_;
 };
 

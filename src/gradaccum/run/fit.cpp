@@ -415,6 +415,7 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   if (dp.group) store_options.barrier = [&dp] { dist::barrier(*dp.group, "the checkpoint barrier"); };
   io::CheckpointStore store(store_options);
   CheckpointWriter writer(store, files, rank0, optimizer_per_rank, options.description, options.trainer.seed, run_id);
+  writer.set_extra_files(options.final_files);
   writer.set_optimizer(trainer.optimizer(), trainer.named_parameters());
   trainer.set_checkpointing(&writer, &install_stop_signals(), dp.stop_agreement.get());
 
