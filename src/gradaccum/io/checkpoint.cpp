@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 #include "gradaccum/core/batch_geometry.h"
 
 namespace gradaccum::io {
@@ -233,7 +234,7 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
   if (rank0) {
     formats::save_safetensors((tmp / c.model_file).string(), c.model);
     if (!c.model_config.is_null()) {
-      formats::write_file_atomically_fsync((tmp / c.model_config_file).string(), c.model_config.dump(2) + "\n");
+      base::write_file_atomically((tmp / c.model_config_file).string(), c.model_config.dump(2) + "\n");
     }
     formats::save_safetensors((tmp / kStateTensors).string(),
                               {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
@@ -253,7 +254,7 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
         {"optimizer_per_rank", c.optimizer_per_rank},
         {"config", c.resolved_config},
         {"run_id", c.run_id}};
-    formats::write_file_atomically_fsync((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
+    base::write_file_atomically((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
   }
   if (c.state.position.micro_step > 0) {
     // Inside a window every rank keeps its own sums: ranks may have stopped
@@ -279,11 +280,11 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
       files[entry.path().filename().string()] = {{"bytes", size}, {"crc32", crc}};
     }
     const nlohmann::json manifest = {{"format_version", kCheckpointFormatVersion}, {"files", files}};
-    formats::write_file_atomically_fsync((tmp / kManifest).string(), manifest.dump(2) + "\n");
-    formats::fsync_directory(tmp.string());
-    if (fs::exists(final_dir)) remove_checkpoint(final_dir);  // a rerun saving the same step
-    fs::rename(tmp, final_dir);
-    formats::fsync_directory(root.string());
+    base::write_file_atomically((tmp / kManifest).string(), manifest.dump(2) + "\n");
+    base::fsync_directory(tmp.string());
+    // A rerun saving the same step swaps its new directory in; the old one is removed under the
+    // temporary's name, whose remains the next save drops.
+    base::replace_directory(tmp.string(), final_dir.string());
 
     if (options_.save_total_limit > 0) {
       // This run's checkpoints only: another run's in a reused output_dir are not its to rotate.
@@ -319,8 +320,8 @@ std::string read_run_id(const std::string& output_dir) {
 }
 
 void write_run_id(const std::string& output_dir, const std::string& run_id) {
-  formats::write_file_atomically_fsync((fs::path(output_dir) / kRunFile).string(),
-                                       nlohmann::json{{"run_id", run_id}}.dump() + "\n");
+  base::write_file_atomically((fs::path(output_dir) / kRunFile).string(),
+                              nlohmann::json{{"run_id", run_id}}.dump() + "\n");
 }
 
 std::string newest_checkpoint_directory(const std::string& output_dir) {

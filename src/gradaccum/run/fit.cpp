@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/evaluator.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
@@ -244,7 +245,7 @@ Outputs open_outputs(const RunOptions& options, int64_t resumed_step, const std:
   remove_stale_temporaries(options.output_dir);
   io::write_run_id(options.output_dir, run_id);
   if (!options.description.empty()) {
-    io::write_file_atomically((fs::path(options.output_dir) / "config.yaml").string(), options.description);
+    base::write_file_atomically((fs::path(options.output_dir) / "config.yaml").string(), options.description);
   }
   out.metrics = std::make_unique<io::MetricsWriter>(options.output_dir, options.items_are_tokens, resumed_step);
   observers.add(*out.metrics);
@@ -264,28 +265,6 @@ Outputs open_outputs(const RunOptions& options, int64_t resumed_step, const std:
   return out;
 }
 
-// Puts `staging` in place of `target` in one step: renameat2's RENAME_EXCHANGE swaps the two
-// directories where the filesystem can, so `target` is never missing; elsewhere the old one is
-// moved aside first. The old one is then removed.
-void publish_directory(const fs::path& staging, const fs::path& target) {
-  std::error_code ec;
-  if (!fs::exists(target, ec)) {
-    GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it: {}", target.string(),
-             staging.string(), std::strerror(errno));
-  } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-    fs::remove_all(staging, ec);  // now the old one
-  } else {
-    const fs::path old = target.parent_path() / (".tmp-old-" + target.filename().string());
-    fs::remove_all(old, ec);
-    GA_CHECK(std::rename(target.c_str(), old.c_str()) == 0, "{}: cannot move the old one aside to {}: {}",
-             target.string(), old.string(), std::strerror(errno));
-    GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it: {}", target.string(),
-             staging.string(), std::strerror(errno));
-    fs::remove_all(old, ec);
-  }
-  formats::fsync_directory(target.parent_path().string());
-}
-
 // 6. The trained model on its own: an HF checkpoint when the model has a config.json, else the
 // weights alone; `extra_files` copied beside them. Written into output_dir/.tmp-final-<pid>, each
 // file fsynced, and published as final/ in one rename: a crash leaves the previous final/ or the
@@ -299,17 +278,14 @@ void save_final(const ModelFiles& files, const std::vector<std::string>& extra_f
            ec.message());
   try {
     if (!files.config.is_null()) {
-      formats::write_file_atomically_fsync((staging / files.config_file).string(), files.config.dump(2) + "\n");
+      base::write_file_atomically((staging / files.config_file).string(), files.config.dump(2) + "\n");
     }
     formats::save_safetensors((staging / files.weights_file).string(), files.weights());
     for (const auto& file : extra_files) {
-      const auto copy = staging / fs::path(file).filename();
-      fs::copy_file(file, copy, fs::copy_options::overwrite_existing, ec);
-      GA_CHECK(!ec, "{}: cannot copy {} into it: {}", final_dir.string(), file, ec.message());
-      formats::fsync_file(copy.string());
+      base::copy_file_atomically(file, (staging / fs::path(file).filename()).string());
     }
-    formats::fsync_directory(staging.string());
-    publish_directory(staging, final_dir);
+    base::fsync_directory(staging.string());
+    base::replace_directory(staging.string(), final_dir.string());
   } catch (...) {
     fs::remove_all(staging, ec);
     throw;
@@ -452,8 +428,8 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
     // run and for the training loop alone.
     const nlohmann::json figures = {
         {"rank", env.rank}, {"peak_rss_mb", io::peak_rss_mb()}, {"train_peak_rss_mb", step_peak.mb()}};
-    io::write_file_atomically((fs::path(options.output_dir) / fmt::format("rank{}.json", env.rank)).string(),
-                              figures.dump() + "\n");
+    base::write_file_atomically((fs::path(options.output_dir) / fmt::format("rank{}.json", env.rank)).string(),
+                                figures.dump() + "\n");
   }
   if (dp.group) {
     // Every rank is done with its outputs; then the group is shut down, not just dropped
