@@ -12,7 +12,7 @@
 #include "gradaccum/io/config.h"
 #include "gradaccum/io/workload.h"
 #include "gradaccum/report/run_files.h"
-#include "gradaccum/run/runtime.h"
+#include "gradaccum/run/process_setup.h"
 
 namespace gradaccum::cli {
 
@@ -93,7 +93,7 @@ int run_verify(const VerifyArgs& args) {
   for (const char* o : {"dtype=float64", "data.eval_limit=-1", "global_batch_size=0"}) overrides.emplace_back(o);
   overrides.push_back(fmt::format("max_steps={}", args.steps));
   const auto config = io::load_config(args.config_path, overrides);
-  run::configure_threads(config.threads, 1);
+  const run::ProcessSetup process({.threads = config.threads});
 
   fmt::print("verify: {} steps in float64, global batch {}, tolerance {:.0e}\n", args.steps, splits[0].global_batch,
              args.tolerance);

@@ -26,10 +26,7 @@
 #include "gradaccum/io/metrics_writer.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/io/tensorboard_writer.h"
-#include "gradaccum/kernels/cpu_and_blas.h"
 #include "gradaccum/kernels/custom_kernels.h"
-#include "gradaccum/kernels/float32_cpu_matmuls.h"
-#include "gradaccum/kernels/heap_retention.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/hf_checkpoint.h"
 #include "gradaccum/models/lora.h"
@@ -117,26 +114,19 @@ class StepPeakRss final : public core::TrainingObserver {
   double mb_ = 0.0;
 };
 
-// 1. Threads, custom kernels, and how CPU autocast multiplies.
-int set_up_process(const RunOptions& options, int64_t local_ranks, bool rank0) {
-  const int threads = configure_threads(options.threads, local_ranks);
-  kernels::set_custom_kernels(options.custom_kernels);
-  // Keep the memory a step frees for the next step instead of re-faulting it (heap_retention.h).
-  kernels::retain_freed_heap();
+// 1. The process set-up's one line about CPU autocast's route, and the device there is.
+void check_process(const RunOptions& options, const ProcessSetup& process, bool rank0) {
   const auto& t = options.trainer;
-  if (routes_cpu_matmuls_through_float32(options.bf16_cpu_matmuls, t.mixed_precision, t.device,
-                                         kernels::cpu_has_native_bf16(), kernels::cpu_has_native_fp16())) {
-    kernels::route_cpu_autocast_matmuls_through_float32();
-    if (rank0 && t.mixed_precision == core::MixedPrecision::bf16) {
+  if (process.settings().cpu_matmuls_through_float32 && rank0) {
+    if (t.mixed_precision == core::MixedPrecision::bf16) {
       fmt::print(stderr, "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands (bf16_cpu_matmuls: {})\n",
                  options.bf16_cpu_matmuls);
-    } else if (rank0) {
+    } else {
       fmt::print(stderr, "fp16 matmuls: float32 GEMMs on float16-rounded operands (this CPU has no AVX512-FP16)\n");
     }
   }
   GA_CHECK(!t.device.is_cuda() || torch::cuda::is_available(),
            "key 'device': cuda requested but this libtorch has no CUDA device");
-  return threads;
 }
 
 // 2. Data parallel: connect, refuse mismatched configurations, and hook the reducer onto the
@@ -295,11 +285,17 @@ void save_final(const ModelFiles& files, const std::vector<std::string>& extra_f
 }  // namespace
 
 RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dataset& train_data,
-              const core::Dataset* eval_data, const ModelFiles& given_files, core::TrainingObserver* observer) {
-  const auto env = dist::read_environment();
+              const core::Dataset* eval_data, const ModelFiles& given_files, core::TrainingObserver* observer,
+              const ProcessSetup* process, const dist::DistEnvironment& env) {
   const bool rank0 = env.rank == 0;
   const auto files = complete(given_files, model);
-  const int threads = set_up_process(options, env.local_world_size, rank0);
+  // Given none, the run's own, for this call: the process is as before when fit returns.
+  std::optional<ProcessSetup> own_process;
+  if (process == nullptr) {
+    process = &own_process.emplace(training_process_settings(options, options.trainer, env.local_world_size));
+  }
+  check_process(options, *process, rank0);
+  const int threads = process->threads();
 
   // 3. Everything that can fail on bad input happens before anything is written.
   check_directory_can_be_made(options.output_dir, "output_dir");
@@ -389,7 +385,8 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   io::CheckpointStore store(store_options);
   CheckpointWriter writer(store, files, rank0, optimizer_per_rank, options.description, options.trainer.seed, run_id);
   writer.set_optimizer(trainer.optimizer(), trainer.named_parameters());
-  trainer.set_checkpointing(&writer, &install_stop_signals(), dp.stop_agreement.get());
+  const StopSignalsScope stop_signals;
+  trainer.set_checkpointing(&writer, &stop_signals.requested(), dp.stop_agreement.get());
 
   RunResult result;
   result.rank = env.rank;
