@@ -12,6 +12,7 @@
 #include <string>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 #include "test_support.h"
 
 namespace safetensors_test {
@@ -316,9 +317,9 @@ TEST(SafetensorsErrors, BoolBytesOtherThanZeroOrOne) {
 TEST(SafetensorsErrors, LoadNamesThePath) {
   const auto dir = gradaccum::testing::make_temp_dir("safetensors-bad");
   const auto path = dir + "/bad.safetensors";
-  gradaccum::formats::write_file_atomically_fsync(path, one_tensor(kGood, 4));
+  gradaccum::base::write_file_atomically(path, one_tensor(kGood, 4));
   EXPECT_ONE_LINE_ERROR(formats::load_safetensors(path), path + ": tensor w: data_offsets [0, 12] extend past");
-  gradaccum::formats::write_file_atomically_fsync(path, "");
+  gradaccum::base::write_file_atomically(path, "");
   EXPECT_ONE_LINE_ERROR(formats::load_safetensors(path), path + ": not a safetensors file: 0 bytes");
   EXPECT_ONE_LINE_ERROR(formats::load_safetensors(dir), dir + ": not a regular file");
 }

@@ -18,6 +18,7 @@
 #include "gradaccum/kernels/float32_cpu_matmuls.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/chunked_cross_entropy.h"
+#include "gradaccum/run/process_setup.h"
 
 namespace {
 
@@ -33,6 +34,35 @@ double relative_error(const torch::Tensor& x, const torch::Tensor& reference) {
       .item<double>();
 }
 
+// Every op the routing replaces, run under bf16 CPU autocast on operands drawn from seed 6; with a
+// linear's weight and bias gradients last.
+std::vector<torch::Tensor> every_replaced_op_under_autocast() {
+  torch::manual_seed(6);
+  const auto x = torch::randn({2, 5, 16}), m = torch::randn({5, 12});
+  auto w = torch::randn({12, 16}, torch::requires_grad()), bias = torch::randn({12}, torch::requires_grad());
+  const auto batch1 = torch::randn({2, 5, 16}), batch2 = torch::randn({2, 16, 7}), add = torch::randn({2, 5, 7});
+  const auto image = torch::randn({2, 3, 9, 9}), kernel = torch::randn({4, 3, 3, 3}), cbias = torch::randn({4});
+  const auto signal = torch::randn({2, 3, 11}), kernel1d = torch::randn({4, 3, 3});
+  const auto q = torch::randn({2, 3, 6, 8}), k = torch::randn({2, 3, 6, 8}), v = torch::randn({2, 3, 6, 8});
+  const auto mask = torch::randn({2, 1, 6, 6});
+  const std::vector<int64_t> stride2{2}, pad0{0};
+  AutocastScope autocast(MixedPrecision::bf16, kCpu);
+  std::vector<torch::Tensor> out = {
+      torch::linear(x, w, bias),
+      torch::matmul(x, w.t()),
+      torch::addmm(m, x[0], w.t(), 0.5, 2.0),
+      torch::bmm(batch1, batch2),
+      torch::baddbmm(add, batch1, batch2, 0.5, 2.0),
+      torch::conv2d(image, kernel, cbias, 1, 1),
+      torch::conv1d(signal, kernel1d, cbias, at::IntArrayRef(stride2), at::IntArrayRef(pad0)),
+      at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 0.3)};
+  (out[0].to(torch::kFloat) * torch::arange(120).view({2, 5, 12})).sum().backward();
+  for (auto& t : out) t = t.detach();
+  out.push_back(w.grad());
+  out.push_back(bias.grad());
+  return out;
+}
+
 class Float32Bf16Matmuls : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -44,15 +74,49 @@ class Float32Bf16Matmuls : public ::testing::Test {
       AutocastScope autocast(MixedPrecision::bf16, kCpu);
       unrouted_error_ = relative_error(torch::mm(a_, b_), exact_);
     }
+    libtorch_own_ = every_replaced_op_under_autocast();
     ASSERT_FALSE(gradaccum::kernels::cpu_autocast_matmuls_route_through_float32());
     gradaccum::kernels::route_cpu_autocast_matmuls_through_float32();
     gradaccum::kernels::route_cpu_autocast_matmuls_through_float32();  // idempotent
   }
   static torch::Tensor a_, b_, exact_;
   static double unrouted_error_;
+  static std::vector<torch::Tensor> libtorch_own_;  // before the routing was installed
 };
 torch::Tensor Float32Bf16Matmuls::a_, Float32Bf16Matmuls::b_, Float32Bf16Matmuls::exact_;
 double Float32Bf16Matmuls::unrouted_error_ = 0.0;
+std::vector<torch::Tensor> Float32Bf16Matmuls::libtorch_own_;
+
+// A run's set-up turns the route on or off for its lifetime and puts it back after.
+TEST_F(Float32Bf16Matmuls, AProcessSetupScopesTheRoute) {
+  namespace kernels = gradaccum::kernels;
+  ASSERT_TRUE(kernels::cpu_autocast_matmuls_route_through_float32());
+  {
+    const gradaccum::run::ProcessSetup off({.threads = 1, .cpu_matmuls_through_float32 = false});
+    EXPECT_FALSE(kernels::cpu_autocast_matmuls_route_through_float32());
+    {
+      const gradaccum::run::ProcessSetup on({.threads = 1, .cpu_matmuls_through_float32 = true});
+      EXPECT_TRUE(kernels::cpu_autocast_matmuls_route_through_float32());
+    }
+    EXPECT_FALSE(kernels::cpu_autocast_matmuls_route_through_float32());
+  }
+  EXPECT_TRUE(kernels::cpu_autocast_matmuls_route_through_float32());
+}
+
+// Switched off, the installed entries give what libtorch's own gave before they were installed,
+// bit for bit, values and gradients; switched on again, they route.
+TEST_F(Float32Bf16Matmuls, SwitchedOffTheEntriesDoWhatLibtorchsOwnDo) {
+  gradaccum::kernels::route_cpu_autocast_matmuls_through_float32(false);
+  EXPECT_FALSE(gradaccum::kernels::cpu_autocast_matmuls_route_through_float32());
+  const auto off = every_replaced_op_under_autocast();
+  gradaccum::kernels::route_cpu_autocast_matmuls_through_float32(true);
+  EXPECT_TRUE(gradaccum::kernels::cpu_autocast_matmuls_route_through_float32());
+  ASSERT_EQ(off.size(), libtorch_own_.size());
+  for (size_t i = 0; i < off.size(); ++i) {
+    EXPECT_EQ(off[i].scalar_type(), libtorch_own_[i].scalar_type()) << "output " << i;
+    EXPECT_TRUE(torch::equal(off[i], libtorch_own_[i])) << "output " << i;
+  }
+}
 
 TEST_F(Float32Bf16Matmuls, MmIsTheFloat32ProductOfRoundedOperandsRounded) {
   EXPECT_TRUE(gradaccum::kernels::cpu_autocast_matmuls_route_through_float32());

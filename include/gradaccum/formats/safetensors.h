@@ -50,23 +50,9 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
 // "__metadata__".
 std::string serialize_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
 
-// serialize_safetensors written to `path` atomically (write_file_atomically_fsync),
+// serialize_safetensors written to `path` atomically (base::write_file_atomically),
 // straight from the tensors' memory: no second copy of the file is built.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
-
-// Writes `bytes` to a temporary file in `path`'s directory, fsyncs it, renames
-// it over `path` and fsyncs the directory: after a crash `path` holds either
-// the old or the new content, never a mix. On failure the temporary is removed
-// and a gradaccum::Error is thrown. (io::write_file_atomically in
-// metrics_writer.h does not fsync, which a multi-GB checkpoint needs.)
-void write_file_atomically_fsync(const std::string& path, std::string_view bytes);
-// The same for a file made of `pieces` in order, written without joining them.
-void write_file_atomically_fsync(const std::string& path, const std::vector<std::string_view>& pieces);
-
-// fsyncs a directory so that renames and creations inside it are durable.
-void fsync_directory(const std::string& path);
-// fsyncs a file written by other code (a libtorch archive).
-void fsync_file(const std::string& path);
 
 }  // namespace gradaccum::formats

@@ -65,9 +65,4 @@ class MetricsWriter final : public core::TrainingObserver {
   nlohmann::json summary_;  // summary.json as on_end wrote it
 };
 
-// Writes `text` to `path` through a temporary file (.tmp-<pid>-<name>, which a run's start removes
-// if a crash left it), fsynced and renamed, so a reader never sees a half-written file. Every
-// step is checked: a failure throws gradaccum::Error naming `path`, and `path` is unchanged.
-void write_file_atomically(const std::string& path, const std::string& text);
-
 }  // namespace gradaccum::io

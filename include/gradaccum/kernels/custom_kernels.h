@@ -10,8 +10,9 @@
 // beating libtorch's own path by ≥ 5% end to end on the benchmark it serves
 // (BENCHMARKS.md). Turning one off runs that libtorch path instead: to debug a
 // suspected kernel, and to repeat the comparison. Like torch.backends' flags
-// (e.g. enable_flash_sdp), the switch is process-wide; the CLI sets it once,
-// before a model is built, and library code only reads it.
+// (e.g. enable_flash_sdp), the switch is process-wide; a run's
+// run::ProcessSetup sets it before a model is built and puts it back after, and
+// library code only reads it.
 #pragma once
 
 #include <string>

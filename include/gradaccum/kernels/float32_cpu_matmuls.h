@@ -27,7 +27,10 @@
 //
 // Why hand-written: PyTorch has no switch for this. The routing replaces those
 // ops' AutocastCPU kernels in libtorch's dispatcher, process-wide and for the
-// rest of the process, and only ever from float32-producing 16-bit autocast.
+// rest of the process (removing them could race with threads that dispatch);
+// what they do is a process-wide switch: routed, or, switched off, what
+// libtorch's own entries do (the operands cast to 16 bits through autocast's
+// weight cache, the op run in 16 bits).
 //
 // This is the mechanism only. Whether a run routes depends on its mixed precision
 // and the config key bf16_cpu_matmuls, which the process set-up decides
@@ -37,11 +40,12 @@
 
 namespace gradaccum::kernels {
 
-// Installs the routing once per process; later calls do nothing. Affects only
-// code that runs under CPU autocast (bfloat16 or float16).
-void route_cpu_autocast_matmuls_through_float32();
+// On: installs the routing (once per process) and routes. Off: libtorch's own
+// path again. Affects only code that runs under CPU autocast (bfloat16 or
+// float16). run::ProcessSetup sets it for a run and puts it back after.
+void route_cpu_autocast_matmuls_through_float32(bool on = true);
 
-// Whether route_cpu_autocast_matmuls_through_float32() has run in this process.
+// Whether CPU autocast's matmuls route through float32 now.
 bool cpu_autocast_matmuls_route_through_float32();
 
 }  // namespace gradaccum::kernels

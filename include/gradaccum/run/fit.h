@@ -1,7 +1,9 @@
 // A whole training run around core::Trainer, callable from a program of one's own: what the
 // `gradaccum train` command does after reading its configuration.
 //
-//   1. Process set-up: libtorch's threads, the custom kernels, CPU autocast's matmul route.
+//   1. The process's settings (libtorch's threads, the custom kernels, CPU autocast's matmul
+//      route) are the caller's ProcessSetup (run/process_setup.h), or, given none, one fit makes
+//      from `options` for the call and undoes when it returns.
 //   2. Data parallel when the environment names a job (torchrun, mpirun, run::launch_local):
 //      a process group (Gloo on the CPU, NCCL on CUDA), the same configuration on every rank,
 //      the gradient sync, ZeRO-1 when asked.
@@ -13,7 +15,8 @@
 //      metrics.jsonl, summary.json, grad_flow.jsonl, TensorBoard events, the console; temporaries
 //      a crash left there are removed first. Other ranks write rank<R>.json (their memory).
 //   5. Checkpoints every save_steps and at the end (save_total_limit kept); SIGTERM / SIGINT save the
-//      window in flight and stop (run/stop_signals.h).
+//      window in flight and stop (their handlers installed for the training and the final save,
+//      the previous ones put back after).
 //   6. The final model in output_dir/final: model.safetensors, and config.json when the model has one
 //      (an HF checkpoint for GPT-2 and BLOOM; PEFT's adapter files for a LoRA run, ModelFiles),
 //      with `final_files` beside them; published as a
@@ -35,7 +38,9 @@
 #include "gradaccum/core/trainable.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/core/training_observer.h"
+#include "gradaccum/dist/environment.h"
 #include "gradaccum/io/run_settings.h"
+#include "gradaccum/run/process_setup.h"
 
 namespace gradaccum::models {
 struct BuiltModel;
@@ -86,10 +91,13 @@ struct RunResult {
 
 // Trains `model` on `train_data` (every rank passes the whole dataset: the windows say which
 // samples each rank reads), evaluating on `eval_data` (rank 0 only; may be null). `observer`, when
-// given, sees every event beside the outputs. Bad options, a bad checkpoint or a failing rank throw
-// gradaccum::Error naming the cause, before anything is written where possible.
+// given, sees every event beside the outputs. `process`: the caller's set-up, kept as it is (null:
+// fit's own, from `options`, for the call). `env`: this process's place in the job. Bad options, a
+// bad checkpoint or a failing rank throw gradaccum::Error naming the cause, before anything is
+// written where possible.
 RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dataset& train_data,
               const core::Dataset* eval_data = nullptr, const ModelFiles& files = {},
-              core::TrainingObserver* observer = nullptr);
+              core::TrainingObserver* observer = nullptr, const ProcessSetup* process = nullptr,
+              const dist::DistEnvironment& env = dist::read_environment());
 
 }  // namespace gradaccum::run

@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/formats/safetensors.h"
+#include "gradaccum/base/files.h"
 #include "gradaccum/models/hf_checkpoint.h"
 #include "gradaccum/models/lora.h"
 
@@ -22,11 +22,7 @@ int run_export(const ExportArgs& args) {
   for (const char* name : {"tokenizer.json", "gpt2.tiktoken", "encoder.json", "vocab.bpe"}) {
     const auto from = fs::path(args.adapter_dir) / name;
     if (!fs::exists(from)) continue;
-    const auto to = fs::path(args.out_dir) / name;
-    std::error_code ec;
-    fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
-    GA_CHECK(!ec, "{}: cannot copy {} into it: {}", args.out_dir, from.string(), ec.message());
-    formats::fsync_file(to.string());
+    base::copy_file_atomically(from.string(), (fs::path(args.out_dir) / name).string());
   }
   fmt::print("merged {} into {}\n", args.adapter_dir, args.out_dir);
   return 0;

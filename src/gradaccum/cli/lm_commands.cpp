@@ -12,7 +12,7 @@
 #include "gradaccum/models/generation.h"
 #include "gradaccum/models/gguf_checkpoint.h"
 #include "gradaccum/models/lora.h"
-#include "gradaccum/run/runtime.h"
+#include "gradaccum/run/process_setup.h"
 
 namespace gradaccum::cli {
 
@@ -44,7 +44,7 @@ models::BuiltModel load_causal_lm(const std::string& dir, const std::string& bas
 }  // namespace
 
 int run_generate(const GenerateArgs& args) {
-  run::configure_threads(args.threads, 1);
+  const run::ProcessSetup process({.threads = args.threads});
   auto model = load_causal_lm(args.checkpoint, args.base);
   const auto tokenizer = load_tokenizer(args.tokenizer, args.checkpoint);
   GA_CHECK(!tokenizer.encode(args.prompt).empty(), "--prompt: the prompt is empty");
@@ -68,7 +68,7 @@ int run_generate(const GenerateArgs& args) {
 
 int run_eval(const EvalArgs& args) {
   GA_CHECK(args.batch_size >= 1, "--batch-size must be >= 1, got {}", args.batch_size);
-  run::configure_threads(args.threads, 1);
+  const run::ProcessSetup process({.threads = args.threads});
   auto model = load_causal_lm(args.checkpoint, args.base);
   const auto tokenizer = load_tokenizer(args.tokenizer, args.checkpoint);
   GA_CHECK(!args.file.empty(), "eval: a text FILE is required");

@@ -12,7 +12,6 @@
 #include "gradaccum/models/generation.h"
 #include "gradaccum/run/fit.h"
 #include "gradaccum/run/launcher.h"
-#include "gradaccum/run/runtime.h"
 
 namespace gradaccum::cli {
 
@@ -99,14 +98,14 @@ int run_train(const TrainArgs& args) {
              env.world_size);
     return run::launch_local(args.nproc, child_args);
   }
-  // Threads first: loading and tokenizing the data uses them.
-  run::configure_threads(config.threads, env.local_world_size);
+  // The process set up first: loading and tokenizing the data uses its threads.
+  const run::ProcessSetup process(run::training_process_settings(config, config.trainer, env.local_world_size));
   torch::manual_seed(config.trainer.seed);
   auto workload = io::make_workload(config, /*with_eval=*/env.rank == 0);  // rank 0 evaluates and reports
 
   const auto options = run_options(config, workload);
-  const auto result =
-      run::fit(options, *workload.model.task, *workload.train, workload.eval.get(), run::model_files(workload.model));
+  const auto result = run::fit(options, *workload.model.task, *workload.train, workload.eval.get(),
+                               run::model_files(workload.model), nullptr, &process, env);
   if (!result.final_dir.empty() && workload.tokenizer && workload.model.causal_lm() != nullptr &&
       !config.sample.prompt.empty()) {
     print_sample(workload, config.sample);

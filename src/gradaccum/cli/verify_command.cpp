@@ -5,14 +5,14 @@
 #include <sstream>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 #include "gradaccum/cli/plot_command.h"
 #include "gradaccum/core/batch_geometry.h"
 #include "gradaccum/core/trainer.h"
 #include "gradaccum/io/config.h"
-#include "gradaccum/io/metrics_writer.h"
 #include "gradaccum/io/workload.h"
 #include "gradaccum/report/run_files.h"
-#include "gradaccum/run/runtime.h"
+#include "gradaccum/run/process_setup.h"
 
 namespace gradaccum::cli {
 
@@ -92,8 +92,8 @@ int run_verify(const VerifyArgs& args) {
   // Verification runs in float64, where exact accumulation agrees to ~1e-16.
   for (const char* o : {"dtype=float64", "data.eval_limit=-1", "global_batch_size=0"}) overrides.emplace_back(o);
   overrides.push_back(fmt::format("max_steps={}", args.steps));
-  const auto base = io::load_config(args.config_path, overrides);
-  run::configure_threads(base.threads, 1);
+  const auto config = io::load_config(args.config_path, overrides);
+  const run::ProcessSetup process({.threads = config.threads});
 
   fmt::print("verify: {} steps in float64, global batch {}, tolerance {:.0e}\n", args.steps, splits[0].global_batch,
              args.tolerance);
@@ -106,11 +106,11 @@ int run_verify(const VerifyArgs& args) {
   record.global_batch = splits[0].global_batch;
   record.tolerance = args.tolerance;
   for (size_t k = 0; k < splits.size(); ++k) {
-    auto options = base.trainer;
+    auto options = config.trainer;
     options.per_device_train_batch_size = splits[k].micro_batch;
     options.gradient_accumulation_steps = splits[k].steps;
-    torch::manual_seed(options.seed);                              // the same initial weights for every split
-    auto workload = io::make_workload(base, /*with_eval=*/false);  // any data.type and model.type
+    torch::manual_seed(options.seed);                                // the same initial weights for every split
+    auto workload = io::make_workload(config, /*with_eval=*/false);  // any data.type and model.type
     auto& model = *workload.model.task;
     Trajectory trajectory;
     core::Trainer(options, model, *workload.train, nullptr, trajectory).run();
@@ -137,7 +137,7 @@ int run_verify(const VerifyArgs& args) {
   if (!args.output_dir.empty()) {
     record.exact = ok;
     const auto path = (std::filesystem::path(args.output_dir) / "verify.json").string();
-    io::write_file_atomically(path, report::to_json_text(record));
+    base::write_file_atomically(path, report::to_json_text(record));
     fmt::print("trajectories: {}\n", path);
     if (args.plots) write_plots_and_report(args.output_dir);
   }

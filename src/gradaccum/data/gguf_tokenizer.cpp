@@ -5,9 +5,9 @@
 #include <unordered_set>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 #include "gradaccum/data/byte_level_bpe.h"
 #include "gradaccum/data/utf8.h"
-#include "gradaccum/formats/safetensors.h"
 
 namespace gradaccum::data {
 namespace {
@@ -176,7 +176,7 @@ json gguf_tokenizer_json(const formats::GgufFile& file) {
 }
 
 void write_tokenizer_json(const std::string& path, const json& tokenizer) {
-  formats::write_file_atomically_fsync(path, tokenizer.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  base::write_file_atomically(path, tokenizer.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 }
 
 }  // namespace gradaccum::data

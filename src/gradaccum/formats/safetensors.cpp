@@ -8,12 +8,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 
 // The format is little-endian; tensors are copied byte for byte.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
@@ -291,65 +291,7 @@ std::string serialize_safetensors(const NamedTensors& tensors, const std::map<st
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   const auto layout = layout_safetensors(tensors, metadata);
-  write_file_atomically_fsync(path, layout.pieces);
-}
-
-void fsync_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  GA_CHECK(fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  GA_CHECK(rc == 0, "{}: cannot fsync: {}", path, std::strerror(saved));
-}
-
-void fsync_directory(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  GA_CHECK(fd >= 0, "{}: cannot open directory: {}", path, std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  GA_CHECK(rc == 0, "{}: cannot fsync directory: {}", path, std::strerror(saved));
-}
-
-void write_file_atomically_fsync(const std::string& path, std::string_view bytes) {
-  write_file_atomically_fsync(path, std::vector<std::string_view>{bytes});
-}
-
-void write_file_atomically_fsync(const std::string& path, const std::vector<std::string_view>& pieces) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  const fs::path directory = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string temporary =
-      (directory / (".tmp-" + std::to_string(::getpid()) + "-" + target.filename().string())).string();
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  GA_CHECK(fd >= 0, "{}: cannot create {}: {}", path, temporary, std::strerror(errno));
-  auto fail = [&](const char* step, int error) {
-    ::close(fd);
-    ::unlink(temporary.c_str());
-    throw Error(fmt::format("{}: {} failed: {}", path, step, std::strerror(error)));
-  };
-  for (const auto bytes : pieces) {
-    size_t written = 0;
-    while (written < bytes.size()) {
-      const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail("write", errno);
-      written += static_cast<size_t>(n);
-    }
-  }
-  if (::fsync(fd) != 0) fail("fsync", errno);
-  if (::close(fd) != 0) {
-    const int error = errno;
-    ::unlink(temporary.c_str());
-    throw Error(fmt::format("{}: close failed: {}", path, std::strerror(error)));
-  }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(temporary.c_str());
-    throw Error(fmt::format("{}: cannot rename {} over it: {}", path, temporary, std::strerror(error)));
-  }
-  fsync_directory(directory.string());
+  base::write_file_atomically(path, layout.pieces);
 }
 
 }  // namespace gradaccum::formats

@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 
 namespace gradaccum::io {
 
@@ -234,14 +235,10 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
   if (rank0) {
     formats::save_safetensors((tmp / c.model_file).string(), c.model);
     if (!c.model_config.is_null()) {
-      formats::write_file_atomically_fsync((tmp / c.model_config_file).string(), c.model_config.dump(2) + "\n");
+      base::write_file_atomically((tmp / c.model_config_file).string(), c.model_config.dump(2) + "\n");
     }
     for (const auto& file : c.extra_files) {
-      const auto copy = tmp / fs::path(file).filename();
-      std::error_code ec;
-      fs::copy_file(file, copy, fs::copy_options::overwrite_existing, ec);
-      GA_CHECK(!ec, "checkpoint {}: cannot copy {} into it: {}", final_dir.string(), file, ec.message());
-      formats::fsync_file(copy.string());
+      base::copy_file_atomically(file, (tmp / fs::path(file).filename()).string());
     }
     formats::save_safetensors((tmp / kStateTensors).string(),
                               {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
@@ -252,7 +249,7 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
                                     {"optimizer_per_rank", c.optimizer_per_rank},
                                     {"config", c.resolved_config},
                                     {"run_id", c.run_id}};
-    formats::write_file_atomically_fsync((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
+    base::write_file_atomically((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
   }
   if (auto tensors = piece_tensors(c.state); !tensors.empty()) {
     formats::save_safetensors((tmp / window_file(options_.rank)).string(), tensors);
@@ -266,11 +263,11 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
       files[entry.path().filename().string()] = {{"bytes", size}, {"crc32", crc}};
     }
     const nlohmann::json manifest = {{"format_version", kCheckpointFormatVersion}, {"files", files}};
-    formats::write_file_atomically_fsync((tmp / kManifest).string(), manifest.dump(2) + "\n");
-    formats::fsync_directory(tmp.string());
-    if (fs::exists(final_dir)) remove_checkpoint(final_dir);  // a rerun saving the same step
-    fs::rename(tmp, final_dir);
-    formats::fsync_directory(root.string());
+    base::write_file_atomically((tmp / kManifest).string(), manifest.dump(2) + "\n");
+    base::fsync_directory(tmp.string());
+    // A rerun saving the same step swaps its new directory in; the old one is removed under the
+    // temporary's name, whose remains the next save drops.
+    base::replace_directory(tmp.string(), final_dir.string());
 
     if (options_.save_total_limit > 0) {
       // This run's checkpoints only: another run's in a reused output_dir are not its to rotate.
@@ -306,8 +303,8 @@ std::string read_run_id(const std::string& output_dir) {
 }
 
 void write_run_id(const std::string& output_dir, const std::string& run_id) {
-  formats::write_file_atomically_fsync((fs::path(output_dir) / kRunFile).string(),
-                                       nlohmann::json{{"run_id", run_id}}.dump() + "\n");
+  base::write_file_atomically((fs::path(output_dir) / kRunFile).string(),
+                              nlohmann::json{{"run_id", run_id}}.dump() + "\n");
 }
 
 std::string newest_checkpoint_directory(const std::string& output_dir) {

@@ -13,14 +13,10 @@
 #include <fstream>
 
 #include "gradaccum/base/check.h"
-#include "gradaccum/formats/safetensors.h"
+#include "gradaccum/base/files.h"
 #include "gradaccum/io/process_stats.h"
 
 namespace gradaccum::io {
-
-void write_file_atomically(const std::string& path, const std::string& text) {
-  formats::write_file_atomically_fsync(path, text);
-}
 
 RecordLog::RecordLog(std::string path, int64_t resumed_at_step) : path_(std::move(path)) {
   if (resumed_at_step >= 0) {
@@ -35,7 +31,7 @@ RecordLog::RecordLog(std::string path, int64_t resumed_at_step) : path_(std::mov
         kept += line + "\n";
       }
     }
-    write_file_atomically(path_, kept);
+    base::write_file_atomically(path_, kept);
   }
   const int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (resumed_at_step >= 0 ? 0 : O_TRUNC);
   fd_ = ::open(path_.c_str(), flags, 0644);
@@ -172,7 +168,7 @@ void MetricsWriter::on_end(const core::TrainSummary& s) {
       if (key != "step") j[key] = value;
     }
   }
-  write_file_atomically((std::filesystem::path(output_dir_) / "summary.json").string(), j.dump(2) + "\n");
+  base::write_file_atomically((std::filesystem::path(output_dir_) / "summary.json").string(), j.dump(2) + "\n");
   summary_ = std::move(j);
 }
 
@@ -182,7 +178,7 @@ void MetricsWriter::add_test(const core::EvalRecord& record) {
   for (const auto& [key, value] : test.items()) {
     if (key.rfind("eval_", 0) == 0) summary_["test_" + key.substr(5)] = value;
   }
-  write_file_atomically((std::filesystem::path(output_dir_) / "summary.json").string(), summary_.dump(2) + "\n");
+  base::write_file_atomically((std::filesystem::path(output_dir_) / "summary.json").string(), summary_.dump(2) + "\n");
 }
 
 }  // namespace gradaccum::io

@@ -14,7 +14,8 @@
 namespace gradaccum::kernels {
 namespace {
 
-std::atomic<bool> g_installed{false};
+// Whether the installed entries route; off, they do what libtorch's own entries do.
+std::atomic<bool> g_routing{false};
 
 // The value autocast would pass to a 16-bit op, widened back to float32.
 // Autocast leaves float64 (and non-floating) operands alone; so does this.
@@ -53,6 +54,11 @@ struct Routed<at::Tensor(Args...), Op> {
     // The region's dtype: thread-local, read where autocast's own kernels read it.
     const auto lower = at::autocast::get_autocast_dtype(at::kCPU);
     c10::impl::ExcludeDispatchKeyGuard below_autocast(c10::DispatchKey::AutocastCPU);
+    if (!g_routing.load(std::memory_order_relaxed)) {
+      // libtorch's own entry for these ops (its lower_precision_fp policy): the operands cast to
+      // 16 bits, through autocast's weight cache, and the op run in 16 bits.
+      return Op(at::autocast::cached_cast(lower, args, c10::DeviceType::CPU)...);
+    }
     return as_lower(Op(rounded_values(args, lower)...), lower);
   }
 };
@@ -112,6 +118,7 @@ bool rounds_to_16_bits(const at::Tensor& t) {
 }
 
 at::Tensor routed_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  if (!g_routing.load(std::memory_order_relaxed)) return Routed<Linear, &at::linear>::call(x, weight, bias);
   const bool has_bias = bias.has_value() && bias->defined();
   const bool one_product = x.dim() == 2 || (x.dim() == 3 && x.is_contiguous());
   if (!one_product || weight.dim() != 2 || !rounds_to_16_bits(x) || !rounds_to_16_bits(weight) ||
@@ -141,7 +148,11 @@ class SilentWarnings : public c10::WarningHandler {
 
 }  // namespace
 
-void route_cpu_autocast_matmuls_through_float32() {
+void route_cpu_autocast_matmuls_through_float32(bool on) {
+  if (!on) {
+    g_routing = false;  // the entries, if installed, stay and run libtorch's path
+    return;
+  }
   static std::once_flag once;
   std::call_once(once, [] {
     SilentWarnings silent;
@@ -160,10 +171,10 @@ void route_cpu_autocast_matmuls_through_float32() {
     library->impl("conv2d", TORCH_FN((Routed<Convolution, &at::conv2d>::call)));
     library->impl("scaled_dot_product_attention",
                   TORCH_FN((Routed<Attention, &at::scaled_dot_product_attention>::call)));
-    g_installed = true;
   });
+  g_routing = true;
 }
 
-bool cpu_autocast_matmuls_route_through_float32() { return g_installed; }
+bool cpu_autocast_matmuls_route_through_float32() { return g_routing; }
 
 }  // namespace gradaccum::kernels

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 #include "gradaccum/models/architectures.h"
 #include "gradaccum/models/hf_config_fields.h"
 
@@ -254,30 +255,10 @@ void write_hf_checkpoint(const std::string& dir, const HfCheckpoint& checkpoint)
   fs::remove_all(staging, ec);  // a leftover of an earlier crash of this pid
   GA_CHECK(fs::create_directory(staging, ec), "{}: cannot create {}: {}", dir, staging.string(), ec.message());
   try {
-    formats::write_file_atomically_fsync((staging / "config.json").string(), checkpoint.config.dump(2) + "\n");
+    base::write_file_atomically((staging / "config.json").string(), checkpoint.config.dump(2) + "\n");
     formats::save_safetensors((staging / "model.safetensors").string(), checkpoint.tensors);
-    formats::fsync_directory(staging.string());
-    if (fs::exists(target)) {
-      // Linux swaps the two directories in one step (renameat2 RENAME_EXCHANGE);
-      // where the filesystem cannot, the old one is moved aside first, leaving a
-      // moment without `dir`.
-      if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-        fs::remove_all(staging, ec);  // now the old checkpoint
-      } else {
-        const fs::path old = target.string() + ".old-" + std::to_string(::getpid());
-        fs::remove_all(old, ec);
-        GA_CHECK(std::rename(target.c_str(), old.c_str()) == 0, "{}: cannot move the old checkpoint aside to {}", dir,
-                 old.string());
-        if (std::rename(staging.c_str(), target.c_str()) != 0) {
-          std::rename(old.c_str(), target.c_str());
-          throw Error(fmt::format("{}: cannot rename {} to it", dir, staging.string()));
-        }
-        fs::remove_all(old, ec);
-      }
-    } else {
-      GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it", dir, staging.string());
-    }
-    formats::fsync_directory(parent.string());
+    base::fsync_directory(staging.string());
+    base::replace_directory(staging.string(), target.string());
   } catch (...) {
     fs::remove_all(staging, ec);
     throw;

@@ -4,14 +4,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string_view>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 
 namespace gradaccum::report {
 
@@ -287,47 +290,47 @@ void write_png(const Figure& figure, const std::string& path) {
   // PLplot ends the process on errors it cannot recover from (and asks on the terminal for a
   // device it does not know), so everything that can fail is checked first.
   GA_CHECK(has_pngcairo(), "{}: PLplot has no pngcairo driver (Debian: install plplot-driver-cairo)", path);
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream probe(temporary, std::ios::binary | std::ios::trunc);
-    GA_CHECK(probe.good(), "{}: cannot write", temporary);
-  }
-  // A stream of its own, left at the end: a caller's PLplot stream (if any) is untouched.
-  PLINT previous = 0, stream = 0;
-  plgstrm(&previous);
-  plmkstrm(&stream);
-  plsdev("pngcairo");
-  plsfnam(temporary.c_str());
-  plspage(0, 0, figure.width, figure.height, 0, 0);
-  plscolbg(255, 255, 255);
-  plscmap0n(16 + 64);
-  plscol0(kBlack, 0, 0, 0);
-  plscol0(kGrey, 225, 225, 225);
-  plinit();
-  pladv(0);
-  PLFLT xmin_mm = 0, xmax_mm = 0, ymin_mm = 0, ymax_mm = 0;
-  plgspa(&xmin_mm, &xmax_mm, &ymin_mm, &ymax_mm);
-  const double top = figure.title.empty() ? 1.0 : 0.95;
-  if (!figure.title.empty()) {
-    plvpor(0.0, 1.0, 0.0, 1.0);
-    plwind(0.0, 1.0, 0.0, 1.0);
-    plcol0(kBlack);
-    plschr(0.0, 1.2);
-    plptex(0.5, 0.97, 1.0, 0.0, 0.5, plplot_text(figure.title).c_str());
-    plschr(0.0, 1.0);
-  }
-  for (size_t i = 0; i < figure.panels.size(); ++i) {
-    const double row = static_cast<double>(i / static_cast<size_t>(figure.columns));
-    const double column = static_cast<double>(i % static_cast<size_t>(figure.columns));
-    const double w = 1.0 / figure.columns, h = top / figure.rows;
-    draw_panel(figure.panels[i], column * w, (column + 1) * w, top - (row + 1) * h, top - row * h, xmax_mm - xmin_mm,
-               ymax_mm - ymin_mm, figure.columns > 1 ? 0.8 : 1.0);
-  }
-  plend1();
-  plsstrm(previous);
-  std::error_code error;
-  GA_CHECK(std::filesystem::file_size(temporary, error) > 0 && !error, "{}: PLplot wrote nothing", temporary);
-  GA_CHECK(std::rename(temporary.c_str(), path.c_str()) == 0, "{}: cannot rename to {}", temporary, path);
+  base::write_file_atomically_with(path, [&](const std::string& temporary) {
+    {
+      std::ofstream probe(temporary, std::ios::binary | std::ios::trunc);
+      GA_CHECK(probe.good(), "{}: cannot create {}: {}", path, temporary, std::strerror(errno));
+    }
+    // A stream of its own, left at the end: a caller's PLplot stream (if any) is untouched.
+    PLINT previous = 0, stream = 0;
+    plgstrm(&previous);
+    plmkstrm(&stream);
+    plsdev("pngcairo");
+    plsfnam(temporary.c_str());
+    plspage(0, 0, figure.width, figure.height, 0, 0);
+    plscolbg(255, 255, 255);
+    plscmap0n(16 + 64);
+    plscol0(kBlack, 0, 0, 0);
+    plscol0(kGrey, 225, 225, 225);
+    plinit();
+    pladv(0);
+    PLFLT xmin_mm = 0, xmax_mm = 0, ymin_mm = 0, ymax_mm = 0;
+    plgspa(&xmin_mm, &xmax_mm, &ymin_mm, &ymax_mm);
+    const double top = figure.title.empty() ? 1.0 : 0.95;
+    if (!figure.title.empty()) {
+      plvpor(0.0, 1.0, 0.0, 1.0);
+      plwind(0.0, 1.0, 0.0, 1.0);
+      plcol0(kBlack);
+      plschr(0.0, 1.2);
+      plptex(0.5, 0.97, 1.0, 0.0, 0.5, plplot_text(figure.title).c_str());
+      plschr(0.0, 1.0);
+    }
+    for (size_t i = 0; i < figure.panels.size(); ++i) {
+      const double row = static_cast<double>(i / static_cast<size_t>(figure.columns));
+      const double column = static_cast<double>(i % static_cast<size_t>(figure.columns));
+      const double w = 1.0 / figure.columns, h = top / figure.rows;
+      draw_panel(figure.panels[i], column * w, (column + 1) * w, top - (row + 1) * h, top - row * h, xmax_mm - xmin_mm,
+                 ymax_mm - ymin_mm, figure.columns > 1 ? 0.8 : 1.0);
+    }
+    plend1();
+    plsstrm(previous);
+    std::error_code error;
+    GA_CHECK(std::filesystem::file_size(temporary, error) > 0 && !error, "{}: PLplot wrote nothing", temporary);
+  });
 }
 
 }  // namespace gradaccum::report

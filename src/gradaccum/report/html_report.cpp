@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 
 namespace gradaccum::report {
 
@@ -254,15 +255,7 @@ std::vector<FigureFile> write_report(const RunFiles& run, const std::string& fig
                                      const std::string& report_path) {
   auto figures = write_run_figures(run, figure_directory);
   const auto html = html_report(run, figures, figure_directory);
-  const std::string temporary = report_path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    GA_CHECK(out.good(), "{}: cannot write", temporary);
-    out << html;
-    out.flush();
-    GA_CHECK(out.good(), "{}: write failed", temporary);
-  }
-  GA_CHECK(std::rename(temporary.c_str(), report_path.c_str()) == 0, "{}: cannot rename to {}", temporary, report_path);
+  base::write_file_atomically(report_path, html);
   return figures;
 }
 

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/files.h"
 #include "gradaccum/core/batch_dependence.h"
 #include "gradaccum/core/evaluator.h"
 #include "gradaccum/core/saved_geometry.h"
@@ -26,10 +27,7 @@
 #include "gradaccum/io/metrics_writer.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/io/tensorboard_writer.h"
-#include "gradaccum/kernels/cpu_and_blas.h"
 #include "gradaccum/kernels/custom_kernels.h"
-#include "gradaccum/kernels/float32_cpu_matmuls.h"
-#include "gradaccum/kernels/heap_retention.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/hf_checkpoint.h"
 #include "gradaccum/models/lora.h"
@@ -119,26 +117,19 @@ class StepPeakRss final : public core::TrainingObserver {
   double mb_ = 0.0;
 };
 
-// 1. Threads, custom kernels, and how CPU autocast multiplies.
-int set_up_process(const RunOptions& options, int64_t local_ranks, bool rank0) {
-  const int threads = configure_threads(options.threads, local_ranks);
-  kernels::set_custom_kernels(options.custom_kernels);
-  // Keep the memory a step frees for the next step instead of re-faulting it (heap_retention.h).
-  kernels::retain_freed_heap();
+// 1. The process set-up's one line about CPU autocast's route, and the device there is.
+void check_process(const RunOptions& options, const ProcessSetup& process, bool rank0) {
   const auto& t = options.trainer;
-  if (routes_cpu_matmuls_through_float32(options.bf16_cpu_matmuls, t.mixed_precision, t.device,
-                                         kernels::cpu_has_native_bf16(), kernels::cpu_has_native_fp16())) {
-    kernels::route_cpu_autocast_matmuls_through_float32();
-    if (rank0 && t.mixed_precision == core::MixedPrecision::bf16) {
+  if (process.settings().cpu_matmuls_through_float32 && rank0) {
+    if (t.mixed_precision == core::MixedPrecision::bf16) {
       fmt::print(stderr, "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands (bf16_cpu_matmuls: {})\n",
                  options.bf16_cpu_matmuls);
-    } else if (rank0) {
+    } else {
       fmt::print(stderr, "fp16 matmuls: float32 GEMMs on float16-rounded operands (this CPU has no AVX512-FP16)\n");
     }
   }
   GA_CHECK(!t.device.is_cuda() || torch::cuda::is_available(),
            "key 'device': cuda requested but this libtorch has no CUDA device");
-  return threads;
 }
 
 // 2. Data parallel: connect, refuse mismatched configurations, and hook the reducer onto the
@@ -247,7 +238,7 @@ Outputs open_outputs(const RunOptions& options, int64_t resumed_step, const std:
   remove_stale_temporaries(options.output_dir);
   io::write_run_id(options.output_dir, run_id);
   if (!options.description.empty()) {
-    io::write_file_atomically((fs::path(options.output_dir) / "config.yaml").string(), options.description);
+    base::write_file_atomically((fs::path(options.output_dir) / "config.yaml").string(), options.description);
   }
   out.metrics = std::make_unique<io::MetricsWriter>(options.output_dir, options.items_are_tokens, resumed_step);
   observers.add(*out.metrics);
@@ -267,28 +258,6 @@ Outputs open_outputs(const RunOptions& options, int64_t resumed_step, const std:
   return out;
 }
 
-// Puts `staging` in place of `target` in one step: renameat2's RENAME_EXCHANGE swaps the two
-// directories where the filesystem can, so `target` is never missing; elsewhere the old one is
-// moved aside first. The old one is then removed.
-void publish_directory(const fs::path& staging, const fs::path& target) {
-  std::error_code ec;
-  if (!fs::exists(target, ec)) {
-    GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it: {}", target.string(),
-             staging.string(), std::strerror(errno));
-  } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-    fs::remove_all(staging, ec);  // now the old one
-  } else {
-    const fs::path old = target.parent_path() / (".tmp-old-" + target.filename().string());
-    fs::remove_all(old, ec);
-    GA_CHECK(std::rename(target.c_str(), old.c_str()) == 0, "{}: cannot move the old one aside to {}: {}",
-             target.string(), old.string(), std::strerror(errno));
-    GA_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, "{}: cannot rename {} to it: {}", target.string(),
-             staging.string(), std::strerror(errno));
-    fs::remove_all(old, ec);
-  }
-  formats::fsync_directory(target.parent_path().string());
-}
-
 // 6. The trained model on its own: an HF checkpoint when the model has a config.json, else the
 // weights alone; `extra_files` copied beside them. Written into output_dir/.tmp-final-<pid>, each
 // file fsynced, and published as final/ in one rename: a crash leaves the previous final/ or the
@@ -302,17 +271,14 @@ void save_final(const ModelFiles& files, const std::vector<std::string>& extra_f
            ec.message());
   try {
     if (!files.config.is_null()) {
-      formats::write_file_atomically_fsync((staging / files.config_file).string(), files.config.dump(2) + "\n");
+      base::write_file_atomically((staging / files.config_file).string(), files.config.dump(2) + "\n");
     }
     formats::save_safetensors((staging / files.weights_file).string(), files.weights());
     for (const auto& file : extra_files) {
-      const auto copy = staging / fs::path(file).filename();
-      fs::copy_file(file, copy, fs::copy_options::overwrite_existing, ec);
-      GA_CHECK(!ec, "{}: cannot copy {} into it: {}", final_dir.string(), file, ec.message());
-      formats::fsync_file(copy.string());
+      base::copy_file_atomically(file, (staging / fs::path(file).filename()).string());
     }
-    formats::fsync_directory(staging.string());
-    publish_directory(staging, final_dir);
+    base::fsync_directory(staging.string());
+    base::replace_directory(staging.string(), final_dir.string());
   } catch (...) {
     fs::remove_all(staging, ec);
     throw;
@@ -322,11 +288,17 @@ void save_final(const ModelFiles& files, const std::vector<std::string>& extra_f
 }  // namespace
 
 RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dataset& train_data,
-              const core::Dataset* eval_data, const ModelFiles& given_files, core::TrainingObserver* observer) {
-  const auto env = dist::read_environment();
+              const core::Dataset* eval_data, const ModelFiles& given_files, core::TrainingObserver* observer,
+              const ProcessSetup* process, const dist::DistEnvironment& env) {
   const bool rank0 = env.rank == 0;
   const auto files = complete(given_files, model);
-  const int threads = set_up_process(options, env.local_world_size, rank0);
+  // Given none, the run's own, for this call: the process is as before when fit returns.
+  std::optional<ProcessSetup> own_process;
+  if (process == nullptr) {
+    process = &own_process.emplace(training_process_settings(options, options.trainer, env.local_world_size));
+  }
+  check_process(options, *process, rank0);
+  const int threads = process->threads();
 
   // 3. Everything that can fail on bad input happens before anything is written.
   check_directory_can_be_made(options.output_dir, "output_dir");
@@ -417,7 +389,8 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   CheckpointWriter writer(store, files, rank0, optimizer_per_rank, options.description, options.trainer.seed, run_id);
   writer.set_extra_files(options.final_files);
   writer.set_optimizer(trainer.optimizer(), trainer.named_parameters());
-  trainer.set_checkpointing(&writer, &install_stop_signals(), dp.stop_agreement.get());
+  const StopSignalsScope stop_signals;
+  trainer.set_checkpointing(&writer, &stop_signals.requested(), dp.stop_agreement.get());
 
   RunResult result;
   result.rank = env.rank;
@@ -456,8 +429,8 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
     // run and for the training loop alone.
     const nlohmann::json figures = {
         {"rank", env.rank}, {"peak_rss_mb", io::peak_rss_mb()}, {"train_peak_rss_mb", step_peak.mb()}};
-    io::write_file_atomically((fs::path(options.output_dir) / fmt::format("rank{}.json", env.rank)).string(),
-                              figures.dump() + "\n");
+    base::write_file_atomically((fs::path(options.output_dir) / fmt::format("rank{}.json", env.rank)).string(),
+                                figures.dump() + "\n");
   }
   if (dp.group) {
     // Every rank is done with its outputs; then the group is shut down, not just dropped

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <set>
 
+#include "gradaccum/base/files.h"
+
 namespace gradaccum::run {
 
 namespace {
@@ -38,10 +40,8 @@ void ProfilerTrace::finish() {
   running_ = false;
   auto result = profiler::disableProfiler();
   // Written beside its final name and renamed, so the trace file is whole or absent.
-  const auto tmp = path_ + ".tmp";
   std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
-  result->save(tmp);
-  std::filesystem::rename(tmp, path_);
+  base::write_file_atomically_with(path_, [&](const std::string& temporary) { result->save(temporary); });
 }
 
 void ProfilerTrace::on_start(const core::RunInfo&) {

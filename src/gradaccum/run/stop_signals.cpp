@@ -43,4 +43,21 @@ const std::atomic<bool>& install_stop_signals() {
   return g_stop_requested;
 }
 
+namespace {
+const std::atomic<bool>& install_cleared(struct sigaction& previous_term, struct sigaction& previous_int) {
+  sigaction(SIGTERM, nullptr, &previous_term);
+  sigaction(SIGINT, nullptr, &previous_int);
+  g_first_request_ns.store(0);
+  g_stop_requested.store(false);
+  return install_stop_signals();
+}
+}  // namespace
+
+StopSignalsScope::StopSignalsScope() : requested_(install_cleared(previous_term_, previous_int_)) {}
+
+StopSignalsScope::~StopSignalsScope() {
+  sigaction(SIGTERM, &previous_term_, nullptr);
+  sigaction(SIGINT, &previous_int_, nullptr);
+}
+
 }  // namespace gradaccum::run

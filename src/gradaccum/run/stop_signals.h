@@ -7,6 +7,8 @@
 // can still be interrupted.
 #pragma once
 
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 
@@ -14,9 +16,26 @@ namespace gradaccum::run {
 
 inline constexpr std::chrono::milliseconds kStopCopyInterval{2000};
 
-// Installs the handlers (once per process; later calls do nothing more) and returns the flag they
-// raise.
+// Installs the handlers and returns the flag they raise (the same flag for every call).
 const std::atomic<bool>& install_stop_signals();
+
+// The handlers for one run: installed with the flag and its first stamp cleared (a request that
+// stopped an earlier run in this process is not this run's), and the handlers that were there
+// before put back when it ends.
+class StopSignalsScope {
+ public:
+  StopSignalsScope();
+  ~StopSignalsScope();
+  StopSignalsScope(const StopSignalsScope&) = delete;
+  StopSignalsScope& operator=(const StopSignalsScope&) = delete;
+
+  const std::atomic<bool>& requested() const { return requested_; }
+
+ private:
+  struct sigaction previous_term_ {};
+  struct sigaction previous_int_ {};
+  const std::atomic<bool>& requested_;
+};
 
 // Whether a stop signal arriving at `now_ns` (CLOCK_MONOTONIC) is a new request rather than a copy
 // of the one first seen at `first_ns` (0: none yet). The rule of the handlers above, and of the
