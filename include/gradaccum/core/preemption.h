@@ -26,7 +26,8 @@ class Preemption final : public WindowFeature {
  public:
   // `params` are the trainable parameters whose .grad the window accumulates; every reference
   // must outlive this object. `inside_windows`: false when a window's partial sums cannot be
-  // saved (deterministic accumulation's tree): a stop then waits for the window's end.
+  // saved (deterministic accumulation's tree, ZeRO-2 reducing every micro-step into its shard):
+  // a stop then waits for the window's end.
   Preemption(std::vector<torch::Tensor> params, LossNormalizer& normalizer, const WindowPlan& plan,
              torch::Device device, bool inside_windows);
 
