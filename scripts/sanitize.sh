@@ -26,7 +26,7 @@ export CCACHE_DISABLE="${CCACHE_DISABLE:-1}"
 # (test.sh gives this stage about 16 of CI's 60 minutes: docs/development.md, "CI time").
 # SANITIZE_TESTS: a regular expression over the paths below tests/ ('.*' = every file).
 unit_tests="base/.*|formats/.*|kernels/.*|optim/.*|data/.*|io/.*|report/.*"
-unit_tests+="|dist/(bucketed_grad_sync|sharded_optimizer)_test.cpp"
+unit_tests+="|dist/(bucketed_grad_sync|sharded_grad_sync|sharded_optimizer)_test.cpp"
 unit_tests+="|core/(accumulation|deterministic_accumulation|loss_normalizer|carry|window_tokens|token_budget)_test.cpp"
 unit_tests+="|models/(chunked_cross_entropy|sample_dropout)_test.cpp"
 # scripts/build.sh configures against the venv's libtorch; only our targets, not the benchmarks.

@@ -47,6 +47,25 @@ void expect_same_trajectory(const std::vector<nlohmann::json>& a, const std::vec
   }
 }
 
+// ZeRO-2 on a padded decoder LM: 2 ranks × 2 micro-steps of 8 verses, whose token counts differ,
+// follow one process's 32-verse windows in float64 with either policy.
+TEST(LmEndToEnd, KjvGpt2Zero2BothPoliciesAgreeWithOneProcessFloat64) {
+  const auto dir = make_temp_dir("lm-zero2");
+  const auto run = kTinyLm + " --set dtype=float64 --set threads=1";
+  const auto full =
+      train_steps(run + " --set per_device_train_batch_size=32 --set gradient_accumulation_steps=1", dir + "/a");
+  for (const std::string policy : {"defer", "each_micro_step"}) {
+    const auto sharded = train_steps(run +
+                                         " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 "
+                                         "--nproc 2 --set zero_stage=2 --set sharded_grad_sync=" +
+                                         policy,
+                                     dir + "/" + policy);
+    expect_same_trajectory(full, sharded, 1e-10);
+    for (const auto& record : sharded) EXPECT_EQ(record["sharded_grad_sync"], policy);
+  }
+  fs::remove_all(dir);
+}
+
 TEST(LmEndToEnd, KjvGpt2DecompositionsAgreeFloat64AndNaiveMeanDoesNot) {
   const auto dir = make_temp_dir("lm-decomp");
   const auto run = kTinyLm + " --set dtype=float64";

@@ -34,7 +34,7 @@ Outcome run(LossNormalization mode, const std::vector<std::pair<double, int64_t>
   }
   if (world > 1) w.mutable_grad().mul_(static_cast<double>(world));  // the all-reduce's sum
   const auto totals = normalizer.local_totals() * static_cast<double>(world);
-  const auto result = normalizer.finish(totals, {w}, world, multiplier);
+  const auto result = normalizer.finish(totals, {w.grad()}, world, multiplier);
   return {result.loss.item<double>(), result.count.item<double>(), w.grad().item<double>()};
 }
 

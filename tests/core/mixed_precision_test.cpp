@@ -387,7 +387,9 @@ TEST(MixedPrecision, SixtyFourBf16MicroStepsAccumulateInFloat32WithinBf16Toleran
     micro_grads.push_back(flat_grads(model.module()) - before);
   }
   for (const auto& p : params) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
-  normalizer.finish(normalizer.local_totals(), params, 1);
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) grads.push_back(p.grad());
+  normalizer.finish(normalizer.local_totals(), grads, 1);
   const auto accumulated = flat_grads(model.module());
   const double fp32_buffer_error = max_relative_difference(accumulated, reference);
   EXPECT_LT(fp32_buffer_error, 1e-2);  // bf16 has 8 significant bits: ~4e-3 per rounding

@@ -165,8 +165,9 @@ TEST(Preemption, RefusesStatesItCannotContinue) {
   EXPECT_EQ(refusal(preemption, state), "checkpoint: the partial window holds 2 gradients for 1 parameters");
   Preemption tree({f.weight}, f.normalizer, torch::kCPU, /*inside_windows=*/false);
   EXPECT_EQ(refusal(tree, state),
-            "checkpoint: it was saved inside a window (micro-step 2), whose sums deterministic_accumulation cannot "
-            "continue in its tree order; resume it without deterministic_accumulation");
+            "checkpoint: it was saved inside a window (micro-step 2), whose sums this run cannot continue "
+            "(deterministic_accumulation's tree order, or zero_stage 2's sharded_grad_sync: each_micro_step); "
+            "resume it without them");
   state = inside_a_window(1);
   EXPECT_EQ(refusal(preemption, state), "(accepted)");
 

@@ -22,6 +22,7 @@
 #include "gradaccum/base/check.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/dist/store_stop_agreement.h"
+#include "gradaccum/formats/safetensors.h"
 #include "test_support.h"
 
 namespace dist_test {
@@ -243,6 +244,92 @@ TEST(DataParallel, ZeroStage1GivesTheSameWeightsAsPlainDataParallel) {
             << key << " optimizer " << opt << " step " << i;
       }
     }
+  }
+  fs::remove_all(root);
+}
+
+// ZeRO-2 against one process in float64: b·N·W = 64 samples in every case, for both policies (and
+// auto) at W = 2 and defer at W = 4; per step the loss, grad norm and weight norm, and the final
+// weights, within 1e-10; the policy in the records, and its reduce-scatters per window: one per
+// chunk for defer, one per chunk per micro-step for each_micro_step (the [8,16]/32 CNN's 26 k
+// float64 parameters make one chunk of the 1 MB cap).
+TEST(DataParallel, ZeroStage2EqualsOneProcessForBothPoliciesFloat64) {
+  const auto root = make_temp_dir("dp-zero2");
+  struct Case {
+    std::string args;
+    std::string policy;  // what the records say ("" for one process)
+    int64_t micro_steps;
+  };
+  const std::string zero2 = " --set zero_stage=2 --set sharded_grad_sync=";
+  const std::vector<Case> cases = {
+      {" --set per_device_train_batch_size=64 --set gradient_accumulation_steps=1", "", 1},
+      {" --set per_device_train_batch_size=16 --set gradient_accumulation_steps=2 --nproc 2" + zero2 + "defer", "defer",
+       2},
+      {" --set per_device_train_batch_size=16 --set gradient_accumulation_steps=2 --nproc 2" + zero2 +
+           "each_micro_step",
+       "each_micro_step", 2},
+      {" --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4 --nproc 2" + zero2 + "auto", "defer",
+       4},
+      {" --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 --nproc 4" + zero2 + "each_micro_step",
+       "each_micro_step", 2},
+  };
+  std::vector<std::vector<nlohmann::json>> runs;
+  std::vector<gradaccum::formats::NamedTensors> finals;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const auto out = root + "/run" + std::to_string(k);
+    const auto r = run_cli(kRun + cases[k].args + " --set output_dir=" + out);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    if (cases[k].args.find("auto") != std::string::npos) {
+      EXPECT_NE(r.err.find("sharded_grad_sync auto: defer: deferring holds the whole gradient"), std::string::npos)
+          << r.err;
+    }
+    runs.push_back(step_lines(out));
+    ASSERT_EQ(runs.back().size(), 11u);
+    finals.push_back(gradaccum::formats::load_safetensors(out + "/final/model.safetensors"));
+  }
+  for (size_t k = 1; k < runs.size(); ++k) {
+    for (size_t i = 0; i < 11; ++i) {
+      const auto& a = runs[0][i];
+      const auto& b = runs[k][i];
+      const bool partial = i == 9;  // 8 samples: one micro-step
+      EXPECT_EQ(b["sharded_grad_sync"], cases[k].policy) << "case " << k;
+      const int64_t reductions = cases[k].policy == "defer" ? 1 : (partial ? 1 : cases[k].micro_steps);
+      EXPECT_EQ(b["reduce_scatter_calls"].get<int64_t>(), reductions) << "case " << k << " step " << i;
+      EXPECT_FALSE(b.contains("allreduce_calls"));
+      for (const char* key : {"loss", "grad_norm", "weight_norm"}) {
+        EXPECT_NEAR(b[key].get<double>(), a[key].get<double>(), 1e-10 * std::abs(a[key].get<double>()))
+            << key << " case " << k << " step " << i;
+      }
+    }
+    ASSERT_EQ(finals[k].size(), finals[0].size());
+    for (size_t t = 0; t < finals[0].size(); ++t) {
+      const auto& [name, reference] = finals[0][t];
+      EXPECT_EQ(finals[k][t].first, name);
+      const double scale = std::max(1.0, reference.abs().max().item<double>());
+      EXPECT_LE((finals[k][t].second - reference).abs().max().item<double>(), 1e-10 * scale) << name << " case " << k;
+    }
+  }
+  fs::remove_all(root);
+}
+
+// One process has nothing to shard: a note, and the run is zero_stage 0's.
+TEST(DataParallel, ZeroStage2WithOneProcessIsANoteAndRunsAsStage0) {
+  const auto root = make_temp_dir("dp-zero2-one");
+  const std::string args = kRun + " --set max_steps=2 --set per_device_train_batch_size=16";
+  const auto plain = run_cli(args + " --set output_dir=" + root + "/plain");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const auto zero =
+      run_cli(args + " --set zero_stage=2 --set sharded_grad_sync=defer --set output_dir=" + root + "/zero");
+  ASSERT_EQ(zero.exit_code, 0) << zero.err;
+  EXPECT_NE(zero.err.find("zero_stage 2 with one process: nothing to shard across ranks; it runs as zero_stage 0\n"),
+            std::string::npos)
+      << zero.err;
+  const auto a = step_lines(root + "/plain");
+  const auto b = step_lines(root + "/zero");
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(b[i]["loss"], a[i]["loss"]);
+    EXPECT_FALSE(b[i].contains("sharded_grad_sync"));
   }
   fs::remove_all(root);
 }

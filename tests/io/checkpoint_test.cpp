@@ -144,6 +144,29 @@ TEST(CheckpointResume, TwoRanksResumeBitIdenticallyAlsoWithZero1) {
   fs::remove_all(dir);
 }
 
+// ZeRO-2 at a window's end: each rank saves its optimizer shard (the gradient shard is empty
+// there), and the resumed run repeats the uninterrupted one bit for bit, for both policies.
+TEST(CheckpointResume, TwoRanksResumeBitIdenticallyWithZero2ForBothPolicies) {
+  const auto dir = make_temp_dir("ckpt-zero2");
+  for (const std::string policy : {"defer", "each_micro_step"}) {
+    const auto run = kRun +
+                     " --set threads=1 --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 "
+                     "--nproc 2 --set zero_stage=2 --set sharded_grad_sync=" +
+                     policy;
+    const auto a = dir + "/a-" + policy;
+    run_ok("train " + run + " --set max_steps=8 --set save_steps=4 --set output_dir=" + a);
+    EXPECT_TRUE(fs::exists(a + "/checkpoints/step-4/optimizer-rank1.safetensors"));
+    run_ok("train " + run + " --set max_steps=8 --set output_dir=" + dir + "/b-" + policy +
+           " --set resume_from_checkpoint=" + a + "/checkpoints/step-4");
+    const auto resumed = read_jsonl(dir + "/b-" + policy + "/metrics.jsonl");
+    expect_same_steps(read_jsonl(a + "/metrics.jsonl"), resumed, 5, 8);
+    for (const auto& record : resumed) {
+      if (record.contains("loss")) EXPECT_EQ(record["sharded_grad_sync"], policy);
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointResume, AnotherGlobalBatchIsRefusedUnlessAllowed) {
   const auto dir = make_temp_dir("ckpt-batch");
   run_ok("train " + kRun + " --set max_steps=4 --set output_dir=" + dir + "/a");
@@ -286,9 +309,10 @@ const std::string kTwoRanks = kRun +
 // steps; it must save and exit 0. Returns the checkpoint's micro-steps of rank
 // 0 and rank 1: 0 when the stop came too late for the window in flight and
 // was carried to its end.
-std::pair<int64_t, int64_t> sigterm_two_ranks(const std::string& out, bool to_rank1_only) {
+std::pair<int64_t, int64_t> sigterm_two_ranks(const std::string& out, bool to_rank1_only,
+                                              const std::string& extra = "") {
   const auto log = out + ".log";
-  Child child("train " + kTwoRanks + " --set output_dir=" + out, log);
+  Child child("train " + kTwoRanks + extra + " --set output_dir=" + out, log);
   wait_for_lines(out + "/metrics.jsonl", 3, child.pid);
   const pid_t target = to_rank1_only ? gradaccum::testing::rank_pid(child.pid, 1) : child.pid;
   EXPECT_GT(target, 0);
@@ -305,21 +329,22 @@ std::pair<int64_t, int64_t> sigterm_two_ranks(const std::string& out, bool to_ra
 // is already in a window's last micro-step stops the job at the window's end
 // instead: then the attempt is repeated, so that the in-window path is what
 // gets checked (each attempt lands there with high probability).
-void expect_two_rank_preemption_inside_a_window(const std::string& name, bool to_rank1_only) {
+void expect_two_rank_preemption_inside_a_window(const std::string& name, bool to_rank1_only,
+                                                const std::string& extra = "") {
   const auto dir = make_temp_dir(name);
-  run_ok("train " + kTwoRanks + " --set output_dir=" + dir + "/straight");
+  run_ok("train " + kTwoRanks + extra + " --set output_dir=" + dir + "/straight");
   std::string out;
   std::pair<int64_t, int64_t> micro_steps{0, 0};
   for (int attempt = 0; attempt < 6 && micro_steps.first == 0; ++attempt) {
     out = dir + "/stopped" + std::to_string(attempt);
-    micro_steps = sigterm_two_ranks(out, to_rank1_only);
+    micro_steps = sigterm_two_ranks(out, to_rank1_only, extra);
   }
   ASSERT_GT(micro_steps.first, 0);
   ASSERT_GT(micro_steps.second, 0);
   ASSERT_LT(micro_steps.first, 16);
   ASSERT_LT(micro_steps.second, 16);
   const auto resumed =
-      run_ok("train " + kTwoRanks + " --set output_dir=" + out + " --set resume_from_checkpoint=latest");
+      run_ok("train " + kTwoRanks + extra + " --set output_dir=" + out + " --set resume_from_checkpoint=latest");
   EXPECT_NE(resumed.find(fmt::format("micro-step {})", micro_steps.first)), std::string::npos) << resumed;
   expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(out + "/metrics.jsonl"), 1, 20);
   EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(out + "/final/model.safetensors"));
@@ -332,6 +357,26 @@ TEST(CheckpointSignals, TwoRanksStopInsideAWindowAndResumeBitIdentically) {
 
 TEST(CheckpointSignals, SigtermToOneRankStopsBothInsideAWindow) {
   expect_two_rank_preemption_inside_a_window("ckpt-sigterm-rank1", /*to_rank1_only=*/true);
+}
+
+// ZeRO-2 deferring: the partial window's sums are in .grad, saved and put back as without sharding.
+TEST(CheckpointSignals, TwoRanksWithZero2DeferStopInsideAWindowAndResumeBitIdentically) {
+  expect_two_rank_preemption_inside_a_window("ckpt-sigterm-zero2", /*to_rank1_only=*/false,
+                                             " --set zero_stage=2 --set sharded_grad_sync=defer");
+}
+
+// ZeRO-2 reducing every micro-step keeps the partial sums in its shard: the stop waits for the
+// window's end, and the resumed run repeats the uninterrupted one bit for bit.
+TEST(CheckpointSignals, TwoRanksWithZero2EachMicroStepStopAtTheWindowsEndAndResumeBitIdentically) {
+  const auto dir = make_temp_dir("ckpt-sigterm-zero2-each");
+  const std::string zero2 = " --set zero_stage=2 --set sharded_grad_sync=each_micro_step";
+  run_ok("train " + kTwoRanks + zero2 + " --set output_dir=" + dir + "/straight");
+  const auto out = dir + "/stopped";
+  EXPECT_EQ(sigterm_two_ranks(out, /*to_rank1_only=*/false, zero2), (std::pair<int64_t, int64_t>{0, 0}));
+  run_ok("train " + kTwoRanks + zero2 + " --set output_dir=" + out + " --set resume_from_checkpoint=latest");
+  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(out + "/metrics.jsonl"), 1, 20);
+  EXPECT_EQ(read_text(dir + "/straight/final/model.safetensors"), read_text(out + "/final/model.safetensors"));
+  fs::remove_all(dir);
 }
 
 // A `--nproc 2` job sent one SIGTERM that reaches each rank twice: directly and through the

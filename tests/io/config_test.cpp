@@ -117,6 +117,7 @@ TEST(Config, TheLibrarysDefaultsAreTheKeyTablesDefaults) {
   EXPECT_EQ(c.ddp_bucket_cap_mb, r.ddp_bucket_cap_mb);
   EXPECT_EQ(c.sync_each_micro_step, r.sync_each_micro_step);
   EXPECT_EQ(c.zero_stage, r.zero_stage);
+  EXPECT_EQ(c.sharded_grad_sync, r.sharded_grad_sync);
   // A training run's sample and `gradaccum generate` draw with the same defaults.
   const gradaccum::models::GenerationOptions g;
   EXPECT_EQ(c.sample.max_new_tokens, g.max_new_tokens);
@@ -136,7 +137,7 @@ TEST(Config, EveryKeyIsInTheDefaultYamlAndTakesItsDefaultThroughSet) {
     // data.type fashion_mnist with model.type cnn: the defaults agree, one key at a time.
     EXPECT_NO_THROW(with({key.name + "=" + key.default_yaml})) << key.name;
   }
-  EXPECT_EQ(values, 112);  // a key added or removed changes this count: say so in the reference too
+  EXPECT_EQ(values, 113);  // a key added or removed changes this count: say so in the reference too
 }
 
 TEST(Config, AKeysRuleNamesTheKeyTheRuleAndTheValue) {
@@ -148,7 +149,15 @@ TEST(Config, AKeysRuleNamesTheKeyTheRuleAndTheValue) {
   EXPECT_ONE_LINE_ERROR(with({"threads=100000"}), threads_here + ", got 100000");
   EXPECT_EQ(with({fmt::format("threads={}", gradaccum::io::max_threads())}).threads, gradaccum::io::max_threads());
   EXPECT_ONE_LINE_ERROR(with({"adam_epsilon=0"}), "key 'adam_epsilon': must be > 0, got 0");
-  EXPECT_ONE_LINE_ERROR(with({"zero_stage=2"}), "key 'zero_stage': must be 0 or 1, got 2");
+  EXPECT_ONE_LINE_ERROR(with({"zero_stage=3"}), "key 'zero_stage': must be 0, 1 or 2, got 3");
+  EXPECT_ONE_LINE_ERROR(with({"zero_stage=2", "sharded_grad_sync=sometimes"}),
+                        "key 'sharded_grad_sync': 'sometimes' is not one of each_micro_step | defer | auto");
+  EXPECT_ONE_LINE_ERROR(with({"sharded_grad_sync=defer"}),
+                        "key 'sharded_grad_sync': it applies to zero_stage: 2 only, and zero_stage is 0");
+  EXPECT_ONE_LINE_ERROR(with({"zero_stage=2", "sync_each_micro_step=true"}),
+                        "key 'sync_each_micro_step': zero_stage: 2 reduces by sharded_grad_sync; set "
+                        "sharded_grad_sync=each_micro_step instead");
+  EXPECT_EQ(with({"zero_stage=2"}).trainer.grad_flow_steps, 0);  // ranks hold shards, not whole gradients
   EXPECT_ONE_LINE_ERROR(with({"loss_scaler.backoff_factor=1"}),
                         "key 'loss_scaler.backoff_factor': must be in (0, 1), got 1");
   EXPECT_ONE_LINE_ERROR(with({"warmup_ratio=1.5"}), "key 'warmup_ratio': must be in [0, 1], got 1.5");

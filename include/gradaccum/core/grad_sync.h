@@ -7,6 +7,11 @@
 
 #include <torch/torch.h>
 
+#include <string>
+#include <vector>
+
+#include "gradaccum/optim/grad_clip.h"
+
 namespace gradaccum::core {
 
 class GradSync {
@@ -24,9 +29,30 @@ class GradSync {
   // becomes the sum over ranks) and sums `totals` (a small 1-D float64 tensor of
   // window loss sums and counts) over ranks in place.
   virtual void finish_window(torch::Tensor& totals) = 0;
-  // Gradient all-reduce calls and bytes of the window finished last.
+  // Gradient all-reduce calls and bytes of the window finished last (reduce-scatters where
+  // sharded_policy() is not empty).
   virtual int64_t allreduce_calls() const { return 0; }
   virtual int64_t allreduce_bytes() const { return 0; }
+
+  // The window's summed gradient as this rank holds it after finish_window, which the
+  // normalization, clipping and the optimizer step act on: every parameter's .grad (undefined
+  // where a parameter has none), unless an implementation keeps only a shard of it (ZeRO-2).
+  virtual std::vector<torch::Tensor> gradients(const std::vector<torch::Tensor>& params) const {
+    std::vector<torch::Tensor> grads;
+    grads.reserve(params.size());
+    for (const auto& p : params) grads.push_back(p.grad());
+    return grads;
+  }
+  // ‖g‖₂ of the window's whole gradient from this rank's gradients(): their own norm when every
+  // rank holds all of it; a sharded implementation sums the squared shard norms over ranks.
+  virtual torch::Tensor global_norm(const std::vector<torch::Tensor>& gradients) {
+    return optim::tensors_norm(gradients);
+  }
+  // Whether a window stopped between micro-steps can be saved from the parameters' .grad.
+  virtual bool can_stop_inside_window() const { return true; }
+  // A sharded implementation's policy for the window finished last, for the step's record
+  // ("defer" | "each_micro_step"); empty otherwise.
+  virtual std::string sharded_policy() const { return {}; }
 };
 
 // One process: nothing to communicate.

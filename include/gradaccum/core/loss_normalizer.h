@@ -53,10 +53,11 @@ class LossNormalizer {
   // Puts back local_totals() saved inside a window (resuming a preempted run).
   void restore(const torch::Tensor& totals);
   // Given the totals summed over ranks, scales the (summed) gradients once and
-  // returns the window loss. `loss_multiplier` is the factor each objective()
-  // was multiplied by before backward (the fp16 loss scale): it is divided out
-  // in the same pass. Device tensors only: no host synchronization.
-  WindowLoss finish(const torch::Tensor& global_totals, const std::vector<torch::Tensor>& params, int64_t world_size,
+  // returns the window loss. `gradients`: the tensors holding them on this rank
+  // (GradSync::gradients: every parameter's .grad, or this rank's shard). `loss_multiplier` is the factor each
+  // objective() was multiplied by before backward (the fp16 loss scale): it is divided out in the same pass. Device
+  // tensors only: no host synchronization.
+  WindowLoss finish(const torch::Tensor& global_totals, const std::vector<torch::Tensor>& gradients, int64_t world_size,
                     double loss_multiplier = 1.0) const;
 
  private:

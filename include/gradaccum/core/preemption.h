@@ -47,7 +47,8 @@ class Preemption final : public WindowFeature {
 
   // `params` are the trainable parameters whose .grad the window accumulates; every reference
   // must outlive this object. `inside_windows`: false when a window's partial sums cannot be
-  // saved (deterministic accumulation's tree): a stop then waits for the window's end.
+  // saved (deterministic accumulation's tree, ZeRO-2 reducing every micro-step into its shard):
+  // a stop then waits for the window's end.
   Preemption(std::vector<torch::Tensor> params, LossNormalizer& normalizer, torch::Device device, bool inside_windows);
 
   // `stop`: the flag a stop request raises (may be null: never asked). `agreement`: where ranks

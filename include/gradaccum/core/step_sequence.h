@@ -41,6 +41,9 @@ class StepSequence {
   // reads the gradient norm on the host (the one extra synchronization fp16
   // costs) to decide whether to update at all.
   StepResult apply();
+  // The same on `gradients`, the tensors holding the window's gradient on this rank
+  // (GradSync::gradients), whose norm over all ranks is `norm` (GradSync::global_norm).
+  StepResult apply(const std::vector<torch::Tensor>& gradients, const torch::Tensor& norm);
   // Counts step `step()` without changing the parameters (a window skipped for
   // a non-finite loss): the gradients are released and the schedule advances,
   // since the window's data was consumed. The result holds the rate the step

@@ -52,6 +52,9 @@ struct StepRecord {
   int64_t world_size = 1;
   int64_t allreduce_calls = 0;  // gradient all-reduces in this window (data parallel)
   int64_t allreduce_bytes = 0;
+  // ZeRO-2: how this window's gradients were reduce-scattered ("defer" | "each_micro_step");
+  // allreduce_calls and allreduce_bytes then count those reduce-scatters.
+  std::string sharded_grad_sync;
 };
 
 // The gradient flow of one optimizer step (core/grad_flow.h): per parameter tensor, in

@@ -1,4 +1,5 @@
-// ZeRO stage 1: optimizer state sharded across data-parallel ranks.
+// ZeRO stage 1: optimizer state sharded across data-parallel ranks (and, with a ShardedGradSync
+// as the gradients' source, the optimizer step of ZeRO stage 2).
 //
 // After the gradient all-reduce every rank holds the full gradient. The
 // flattened parameter space is cut into W equal contiguous ranges; rank r keeps
@@ -16,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
+#include "gradaccum/dist/sharded_grad_sync.h"
 #include "gradaccum/optim/optimizer_factory.h"
 #include "gradaccum/optim/optimizer_state.h"
 
@@ -34,6 +36,10 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
   // Steps this rank's range with the learning rate set on this optimizer's
   // param group, then all-gathers the ranges.
   torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // ZeRO-2: step() reads this rank's range of the gradient from `sync` (which must outlive this
+  // optimizer and cut the same ranges) instead of the parameters' .grad.
+  void take_gradients_from(const ShardedGradSync& sync);
 
   // Parameter elements this rank steps: its range of the flattened parameters.
   int64_t owned_elements() const { return end_ - begin_; }
@@ -64,6 +70,7 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
   int64_t begin_ = 0, end_ = 0;
   std::vector<Piece> pieces_;
   std::unique_ptr<torch::optim::Optimizer> local_;
+  const ShardedGradSync* gradient_source_ = nullptr;
 };
 
 // optim::optimizer_state of the optimizer a trainer holds over `params`: a ShardedOptimizer's

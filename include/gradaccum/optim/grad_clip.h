@@ -18,11 +18,17 @@ struct ClipResult {
 torch::Tensor global_grad_norm(const std::vector<torch::Tensor>& params);
 // ‖θ‖₂ over all parameters (float64, 0-dim).
 torch::Tensor global_weight_norm(const std::vector<torch::Tensor>& params);
+// ‖·‖₂ over the defined tensors of `tensors` (float64, 0-dim; zero when none is defined).
+torch::Tensor tensors_norm(const std::vector<torch::Tensor>& tensors);
 
 // Scales the gradients by min(1, max_norm / (‖g‖ + 1e-6)), as PyTorch's
 // clip_grad_norm_. max_norm <= 0 disables clipping (the norm is still measured).
 ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
 // The same with the norm already measured (global_grad_norm(params)).
 ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm, const torch::Tensor& norm_before);
+// The same on the gradient tensors themselves (undefined ones skipped), whose norm over every
+// rank is `norm_before`: a rank that holds a shard of the gradient scales its shard.
+ClipResult clip_gradients(const std::vector<torch::Tensor>& gradients, double max_norm,
+                          const torch::Tensor& norm_before);
 
 }  // namespace gradaccum::optim

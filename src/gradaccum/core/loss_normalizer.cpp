@@ -70,14 +70,14 @@ void LossNormalizer::restore(const torch::Tensor& totals) {
   naive_terms_ = t[2].clone();
 }
 
-WindowLoss LossNormalizer::finish(const torch::Tensor& global_totals, const std::vector<torch::Tensor>& params,
+WindowLoss LossNormalizer::finish(const torch::Tensor& global_totals, const std::vector<torch::Tensor>& gradients,
                                   int64_t world_size, double loss_multiplier) const {
   auto total_sum = global_totals[0];
   auto total_count = global_totals[1];
   auto divide_gradients = [&](double divisor) {
     if (divisor == 1.0) return;
-    for (const auto& p : params) {
-      if (p.grad().defined()) p.grad().div_(divisor);
+    for (const auto& g : gradients) {
+      if (g.defined()) g.div_(divisor);
     }
   };
   if (mode_ == LossNormalization::window) {
@@ -87,8 +87,7 @@ WindowLoss LossNormalizer::finish(const torch::Tensor& global_totals, const std:
     // zero gradients; clamp avoids 0/0.
     auto inverse = (total_count.clamp_min(1.0) * loss_multiplier).reciprocal();
     torch::Tensor scale;  // `inverse` in the gradients' dtype, converted once
-    for (const auto& p : params) {
-      auto g = p.grad();
+    for (const auto& g : gradients) {
       if (!g.defined()) continue;
       if (!scale.defined() || scale.scalar_type() != g.scalar_type()) scale = inverse.to(g.scalar_type());
       g.mul_(scale);

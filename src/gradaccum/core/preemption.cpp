@@ -119,8 +119,9 @@ PartialWindow Preemption::partial_window(const TrainingState& state) {
 void Preemption::restore(const TrainingState& state) {
   if (state.position.micro_step == 0) return;
   GA_CHECK(inside_windows_,
-           "checkpoint: it was saved inside a window (micro-step {}), whose sums deterministic_accumulation "
-           "cannot continue in its tree order; resume it without deterministic_accumulation",
+           "checkpoint: it was saved inside a window (micro-step {}), whose sums this run cannot continue "
+           "(deterministic_accumulation's tree order, or zero_stage 2's sharded_grad_sync: each_micro_step); "
+           "resume it without them",
            state.position.micro_step);
   auto partial = partial_window(state);
   GA_CHECK(partial.grads.size() == params_.size(),

@@ -81,6 +81,7 @@ StepRecord WindowRunner::make_record(const WindowState& w, const WindowTotals& t
   record.world_size = world;
   record.allreduce_calls = sync_.allreduce_calls();
   record.allreduce_bytes = sync_.allreduce_bytes();
+  record.sharded_grad_sync = sync_.sharded_policy();
   return record;
 }
 

@@ -24,9 +24,15 @@ void StepSequence::release_gradients() {
 }
 
 StepResult StepSequence::apply() {
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params_.size());
+  for (const auto& p : params_) grads.push_back(p.grad());
+  return apply(grads, optim::tensors_norm(grads));
+}
+
+StepResult StepSequence::apply(const std::vector<torch::Tensor>& gradients, const torch::Tensor& norm) {
   StepResult result;
   result.lr = schedule_.at(schedule_step_);
-  auto norm = optim::global_grad_norm(params_);
   if (scaler_ != nullptr) {
     result.loss_scale = scaler_->scale();
     // The float64 norm of finite float32 gradients is finite, so a non-finite
@@ -41,7 +47,7 @@ StepResult StepSequence::apply() {
       return result;
     }
   }
-  auto clip = optim::clip_grad_norm(params_, max_grad_norm_, norm);
+  auto clip = optim::clip_gradients(gradients, max_grad_norm_, norm);
   result.grad_norm = clip.norm_before;
   result.grad_norm_clipped = clip.norm_after;
   optimizer_.step();

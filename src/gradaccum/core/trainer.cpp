@@ -90,7 +90,8 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
           ? options_.warmup_steps
           : static_cast<int64_t>(std::ceil(options_.warmup_ratio * static_cast<double>(total_steps_)));
   loss_scaling_.emplace(options_.mixed_precision, options_.loss_scaler, train_data_, plan_.geometry().micro_batch());
-  preemption_.emplace(params_, normalizer_, options_.device, accumulator_->can_stop_inside_window());
+  preemption_.emplace(params_, normalizer_, options_.device,
+                      accumulator_->can_stop_inside_window() && sync_.can_stop_inside_window());
   oom_recovery_.emplace(options_.oom_recovery, options_.max_tokens_per_micro_batch, params_, sync_.rank(),
                         sync_.world_size(), options_.device);
   steps_ = std::make_unique<StepSequence>(

@@ -53,8 +53,10 @@ std::optional<StepRecord> WindowRunner::run(const Window& window, int64_t first_
   auto totals = reduce(w);
   for (auto* f : features_) f->after_reduce(totals, w);
 
-  // 3. One division by the window's global count makes every gradient exact.
-  const auto window_loss = normalizer_.finish(totals.loss, params_, sync_.world_size(), w.loss_multiplier);
+  // 3. One division by the window's global count makes every gradient exact (the gradient as
+  //    this rank holds it: whole, or its shard).
+  const auto gradients = sync_.gradients(params_);
+  const auto window_loss = normalizer_.finish(totals.loss, gradients, sync_.world_size(), w.loss_multiplier);
 
   // 4. The optimizer step: (fp16 inf check) → clip → step → zero grads → schedule; or, for
   //    nan_policy: skip, zero grads → schedule. Gradient flow reads the gradient it is given.
@@ -62,7 +64,7 @@ std::optional<StepRecord> WindowRunner::run(const Window& window, int64_t first_
   const auto flow_statistics = flow ? grad_flow_statistics(params_) : torch::Tensor();
   const bool skip = options_.nan_policy == NanPolicy::skip &&
                     !torch::isfinite(window_loss.loss).item<bool>();  // the extra sync skip mode costs
-  const StepResult step = skip ? steps_.skip() : steps_.apply();
+  const StepResult step = skip ? steps_.skip() : steps_.apply(gradients, sync_.global_norm(gradients));
 
   // 5. The step's record, read in the step's one host synchronization.
   auto record = make_record(w, totals, window_loss, step, skip, flow_statistics);

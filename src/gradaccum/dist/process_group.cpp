@@ -292,6 +292,14 @@ void check_same_on_all_ranks(c10d::Backend& group, int64_t value, const std::str
   }
 }
 
+int64_t min_over_ranks(c10d::Backend& group, int64_t value) {
+  std::vector<torch::Tensor> tensors{torch::full({1}, value, collective_options(group).dtype(torch::kLong))};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MIN;
+  wait_for(group.allreduce(tensors, options), group.getRank(), "an all-reduce of a start-up figure");
+  return tensors[0].item<int64_t>();
+}
+
 void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t rank, const std::string& what) {
   try {
     work->wait();

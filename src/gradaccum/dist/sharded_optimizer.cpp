@@ -55,9 +55,18 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   GA_CHECK(!closure, "the sharded optimizer takes no closure");
   torch::NoGradGuard no_grad;
   if (local_) {
+    const auto flat_shard = gradient_source_ != nullptr ? gradient_source_->gradient_shard() : torch::Tensor();
+    int64_t at = 0;  // where the piece starts within the range
     for (auto& piece : pieces_) {
-      const auto& grad = all_[piece.param].grad();
-      piece.shard.mutable_grad() = grad.defined() ? grad.view({-1}).slice(0, piece.begin, piece.end) : torch::Tensor();
+      const int64_t n = piece.end - piece.begin;
+      if (flat_shard.defined()) {
+        piece.shard.mutable_grad() = flat_shard.slice(0, at, at + n);
+      } else {
+        const auto& grad = all_[piece.param].grad();
+        piece.shard.mutable_grad() =
+            grad.defined() ? grad.view({-1}).slice(0, piece.begin, piece.end) : torch::Tensor();
+      }
+      at += n;
     }
     optim::set_learning_rate(*local_, param_groups()[0].options().get_lr());
     local_->step();
@@ -112,6 +121,13 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
     }
   }
   return {};
+}
+
+void ShardedOptimizer::take_gradients_from(const ShardedGradSync& sync) {
+  GA_CHECK(sync.begin() == begin_ && sync.end() == end_ && sync.shard_size() == shard_size_,
+           "zero_stage: 2: the gradient shard [{}, {}) is not the optimizer's range [{}, {})", sync.begin(), sync.end(),
+           begin_, end_);
+  gradient_source_ = &sync;
 }
 
 int64_t ShardedOptimizer::state_elements() const {

@@ -261,7 +261,12 @@ void check_combinations(TrainConfig& c) {
   }
   GA_CHECK(!t.deterministic_accumulation || (!c.sync_each_micro_step && c.zero_stage == 0),
            "key 'deterministic_accumulation': reduces across ranks in its own tree order; it cannot be "
-           "combined with sync_each_micro_step or zero_stage: 1");
+           "combined with sync_each_micro_step or zero_stage: 1 or 2");
+  GA_CHECK(!c.sync_each_micro_step || c.zero_stage != 2,
+           "key 'sync_each_micro_step': zero_stage: 2 reduces by sharded_grad_sync; set "
+           "sharded_grad_sync=each_micro_step instead");
+  GA_CHECK(c.zero_stage == 2 || c.sharded_grad_sync == dist::GradShardPolicy::automatic,
+           "key 'sharded_grad_sync': it applies to zero_stage: 2 only, and zero_stage is {}", c.zero_stage);
 }
 
 // The trainer's options as the configuration names them (core::validate's messages).
@@ -274,7 +279,8 @@ const core::OptionNames& key_names() {
 void resolve_defaults(TrainConfig& c) {
   if (c.data.directory.empty()) c.data.directory = data::kFashionMnistDir;
   if (c.logging_dir.empty()) c.logging_dir = (std::filesystem::path(c.output_dir) / "runs").string();
-  if (c.trainer.grad_flow_steps == -1) c.trainer.grad_flow_steps = c.logging_steps;
+  // ZeRO-2's ranks hold shards of the gradients, not the parameters' whole gradients.
+  if (c.trainer.grad_flow_steps == -1) c.trainer.grad_flow_steps = c.zero_stage == 2 ? 0 : c.logging_steps;
 }
 
 }  // namespace

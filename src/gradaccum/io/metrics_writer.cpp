@@ -107,8 +107,14 @@ nlohmann::json MetricsWriter::to_json(const core::StepRecord& r, bool items_are_
   if (!r.rank_items.empty()) j["rank_items"] = r.rank_items;
   if (r.world_size > 1) {
     j["world_size"] = r.world_size;
-    j["allreduce_calls"] = r.allreduce_calls;
-    j["allreduce_bytes"] = r.allreduce_bytes;
+    if (r.sharded_grad_sync.empty()) {
+      j["allreduce_calls"] = r.allreduce_calls;
+      j["allreduce_bytes"] = r.allreduce_bytes;
+    } else {
+      j["sharded_grad_sync"] = r.sharded_grad_sync;
+      j["reduce_scatter_calls"] = r.allreduce_calls;
+      j["reduce_scatter_bytes"] = r.allreduce_bytes;
+    }
   }
   return j;
 }

@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <fstream>
+#include <string>
 
 #ifdef GRADACCUM_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -28,6 +30,15 @@ double peak_cuda_mb() {
   }
 #endif
   return peak;
+}
+
+int64_t available_memory_bytes(const c10::Device& device) {
+  if (!device.is_cpu()) return 0;
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) return std::stoll(line.substr(13)) * 1024;  // kB
+  }
+  return 0;
 }
 
 }  // namespace gradaccum::io

@@ -73,16 +73,24 @@ torch::Tensor global_grad_norm(const std::vector<torch::Tensor>& params) {
 
 torch::Tensor global_weight_norm(const std::vector<torch::Tensor>& params) { return norm_of(params); }
 
+torch::Tensor tensors_norm(const std::vector<torch::Tensor>& tensors) { return norm_of(tensors); }
+
 ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
   return clip_grad_norm(params, max_norm, global_grad_norm(params));
 }
 
 ClipResult clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm, const torch::Tensor& before) {
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& p : params) grads.push_back(p.grad());
+  return clip_gradients(grads, max_norm, before);
+}
+
+ClipResult clip_gradients(const std::vector<torch::Tensor>& gradients, double max_norm, const torch::Tensor& before) {
   if (max_norm <= 0.0) return {before, before};
   auto coefficient = (max_norm / (before + 1e-6)).clamp_max(1.0);
   torch::Tensor factor;  // `coefficient` as the gradients' device and dtype, converted once
-  for (const auto& p : params) {
-    auto g = p.grad();
+  for (const auto& g : gradients) {
     if (!g.defined()) continue;
     if (!factor.defined() || factor.device() != g.device() || factor.scalar_type() != g.scalar_type()) {
       factor = coefficient.to(g.device(), g.scalar_type());

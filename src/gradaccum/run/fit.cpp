@@ -18,6 +18,7 @@
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
 #include "gradaccum/dist/process_group.h"
+#include "gradaccum/dist/sharded_grad_sync.h"
 #include "gradaccum/dist/sharded_optimizer.h"
 #include "gradaccum/dist/store_stop_agreement.h"
 #include "gradaccum/dist/tree_grad_sync.h"
@@ -141,6 +142,31 @@ struct DataParallel {
   std::unique_ptr<dist::StoreStopAgreement> stop_agreement;
 };
 
+// ZeRO-2's reducer, its policy chosen here when it is auto (on the least memory any rank has, so
+// that every rank chooses the same).
+std::unique_ptr<core::GradSync> sharded_grad_sync(const RunOptions& options, const dist::DistEnvironment& env,
+                                                  const c10::intrusive_ptr<c10d::Backend>& group,
+                                                  const std::vector<torch::Tensor>& params) {
+  const auto& t = options.trainer;
+  GA_CHECK(t.grad_flow_steps == 0,
+           "key 'grad_flow_steps': zero_stage: 2 keeps each rank's shard of the gradients, not each parameter's "
+           "whole gradient; set grad_flow_steps=0");
+  dist::ShardedGradSyncOptions sync_options;
+  sync_options.bucket_bytes = options.ddp_bucket_cap_mb * 1024 * 1024;
+  sync_options.policy = options.sharded_grad_sync;
+  if (sync_options.policy == dist::GradShardPolicy::automatic) {
+    int64_t elements = 0;
+    for (const auto& p : params) elements += p.numel();
+    const int64_t element_bytes = static_cast<int64_t>(params.front().element_size());
+    const int64_t shard = (elements + env.world_size - 1) / env.world_size;
+    const int64_t available = dist::min_over_ranks(*group, io::available_memory_bytes(t.device));
+    const auto choice = dist::choose_grad_shard_policy(elements * element_bytes, shard * element_bytes, available);
+    sync_options.policy = choice.policy;
+    if (env.rank == 0 && options.console) fmt::print(stderr, "sharded_grad_sync auto: {}\n", choice.reason);
+  }
+  return std::make_unique<dist::ShardedGradSync>(group, params, sync_options);
+}
+
 DataParallel connect(const RunOptions& options, const dist::DistEnvironment& env, core::Trainable& model) {
   DataParallel dp;
   if (!env.distributed()) return dp;
@@ -157,6 +183,12 @@ DataParallel connect(const RunOptions& options, const dist::DistEnvironment& env
   }
   if (t.deterministic_accumulation) {
     dp.sync = std::make_unique<dist::TreeGradSync>(dp.group, params);  // the canonical tree's top levels
+  } else if (options.zero_stage == 2) {
+    dp.sync = sharded_grad_sync(options, env, dp.group, params);
+    auto sharded = std::make_unique<dist::ShardedOptimizer>(dp.group, params, t.optimizer);
+    sharded->take_gradients_from(static_cast<const dist::ShardedGradSync&>(*dp.sync));
+    dp.sharded = std::move(sharded);
+    return dp;
   } else {
     dist::GradSyncOptions sync_options;
     sync_options.bucket_bytes = options.ddp_bucket_cap_mb * 1024 * 1024;
@@ -323,6 +355,10 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   // A resumed run continues the run of its checkpoint (one saved before run ids existed starts one).
   const std::string run_id = checkpoint && !checkpoint->run_id.empty() ? checkpoint->run_id : io::new_run_id();
 
+  if (options.zero_stage > 0 && !env.distributed() && rank0 && options.console) {
+    fmt::print(stderr, "zero_stage {} with one process: nothing to shard across ranks; it runs as zero_stage 0\n",
+               options.zero_stage);
+  }
   auto dp = connect(options, env, model);
 
   core::ObserverList observers;
