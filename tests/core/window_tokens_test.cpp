@@ -277,7 +277,7 @@ void expect_exact_resume_inside_a_window(const core::TrainerOptions& o) {
   ASSERT_TRUE(first.run().preempted);
   EXPECT_EQ(hook.saved.position.micro_step, 1);
   EXPECT_EQ(hook.saved.position.step, static_cast<int64_t>(step));
-  EXPECT_EQ(hook.saved.window_tokens, o.window_tokens);
+  EXPECT_EQ(core::SavedGeometry::restore(hook.saved).window_tokens, o.window_tokens);
 
   models::CausalLm second_model{models::Gpt2LmHeadModel(support::tiny_gpt2_config(1))};
   core::Trainer second(o, second_model, data, nullptr, quiet);

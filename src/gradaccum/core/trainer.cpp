@@ -4,14 +4,15 @@
 #include <cmath>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/base/seconds.h"
 #include "gradaccum/core/evaluator.h"
 #include "gradaccum/core/saved_geometry.h"
 
 namespace gradaccum::core {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+using base::Clock;
+using base::seconds_since;
 }  // namespace
 
 optim::NamedParameters Trainer::named_parameters() const {

@@ -2,14 +2,15 @@
 
 #include <chrono>
 
+#include "gradaccum/base/seconds.h"
 #include "gradaccum/core/grad_flow.h"
 #include "gradaccum/core/mixed_precision.h"
 
 namespace gradaccum::core {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+using base::Clock;
+using base::seconds_since;
 }  // namespace
 
 WindowRunner::WindowRunner(const TrainerOptions& options, Trainable& model, const Dataset& data, GradSync& sync,
