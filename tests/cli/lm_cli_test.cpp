@@ -12,10 +12,10 @@
 #include "gradaccum/data/lm_dataset.h"
 #include "gradaccum/data/text_source.h"
 #include "gradaccum/data/tokenizer.h"
+#include "gradaccum/io/checkpoint.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/models/hf_checkpoint.h"
-#include "gradaccum/io/checkpoint.h"
 #include "test_support.h"
 
 namespace lm_cli_test {

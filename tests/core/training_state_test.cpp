@@ -4,22 +4,14 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
-
 #include "gradaccum/base/check.h"
+#include "test_support.h"
 
 namespace training_state_test {
 
 using namespace gradaccum::core;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const gradaccum::Error& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
+using gradaccum::testing::error_of;  // "" when nothing is thrown
 
 TEST(PieceState, GivesBackEachKindByName) {
   TrainingState state;

@@ -105,18 +105,6 @@ TEST(GpuLmLoss, MaskedFusedLossOnCudaEqualsTheCpu) {
 // A Llama-family decoder (RoPE, RMSNorm, SwiGLU, 2 key-value heads for 4 query heads) as a
 // causal LM on a left-padded batch: on CUDA its loss, count and gradients equal the CPU's in
 // float64; under bf16 autocast on CUDA it stays near float32 while really running in bf16.
-models::ModelConfig tiny_llama_config() {
-  models::ModelConfig c;
-  c.type = "llama";
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.intermediate_size = 40;
-  c.n_positions = 16;
-  return c;
-}
-
 struct LlamaStep {
   double sum = 0;
   double count = 0;
@@ -126,9 +114,9 @@ struct LlamaStep {
 LlamaStep llama_step(const torch::Device& device, torch::ScalarType dtype, bool bf16_autocast) {
   const auto data = gradaccum::testing::pad(gradaccum::testing::make_sequences({5, 9, 3, 12}, 7), /*left=*/true);
   const auto labels = data.ids.masked_fill(data.mask == 0, core::kIgnoreIndex);
-  auto built =
-      models::make_language_model("llama", tiny_llama_config(), gradaccum::testing::tiny_gpt2_config().vocab_size,
-                                  /*num_labels=*/0, /*init_seed=*/3);
+  auto built = models::make_language_model("llama", gradaccum::testing::tiny_llama_config(),
+                                           gradaccum::testing::tiny_gpt2_config().vocab_size,
+                                           /*num_labels=*/0, /*init_seed=*/3);
   built.task->module().to(device, dtype);
   core::LossSum l;
   {

@@ -37,36 +37,9 @@ R, ALPHA, TARGETS = 4, 8.0, ["q_proj", "v_proj", "down_proj"]
 
 
 def run_trainer(out, model, rows):
-    from transformers import Trainer, TrainingArguments
-
-    steps = []
-
-    class RecordingTrainer(Trainer):
-        window_loss = 0.0
-
-        def training_step(self, model, inputs, num_items_in_batch=None):
-            loss = super().training_step(model, inputs, num_items_in_batch)
-            self.window_loss += loss.item()
-            return loss
-
-        def _clip_grad_norm(self, model):
-            norm = super()._clip_grad_norm(model)
-            steps.append({"loss": self.window_loss, "grad_norm": float(norm),
-                          "lr": self.optimizer.param_groups[0]["lr"]})
-            self.window_loss = 0.0
-            return norm
-
-    args = TrainingArguments(
-        output_dir=os.path.join(out, "trainer-run"), per_device_train_batch_size=tp.MICRO_BATCH,
-        gradient_accumulation_steps=tp.ACCUMULATION, max_steps=tp.STEPS, learning_rate=tp.LR,
-        weight_decay=tp.WEIGHT_DECAY, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw_torch",
-        lr_scheduler_type="cosine", warmup_steps=tp.WARMUP, max_grad_norm=tp.MAX_GRAD_NORM,
-        train_sampling_strategy="sequential", use_cpu=True, logging_steps=1, save_strategy="no", report_to=[],
-        seed=tp.SEED, dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True)
-    trainer = RecordingTrainer(model=model, args=args, train_dataset=tp.Rows(rows), data_collator=tp.collate,
-                               compute_loss_func=tp.causal_lm_loss)
+    args = tp.training_arguments(os.path.join(out, "trainer-run"), tp.STEPS)
     with llama_family_in_float64(model):
-        trainer.train()
+        steps = tp.recorded_training(model, args, rows, compute_loss_func=tp.causal_lm_loss)
     assert len(steps) == tp.STEPS, steps
     return steps
 

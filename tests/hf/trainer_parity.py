@@ -119,9 +119,23 @@ def load(out, dtype):
     return model.to(dtype)
 
 
-def run_trainer(out, rows, dtype, name, stock=False):
-    """The Trainer's per-step records; `stock`: one step with GPT2LMHeadModel exactly as loaded."""
-    from transformers import Trainer, TrainingArguments
+def training_arguments(output_dir, max_steps):
+    """The Trainer's settings for these runs (the module's constants)."""
+    from transformers import TrainingArguments
+    return TrainingArguments(
+        output_dir=output_dir, per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=ACCUMULATION, max_steps=max_steps, learning_rate=LR,
+        weight_decay=WEIGHT_DECAY,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw_torch", lr_scheduler_type="cosine",
+        warmup_steps=WARMUP, max_grad_norm=MAX_GRAD_NORM, train_sampling_strategy="sequential",
+        use_cpu=True, logging_steps=1, save_strategy="no", report_to=[], seed=SEED,
+        dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True)
+
+
+def recorded_training(model, args, rows, compute_loss_func=None):
+    """Trains `model` with the Trainer; its per-optimizer-step {loss, grad_norm, lr}: the loss is the
+    sum of training_step's returns over the window, grad_norm the pre-clip norm."""
+    from transformers import Trainer
 
     steps = []
 
@@ -140,21 +154,21 @@ def run_trainer(out, rows, dtype, name, stock=False):
             self.window_loss = 0.0
             return norm
 
-    args = TrainingArguments(
-        output_dir=os.path.join(out, "trainer-run-" + name), per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=ACCUMULATION, max_steps=1 if stock else STEPS, learning_rate=LR,
-        weight_decay=WEIGHT_DECAY,
-        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw_torch", lr_scheduler_type="cosine",
-        warmup_steps=WARMUP, max_grad_norm=MAX_GRAD_NORM, train_sampling_strategy="sequential",
-        use_cpu=True, logging_steps=1, save_strategy="no", report_to=[], seed=SEED,
-        dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True)
+    trainer = RecordingTrainer(model=model, args=args, train_dataset=Rows(rows), data_collator=collate,
+                               compute_loss_func=compute_loss_func)
+    trainer.train()
+    return steps
+
+
+def run_trainer(out, rows, dtype, name, stock=False):
+    """The Trainer's per-step records; `stock`: one step with GPT2LMHeadModel exactly as loaded."""
+    args = training_arguments(os.path.join(out, "trainer-run-" + name), 1 if stock else STEPS)
     model = load(out, dtype)
     if not stock:
         # See the module's docstring: without it this Trainer counts labels[..., :] for GPT-2.
         model.loss_type = "ForCausalLM"
-    trainer = RecordingTrainer(model=model, args=args, train_dataset=Rows(rows), data_collator=collate,
-                               compute_loss_func=causal_lm_loss if dtype == torch.float64 and not stock else None)
-    trainer.train()
+    steps = recorded_training(model, args, rows,
+                              compute_loss_func=causal_lm_loss if dtype == torch.float64 and not stock else None)
     assert len(steps) == (1 if stock else STEPS), steps
     return steps
 

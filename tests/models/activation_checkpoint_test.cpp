@@ -29,6 +29,7 @@ namespace activation_checkpoint_test {
 
 using gradaccum::testing::tiny_bloom_config;
 using gradaccum::testing::tiny_gpt2_config;
+using gradaccum::testing::tiny_llama_config;
 
 using gradaccum::core::kIgnoreIndex;
 using gradaccum::models::BloomConfig;
@@ -344,19 +345,6 @@ enum class Arch { gpt2, bloom, llama };
 
 const char* arch_name(Arch arch) { return arch == Arch::gpt2 ? "GPT-2" : arch == Arch::bloom ? "BLOOM" : "Llama"; }
 
-// RoPE, RMSNorm, SwiGLU and grouped-query attention (2 key-value heads for 4 query heads).
-gradaccum::models::ModelConfig tiny_llama_config() {
-  gradaccum::models::ModelConfig c;
-  c.type = "llama";
-  c.n_layer = 3;
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.intermediate_size = 40;
-  c.n_positions = 16;
-  return c;
-}
-
 CausalLmHead make_model(Arch arch, torch::ScalarType dtype) {
   CausalLmHead model{nullptr};
   if (arch == Arch::gpt2) {
@@ -364,7 +352,7 @@ CausalLmHead make_model(Arch arch, torch::ScalarType dtype) {
   } else if (arch == Arch::bloom) {
     model = CausalLmHead(std::static_pointer_cast<CausalLmHeadImpl>(BloomForCausalLm(tiny_bloom_config(3)).ptr()));
   } else {
-    auto built = gradaccum::models::make_language_model("llama", tiny_llama_config(), tiny_gpt2_config().vocab_size,
+    auto built = gradaccum::models::make_language_model("llama", tiny_llama_config(3), tiny_gpt2_config().vocab_size,
                                                         /*num_labels=*/0, /*init_seed=*/3);
     model = dynamic_cast<gradaccum::models::CausalLm&>(*built.task).model();
   }
@@ -375,7 +363,7 @@ CausalLmHead make_model(Arch arch, torch::ScalarType dtype) {
 int64_t n_layer(Arch arch) {
   return arch == Arch::gpt2    ? tiny_gpt2_config(3).n_layer
          : arch == Arch::bloom ? tiny_bloom_config(3).n_layer
-                               : tiny_llama_config().n_layer;
+                               : tiny_llama_config(3).n_layer;
 }
 
 // A right-padded batch of very different lengths, padding labelled -100.

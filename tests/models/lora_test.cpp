@@ -35,6 +35,7 @@
 #include "gradaccum/optim/optimizer_state.h"
 #include "stop_inside_window.h"
 #include "test_support.h"
+#include "tiny_decoders.h"
 
 namespace lora_test {
 
@@ -242,18 +243,6 @@ TEST_F(PeftAdapters, AnAdapterOfAnotherShapeOrKindIsAOneLineError) {
 
 // ---- The engine with adapters, in-process ----
 
-models::ModelConfig tiny_llama() {
-  models::ModelConfig c;
-  c.type = "llama";
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.intermediate_size = 40;
-  c.n_positions = 16;
-  return c;
-}
-
 models::LoraConfig tiny_lora() {
   models::LoraConfig l;
   l.r = 3;
@@ -265,7 +254,7 @@ models::LoraConfig tiny_lora() {
 }
 
 models::BuiltModel tiny_lora_model() {
-  auto model = models::make_language_model("llama", tiny_llama(), 61, 0, 3);
+  auto model = models::make_language_model("llama", gradaccum::testing::tiny_llama_config(), 61, 0, 3);
   models::attach_lora(model, tiny_lora(), 9, models::DropoutRng::per_sample, "");
   return model;
 }
@@ -282,7 +271,7 @@ core::TrainerOptions tiny_options() {
 }
 
 TEST(Lora, AFreshAdapterIsPeftsInitAndLeavesTheLogitsAlone) {
-  auto base = models::make_language_model("llama", tiny_llama(), 61, 0, 3);
+  auto base = models::make_language_model("llama", gradaccum::testing::tiny_llama_config(), 61, 0, 3);
   auto model = tiny_lora_model();
   ASSERT_NE(model.lora, nullptr);
   // q, v and down in each of 2 layers; A ~ U(±1/√in), B = 0; scaling alpha / r.
@@ -354,7 +343,7 @@ TEST(Lora, TheBaseStaysBitIdenticalAndOnlyTrainedTensorsHoldOptimizerState) {
 TEST(Lora, ABfloat16BaseStaysBfloat16AndTheAdaptersTrainInFloat32) {
   auto lora = tiny_lora();
   lora.base_dtype = "bfloat16";
-  auto model = models::make_language_model("llama", tiny_llama(), 61, 0, 3);
+  auto model = models::make_language_model("llama", gradaccum::testing::tiny_llama_config(), 61, 0, 3);
   models::attach_lora(model, lora, 9, models::DropoutRng::per_sample, "");
   auto reference = tiny_lora_model();
   const auto data = data::make_random_tokens_data(61, 12, 24, 0, 4);
@@ -428,7 +417,7 @@ TEST(Lora, AStopInsideAWindowResumesBitIdentically) {
 
 TEST(Lora, TargetsThatMatchNothingAndImpossibleSettingsAreOneLineErrors) {
   auto attach = [](models::LoraConfig lora) {
-    auto model = models::make_language_model("llama", tiny_llama(), 61, 0, 3);
+    auto model = models::make_language_model("llama", gradaccum::testing::tiny_llama_config(), 61, 0, 3);
     models::attach_lora(model, lora, 0, models::DropoutRng::per_sample, "");
   };
   auto lora = tiny_lora();
