@@ -55,8 +55,8 @@ void Progress::on_step(const core::StepRecord& r) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * r.step / std::max<int64_t>(1, total_));
     const double eta = r.time_s / static_cast<double>(r.step) * static_cast<double>(total_ - r.step);
-    fmt::print(out_, "\r[{:=<{}}{: <{}}] {}/{} loss {:.4f} lr {:.2e} |g| {:.3f} {} samples/s eta {:.0f}s ", "",
-               filled, "", kWidth - filled, r.step, total_, r.loss, r.lr, r.grad_norm, rate(r.samples_per_s), eta);
+    fmt::print(out_, "\r[{:=<{}}{: <{}}] {}/{} loss {:.4f} lr {:.2e} |g| {:.3f} {} samples/s eta {:.0f}s ", "", filled,
+               "", kWidth - filled, r.step, total_, r.loss, r.lr, r.grad_norm, rate(r.samples_per_s), eta);
     if (r.step == total_) fmt::print(out_, "\n");
   } else if (r.step % interval_ == 0 || r.step == total_) {
     fmt::print(out_, "step {}/{} epoch {} loss {:.4f} lr {:.3e} grad_norm {:.4f} {} samples/s\n", r.step, total_,
@@ -80,8 +80,8 @@ void Progress::on_end(const core::TrainSummary& s) {
                "done: {} steps, {} samples (all trained before the checkpoint this run resumed), train loss {:.4f}\n",
                s.steps, s.samples, s.train_loss);
   } else {
-    fmt::print(out_, "done: {} steps, {} samples in {:.1f} s ({} samples/s), train loss {:.4f}\n", s.steps,
-               s.samples, s.wall_s, rate(static_cast<double>(trained_samples_) / s.wall_s), s.train_loss);
+    fmt::print(out_, "done: {} steps, {} samples in {:.1f} s ({} samples/s), train loss {:.4f}\n", s.steps, s.samples,
+               s.wall_s, rate(static_cast<double>(trained_samples_) / s.wall_s), s.train_loss);
   }
   if (s.has_eval && !std::isnan(s.eval.accuracy)) {
     fmt::print(out_, "test accuracy: {:.2f}% ({} samples)\n", 100.0 * s.eval.accuracy, s.eval.samples);
