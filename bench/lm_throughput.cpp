@@ -436,7 +436,9 @@ int main(int argc, char** argv) {
         }
       }
       const auto t0 = Clock::now();
-      auto window_loss = normalizer.finish(normalizer.local_totals(), params, 1);
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : params) grads.push_back(p.grad());
+      auto window_loss = normalizer.finish(normalizer.local_totals(), grads, 1);
       sequence.apply();
       clock.losses.push_back(window_loss.loss.item<double>());
       clock.ends.push_back(Clock::now());

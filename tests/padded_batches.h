@@ -61,8 +61,7 @@ inline double accumulate_padded_window(core::Trainable& model, const Padded& dat
     normalizer.objective(model.loss(batch)).backward();
     begin += n;
   }
-  std::vector<torch::Tensor> params = model.module().parameters();
-  return normalizer.finish(normalizer.local_totals(), params, 1).loss.item<double>();
+  return normalizer.finish(normalizer.local_totals(), parameter_grads(model.module()), 1).loss.item<double>();
 }
 
 }  // namespace gradaccum::testing

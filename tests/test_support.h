@@ -76,6 +76,13 @@ inline torch::Tensor flat_params(torch::nn::Module& m) {
   return torch::cat(parts);
 }
 
+// Every parameter's .grad (undefined where it has none), as LossNormalizer::finish takes them.
+inline std::vector<torch::Tensor> parameter_grads(torch::nn::Module& m) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : m.parameters()) grads.push_back(p.grad());
+  return grads;
+}
+
 inline void zero_grads(torch::nn::Module& m) {
   for (auto& p : m.parameters()) p.mutable_grad() = torch::Tensor();
 }
@@ -96,8 +103,7 @@ inline double accumulate_window(core::Trainable& model, const torch::Tensor& x, 
     normalizer.objective(model.loss(batch)).backward();
     begin += n;
   }
-  std::vector<torch::Tensor> params = model.module().parameters();
-  auto result = normalizer.finish(normalizer.local_totals(), params, 1);
+  auto result = normalizer.finish(normalizer.local_totals(), parameter_grads(model.module()), 1);
   return result.loss.item<double>();
 }
 

@@ -56,6 +56,9 @@ const std::atomic<bool>& install_cleared(struct sigaction& previous_term, struct
 StopSignalsScope::StopSignalsScope() : requested_(install_cleared(previous_term_, previous_int_)) {}
 
 StopSignalsScope::~StopSignalsScope() {
+  // A run that a request stopped keeps the handlers: the request's later copies (timeout's
+  // second one, a supervisor's) must still count once after the run has saved and returned.
+  if (g_first_request_ns.load() != 0) return;
   sigaction(SIGTERM, &previous_term_, nullptr);
   sigaction(SIGINT, &previous_int_, nullptr);
 }

@@ -21,7 +21,8 @@ const std::atomic<bool>& install_stop_signals();
 
 // The handlers for one run: installed with the flag and its first stamp cleared (a request that
 // stopped an earlier run in this process is not this run's), and the handlers that were there
-// before put back when it ends.
+// before put back when it ends, unless a request stopped it: then the handlers stay, so that the
+// request's late copies still count once (a second, deliberate request still ends the process).
 class StopSignalsScope {
  public:
   StopSignalsScope();
