@@ -10,6 +10,7 @@
 #include <malloc.h>
 #endif
 
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -34,32 +35,59 @@ double relative_error(const torch::Tensor& x, const torch::Tensor& reference) {
       .item<double>();
 }
 
+// The operands of every op the routing replaces, drawn from `seed`.
+struct ReplacedOpOperands {
+  explicit ReplacedOpOperands(uint64_t seed) {
+    torch::manual_seed(seed);
+    x = torch::randn({2, 5, 16});
+    m = torch::randn({5, 12});
+    w = torch::randn({12, 16});
+    bias = torch::randn({12});
+    batch1 = torch::randn({2, 5, 16});
+    batch2 = torch::randn({2, 16, 7});
+    add = torch::randn({2, 5, 7});
+    image = torch::randn({2, 3, 9, 9});
+    kernel = torch::randn({4, 3, 3, 3});
+    cbias = torch::randn({4});
+    signal = torch::randn({2, 3, 11});
+    kernel1d = torch::randn({4, 3, 3});
+    q = torch::randn({2, 3, 6, 8});
+    k = torch::randn({2, 3, 6, 8});
+    v = torch::randn({2, 3, 6, 8});
+    mask = torch::randn({2, 1, 6, 6});  // an additive float mask, as BLOOM's ALiBi bias
+  }
+
+  // Every replaced op, each operand passed through `operand` first (e.g. rounded to bfloat16).
+  std::vector<torch::Tensor> run(const std::function<torch::Tensor(const torch::Tensor&)>& operand) const {
+    const std::vector<int64_t> stride2{2}, pad0{0};
+    return {torch::linear(operand(x), operand(w), operand(bias)),
+            torch::matmul(operand(x), operand(w).t()),
+            torch::addmm(operand(m), operand(x)[0], operand(w).t(), 0.5, 2.0),
+            torch::bmm(operand(batch1), operand(batch2)),
+            torch::baddbmm(operand(add), operand(batch1), operand(batch2), 0.5, 2.0),
+            torch::conv2d(operand(image), operand(kernel), operand(cbias), 1, 1),
+            torch::conv1d(operand(signal), operand(kernel1d), operand(cbias), at::IntArrayRef(stride2),
+                          at::IntArrayRef(pad0)),
+            at::scaled_dot_product_attention(operand(q), operand(k), operand(v), operand(mask), 0.0, false, 0.3)};
+  }
+
+  torch::Tensor x, m, w, bias, batch1, batch2, add, image, kernel, cbias, signal, kernel1d, q, k, v, mask;
+};
+
+torch::Tensor as_is(const torch::Tensor& t) { return t; }
+
 // Every op the routing replaces, run under bf16 CPU autocast on operands drawn from seed 6; with a
 // linear's weight and bias gradients last.
 std::vector<torch::Tensor> every_replaced_op_under_autocast() {
-  torch::manual_seed(6);
-  const auto x = torch::randn({2, 5, 16}), m = torch::randn({5, 12});
-  auto w = torch::randn({12, 16}, torch::requires_grad()), bias = torch::randn({12}, torch::requires_grad());
-  const auto batch1 = torch::randn({2, 5, 16}), batch2 = torch::randn({2, 16, 7}), add = torch::randn({2, 5, 7});
-  const auto image = torch::randn({2, 3, 9, 9}), kernel = torch::randn({4, 3, 3, 3}), cbias = torch::randn({4});
-  const auto signal = torch::randn({2, 3, 11}), kernel1d = torch::randn({4, 3, 3});
-  const auto q = torch::randn({2, 3, 6, 8}), k = torch::randn({2, 3, 6, 8}), v = torch::randn({2, 3, 6, 8});
-  const auto mask = torch::randn({2, 1, 6, 6});
-  const std::vector<int64_t> stride2{2}, pad0{0};
+  ReplacedOpOperands operands(6);
+  operands.w.requires_grad_(true);
+  operands.bias.requires_grad_(true);
   AutocastScope autocast(MixedPrecision::bf16, kCpu);
-  std::vector<torch::Tensor> out = {
-      torch::linear(x, w, bias),
-      torch::matmul(x, w.t()),
-      torch::addmm(m, x[0], w.t(), 0.5, 2.0),
-      torch::bmm(batch1, batch2),
-      torch::baddbmm(add, batch1, batch2, 0.5, 2.0),
-      torch::conv2d(image, kernel, cbias, 1, 1),
-      torch::conv1d(signal, kernel1d, cbias, at::IntArrayRef(stride2), at::IntArrayRef(pad0)),
-      at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 0.3)};
+  auto out = operands.run(as_is);
   (out[0].to(torch::kFloat) * torch::arange(120).view({2, 5, 12})).sum().backward();
   for (auto& t : out) t = t.detach();
-  out.push_back(w.grad());
-  out.push_back(bias.grad());
+  out.push_back(operands.w.grad());
+  out.push_back(operands.bias.grad());
   return out;
 }
 
@@ -132,39 +160,14 @@ TEST_F(Float32Bf16Matmuls, MmIsTheFloat32ProductOfRoundedOperandsRounded) {
 }
 
 TEST_F(Float32Bf16Matmuls, EveryRoutedOpMatchesItsFloat32Expression) {
-  torch::manual_seed(4);
-  const auto x = torch::randn({2, 5, 16}), w = torch::randn({12, 16}), bias = torch::randn({12});
-  const auto m = torch::randn({5, 12}), batch1 = torch::randn({2, 5, 16});
-  const auto batch2 = torch::randn({2, 16, 7}), add = torch::randn({2, 5, 7});
-  const auto image = torch::randn({2, 3, 9, 9}), kernel = torch::randn({4, 3, 3, 3});
-  const auto signal = torch::randn({2, 3, 11}), kernel1d = torch::randn({4, 3, 3});
-  const auto cbias = torch::randn({4});
-  const auto q = torch::randn({2, 3, 6, 8}), k = torch::randn({2, 3, 6, 8}), v = torch::randn({2, 3, 6, 8});
-  const auto mask = torch::randn({2, 1, 6, 6});  // an additive float mask, as BLOOM's ALiBi bias
-  const std::vector<int64_t> stride2{2}, pad0{0};
+  const ReplacedOpOperands operands(4);
   std::vector<torch::Tensor> routed;
   {
     AutocastScope autocast(MixedPrecision::bf16, kCpu);
-    routed = {torch::linear(x, w, bias),
-              torch::matmul(x, w.t()),
-              torch::addmm(m, x[0], w.t(), 0.5, 2.0),
-              torch::bmm(batch1, batch2),
-              torch::baddbmm(add, batch1, batch2, 0.5, 2.0),
-              torch::conv2d(image, kernel, cbias, 1, 1),
-              torch::conv1d(signal, kernel1d, cbias, at::IntArrayRef(stride2), at::IntArrayRef(pad0)),
-              at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 0.3)};
+    routed = operands.run(as_is);
   }
   // Without autocast: float32 on the rounded operands, the result rounded.
-  const std::vector<torch::Tensor> expected = {
-      torch::linear(rounded(x), rounded(w), rounded(bias)),
-      torch::matmul(rounded(x), rounded(w).t()),
-      torch::addmm(rounded(m), rounded(x[0]), rounded(w).t(), 0.5, 2.0),
-      torch::bmm(rounded(batch1), rounded(batch2)),
-      torch::baddbmm(rounded(add), rounded(batch1), rounded(batch2), 0.5, 2.0),
-      torch::conv2d(rounded(image), rounded(kernel), rounded(cbias), 1, 1),
-      torch::conv1d(rounded(signal), rounded(kernel1d), rounded(cbias), at::IntArrayRef(stride2),
-                    at::IntArrayRef(pad0)),
-      at::scaled_dot_product_attention(rounded(q), rounded(k), rounded(v), rounded(mask), 0.0, false, 0.3)};
+  const auto expected = operands.run(rounded);
   for (size_t i = 0; i < routed.size(); ++i) {
     EXPECT_EQ(routed[i].scalar_type(), torch::kBFloat16) << "op " << i;
     EXPECT_TRUE(torch::equal(routed[i], expected[i].to(torch::kBFloat16))) << "op " << i;
