@@ -154,7 +154,9 @@ void shut_down_connections_to(int port) {
 
 // c10d's store client waits for the server's first answer without a timeout: a program that
 // accepts the connection and never answers would hold a rank forever. Past the deadline this
-// watchdog shuts the connection down, and the waiting client throws.
+// watchdog shuts the connection down, and the waiting client throws. The client may connect
+// again after a shutdown (it retries), so the watchdog keeps shutting new connections down
+// every 100 ms until the client gives up.
 class RendezvousWatchdog {
  public:
   RendezvousWatchdog(int port, Clock::time_point deadline)
@@ -162,7 +164,9 @@ class RendezvousWatchdog {
           std::unique_lock<std::mutex> lock(mutex_);
           if (woken_.wait_until(lock, deadline, [this] { return done_; })) return;
           fired_ = true;
-          shut_down_connections_to(port);
+          do {
+            shut_down_connections_to(port);
+          } while (!woken_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; }));
         }) {}
   ~RendezvousWatchdog() {
     {
