@@ -49,7 +49,7 @@ inline core::TrainerOptions adamw_trainer_options(int64_t b, int64_t accumulatio
   options.per_device_train_batch_size = b;
   options.gradient_accumulation_steps = accumulation;
   options.max_steps = steps;
-  options.optimizer.type = "adamw";
+  options.optimizer.type = optim::OptimizerType::adamw;
   options.optimizer.learning_rate = 1e-3;
   options.max_grad_norm = 1.0;
   return options;

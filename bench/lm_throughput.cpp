@@ -93,11 +93,10 @@
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/kernels/cpu_and_blas.h"
 #include "gradaccum/kernels/custom_kernels.h"
-#include "gradaccum/kernels/float32_cpu_matmuls.h"
-#include "gradaccum/kernels/heap_retention.h"
 #include "gradaccum/models/causal_lm.h"
 #include "gradaccum/models/gpt2.h"
 #include "gradaccum/optim/optimizer_factory.h"
+#include "gradaccum/run/process_setup.h"
 #include "gradaccum/run/profiler_trace.h"
 #include "gradaccum/run/runtime.h"
 
@@ -109,6 +108,7 @@ using gradaccum::bench::parse_count;
 namespace core = gradaccum::core;
 namespace kernels = gradaccum::kernels;
 namespace models = gradaccum::models;
+namespace run = gradaccum::run;
 using Clock = std::chrono::steady_clock;
 
 // The model and batch (--shape): `small`, the 3.4M GPT of the project's benchmarks, or
@@ -158,7 +158,7 @@ struct Options {
   core::MixedPrecision precision = core::MixedPrecision::none;
   int64_t loss_chunk_tokens = 0;
   std::string custom_kernels = "all";
-  std::string bf16_cpu_matmuls = "auto";
+  core::Bf16CpuMatmuls bf16_cpu_matmuls = core::Bf16CpuMatmuls::automatic;
   bool profile = false;
   bool deterministic = false;
   std::string trace;
@@ -208,9 +208,7 @@ Options parse_options(int argc, char** argv) {
       gradaccum::kernels::parse_custom_kernels(value);
       o.custom_kernels = value;
     } else if (key == "--bf16-cpu-matmuls") {
-      GA_CHECK(value == "auto" || value == "float32" || value == "libtorch",
-               "lm_throughput: --bf16-cpu-matmuls is auto, float32 or libtorch, not {}", value);
-      o.bf16_cpu_matmuls = value;
+      o.bf16_cpu_matmuls = core::bf16_cpu_matmuls_names().parse(value, "lm_throughput: --bf16-cpu-matmuls");
     } else if (key == "--shape") {
       GA_CHECK(value == "small" || value == "gpt2-124m" || value == "gpt2-124m-1024",
                "lm_throughput: --shape is small, gpt2-124m or gpt2-124m-1024, not {}", value);
@@ -337,22 +335,24 @@ int main(int argc, char** argv) {
     std::cerr << e.what() << "\n";
     return 2;
   }
-  // As `gradaccum train` does with its custom_kernels setting.
-  kernels::set_custom_kernels(opts.custom_kernels);
-  kernels::retain_freed_heap();
   const int64_t threads = opts.threads, warmup = opts.warmup, steps = opts.steps;
   const bool profile = opts.profile;
   const core::MixedPrecision precision = opts.precision;
   const torch::Device device = opts.device;
-  // bf16 on a CPU without bfloat16 instructions runs its matmuls as float32 GEMMs, as
-  // `gradaccum train` does by default (bf16_cpu_matmuls: auto, kernels/float32_cpu_matmuls.h).
-  const bool float32_bf16_matmuls = gradaccum::run::routes_cpu_matmuls_through_float32(
+  // The process as `gradaccum train` sets it up: the custom_kernels switch, the threads, the
+  // retained heap, and bf16 on a CPU without bfloat16 instructions running its matmuls as float32
+  // GEMMs (bf16_cpu_matmuls: auto, kernels/float32_cpu_matmuls.h).
+  run::ProcessSettings process;
+  process.threads = threads;
+  process.custom_kernels = opts.custom_kernels;
+  process.cpu_matmuls_through_float32 = run::routes_cpu_matmuls_through_float32(
       opts.bf16_cpu_matmuls, precision, device, kernels::cpu_has_native_bf16(), kernels::cpu_has_native_fp16());
-  if (float32_bf16_matmuls) kernels::route_cpu_autocast_matmuls_through_float32();
+  process.retain_freed_heap = true;
+  const run::ProcessSetup setup(process);
+  const bool float32_bf16_matmuls = process.cpu_matmuls_through_float32;
   // The dtype of the model's matmuls: autocast's under bf16, unless routed to float32.
   const torch::ScalarType gemm_dtype =
       core::uses_autocast(precision, device) && !float32_bf16_matmuls ? core::autocast_dtype(precision) : torch::kFloat;
-  at::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(42);
 
   // The GEMM rate this process reaches, probed before and after training; the

@@ -141,7 +141,7 @@ core::TrainerOptions options(int64_t micro_batch, int64_t steps, int64_t max_ste
   o.per_device_train_batch_size = micro_batch;
   o.gradient_accumulation_steps = steps;
   o.max_steps = max_steps;
-  o.optimizer.type = "adamw";
+  o.optimizer.type = optim::OptimizerType::adamw;
   o.optimizer.learning_rate = 1e-3;
   o.lr_scheduler_type = optim::ScheduleType::cosine;
   o.warmup_steps = 1;

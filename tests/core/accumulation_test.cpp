@@ -59,7 +59,7 @@ core::TrainerOptions sgd_options(int64_t b, int64_t n, double lr) {
   o.per_device_train_batch_size = b;
   o.gradient_accumulation_steps = n;
   o.num_train_epochs = 1;  // one pass over the data unless a test says otherwise
-  o.optimizer.type = "sgd";
+  o.optimizer.type = optim::OptimizerType::sgd;
   o.optimizer.learning_rate = lr;
   o.lr_scheduler_type = optim::ScheduleType::constant;
   o.max_grad_norm = 0.0;
@@ -189,7 +189,7 @@ TEST(Seed003, ParametersChangeOnlyAtTheLastMicroStep) {
   models::Regressor inner(models::seed000_mlp());
   Recorder model(inner);
   auto options = sgd_options(4, 4, 0.0);
-  options.optimizer.type = "adamw";
+  options.optimizer.type = optim::OptimizerType::adamw;
   options.optimizer.learning_rate = 1e-2;
   Collect collect;
   core::Trainer trainer(options, model, data, nullptr, collect);

@@ -165,7 +165,7 @@ core::TrainerOptions fp16_options(double init_scale, int64_t growth_interval) {
   core::TrainerOptions o;
   o.per_device_train_batch_size = 4;
   o.gradient_accumulation_steps = 2;  // 4 windows per epoch
-  o.optimizer.type = "adamw";
+  o.optimizer.type = optim::OptimizerType::adamw;
   o.optimizer.learning_rate = 1e-2;
   o.lr_scheduler_type = optim::ScheduleType::linear;
   o.max_grad_norm = 1.0;
@@ -272,7 +272,7 @@ std::pair<core::StepRecord, torch::Tensor> one_sgd_step(core::MixedPrecision pre
   core::TrainerOptions o;
   o.per_device_train_batch_size = 4;
   o.gradient_accumulation_steps = 8;  // the whole 32 samples in one window
-  o.optimizer.type = "sgd";
+  o.optimizer.type = optim::OptimizerType::sgd;
   o.optimizer.learning_rate = 1.0;
   o.lr_scheduler_type = optim::ScheduleType::constant;
   o.max_grad_norm = max_grad_norm;
@@ -532,19 +532,20 @@ TEST(MixedPrecisionCurves, Bf16AndFp16TrackTheFloat32LossCurveOfKjvGpt2) {
 
 TEST(MixedPrecisionBf16CpuMatmuls, RouteThroughFloat32OnlyForCpuBf16WhereChosen) {
   const torch::Device cpu(torch::kCPU), cuda(torch::kCUDA);
+  using core::Bf16CpuMatmuls;
   using core::MixedPrecision;
   using run::routes_cpu_matmuls_through_float32;
   // Arguments: bf16_cpu_matmuls, precision, device, native bf16, native fp16.
-  EXPECT_TRUE(routes_cpu_matmuls_through_float32("auto", MixedPrecision::bf16, cpu, false, false));
-  EXPECT_FALSE(routes_cpu_matmuls_through_float32("auto", MixedPrecision::bf16, cpu, true, false));
-  EXPECT_TRUE(routes_cpu_matmuls_through_float32("float32", MixedPrecision::bf16, cpu, true, true));
-  EXPECT_FALSE(routes_cpu_matmuls_through_float32("libtorch", MixedPrecision::bf16, cpu, false, false));
-  EXPECT_FALSE(routes_cpu_matmuls_through_float32("float32", MixedPrecision::bf16, cuda, false, false));
-  EXPECT_FALSE(routes_cpu_matmuls_through_float32("float32", MixedPrecision::none, cpu, false, false));
+  EXPECT_TRUE(routes_cpu_matmuls_through_float32(Bf16CpuMatmuls::automatic, MixedPrecision::bf16, cpu, false, false));
+  EXPECT_FALSE(routes_cpu_matmuls_through_float32(Bf16CpuMatmuls::automatic, MixedPrecision::bf16, cpu, true, false));
+  EXPECT_TRUE(routes_cpu_matmuls_through_float32(Bf16CpuMatmuls::float32, MixedPrecision::bf16, cpu, true, true));
+  EXPECT_FALSE(routes_cpu_matmuls_through_float32(Bf16CpuMatmuls::libtorch, MixedPrecision::bf16, cpu, false, false));
+  EXPECT_FALSE(routes_cpu_matmuls_through_float32(Bf16CpuMatmuls::float32, MixedPrecision::bf16, cuda, false, false));
+  EXPECT_FALSE(routes_cpu_matmuls_through_float32(Bf16CpuMatmuls::float32, MixedPrecision::none, cpu, false, false));
   // fp16 routes wherever the CPU lacks float16 instructions, whatever bf16_cpu_matmuls says.
-  EXPECT_TRUE(routes_cpu_matmuls_through_float32("libtorch", MixedPrecision::fp16, cpu, true, false));
-  EXPECT_FALSE(routes_cpu_matmuls_through_float32("float32", MixedPrecision::fp16, cpu, false, true));
-  EXPECT_FALSE(routes_cpu_matmuls_through_float32("auto", MixedPrecision::fp16, cuda, false, false));
+  EXPECT_TRUE(routes_cpu_matmuls_through_float32(Bf16CpuMatmuls::libtorch, MixedPrecision::fp16, cpu, true, false));
+  EXPECT_FALSE(routes_cpu_matmuls_through_float32(Bf16CpuMatmuls::float32, MixedPrecision::fp16, cpu, false, true));
+  EXPECT_FALSE(routes_cpu_matmuls_through_float32(Bf16CpuMatmuls::automatic, MixedPrecision::fp16, cuda, false, false));
 }
 
 TEST(MixedPrecisionBf16CpuMatmuls, ConfigKeyIsChecked) {

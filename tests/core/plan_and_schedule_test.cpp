@@ -200,7 +200,7 @@ TEST(LrSchedule, WarmupThenConstantLinearCosine) {
 
 TEST(StepSequence, ClipThenStepThenZeroThenSchedule) {
   auto w = torch::zeros({4}, torch::kDouble).requires_grad_();
-  auto optimizer = optim::make_optimizer({"sgd", 0.1}, {w});
+  auto optimizer = optim::make_optimizer({optim::OptimizerType::sgd, 0.1}, {w});
   core::StepSequence steps(*optimizer, {w}, optim::LrSchedule(optim::ScheduleType::linear, 0.1, 0, 4), 0.5);
   EXPECT_DOUBLE_EQ(optimizer->param_groups()[0].options().get_lr(), 0.1);
   w.mutable_grad() = torch::tensor({1.0, 1.0, 1.0, 1.0}, torch::kDouble);  // ‖g‖ = 2
@@ -219,16 +219,18 @@ TEST(StepSequence, ClipThenStepThenZeroThenSchedule) {
   EXPECT_DOUBLE_EQ(unclipped.grad_norm.item<double>(), unclipped.grad_norm_clipped.item<double>());
 }
 
-TEST(Optimizers, NesterovNeedsMomentumAndUnknownNamesAreErrors) {
+TEST(Optimizers, NesterovNeedsMomentumAndTheTypesHaveTheirConfigNames) {
   auto w = torch::zeros({2}).requires_grad_();
   optim::OptimizerSpec spec;
-  spec.type = "sgd";
+  spec.type = optim::OptimizerType::sgd;
   spec.nesterov = true;
   EXPECT_THROW(optim::make_optimizer(spec, {w}), Error);
   spec.momentum = 0.9;
   EXPECT_NO_THROW(optim::make_optimizer(spec, {w}));
-  spec.type = "lamb";
-  EXPECT_THROW(optim::make_optimizer(spec, {w}), Error);
+  EXPECT_EQ(optim::optimizer_type_names().names(), (std::vector<std::string>{"adamw", "sgd"}));
+  EXPECT_EQ(optim::optimizer_type_names().parse("sgd", "optim"), optim::OptimizerType::sgd);
+  EXPECT_EQ(error_of([] { optim::optimizer_type_names().parse("lamb", "optim"); }),
+            "optim: 'lamb' is not one of adamw | sgd");
 }
 
 }  // namespace plan_and_schedule_test

@@ -132,7 +132,7 @@ TEST(ShardedGradSync, EachMicroStepReduceScattersEveryMicroStepAndHoldsOnlyTheSh
 // from the whole summed gradient.
 TEST(ShardedGradSync, ShardedOptimizerStepsFromTheShardToTheUnshardedWeights) {
   gradaccum::optim::OptimizerSpec spec;
-  spec.type = "adamw";
+  spec.type = gradaccum::optim::OptimizerType::adamw;
   spec.learning_rate = 0.1;
   spec.weight_decay = 0.01;
   std::vector<std::vector<torch::Tensor>> weights(kWorld);

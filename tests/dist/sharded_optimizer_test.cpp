@@ -81,7 +81,7 @@ std::vector<torch::Tensor> run_unsharded(const OptimizerSpec& spec) {
 
 OptimizerSpec adamw() {
   OptimizerSpec spec;
-  spec.type = "adamw";
+  spec.type = gradaccum::optim::OptimizerType::adamw;
   spec.learning_rate = 0.1;
   spec.weight_decay = 0.01;
   return spec;
@@ -89,7 +89,7 @@ OptimizerSpec adamw() {
 
 OptimizerSpec sgd_with_momentum() {
   OptimizerSpec spec;
-  spec.type = "sgd";
+  spec.type = gradaccum::optim::OptimizerType::sgd;
   spec.learning_rate = 0.1;
   spec.momentum = 0.9;
   return spec;
@@ -121,12 +121,12 @@ TEST(ShardedOptimizer, WeightsEqualTheUnshardedOptimizersOnEveryRank) {
       for (int rank = 0; rank < kWorld; ++rank) {
         for (size_t k = 0; k < expected.size(); ++k) {
           const double difference = (runs[rank].weights[k] - expected[k].detach()).abs().max().item<double>();
-          EXPECT_LE(difference, 1e-15) << spec.type << ", gather " << gather_bytes << ", rank " << rank
+          EXPECT_LE(difference, 1e-15) << to_string(spec.type) << ", gather " << gather_bytes << ", rank " << rank
                                        << ", parameter " << k;
           // The update moved every element (both ranges reached every rank).
           const double moved = (runs[rank].weights[k] - make_params()[k].detach()).abs().min().item<double>();
-          EXPECT_GT(moved, 1e-3) << spec.type << ", gather " << gather_bytes << ", rank " << rank << ", parameter "
-                                 << k;
+          EXPECT_GT(moved, 1e-3) << to_string(spec.type) << ", gather " << gather_bytes << ", rank " << rank
+                                 << ", parameter " << k;
         }
       }
     }
@@ -149,7 +149,8 @@ TEST(ShardedOptimizer, NoReferenceToTheGradientsOutlivesAStep) {
   for (const auto& spec : {adamw(), sgd_with_momentum()}) {
     const auto runs = run_sharded(spec);
     for (int rank = 0; rank < kWorld; ++rank) {
-      EXPECT_EQ(runs[rank].grad_storage_refs, (std::vector<int64_t>{1, 1, 1})) << spec.type << ", rank " << rank;
+      EXPECT_EQ(runs[rank].grad_storage_refs, (std::vector<int64_t>{1, 1, 1}))
+          << to_string(spec.type) << ", rank " << rank;
     }
   }
 }

@@ -342,7 +342,7 @@ TEST(Lora, TheBaseStaysBitIdenticalAndOnlyTrainedTensorsHoldOptimizerState) {
 // first loss is the float32 base's to bfloat16's rounding.
 TEST(Lora, ABfloat16BaseStaysBfloat16AndTheAdaptersTrainInFloat32) {
   auto lora = tiny_lora();
-  lora.base_dtype = "bfloat16";
+  lora.base_dtype = torch::kBFloat16;
   auto model = models::make_language_model("llama", gradaccum::testing::tiny_llama_config(), 61, 0, 3);
   models::attach_lora(model, lora, 9, models::DropoutRng::per_sample, "");
   auto reference = tiny_lora_model();

@@ -103,7 +103,7 @@ TEST(MakeOptimizer, WeightDecaySkipsBiasesAndNormGains) {
     auto bias = torch::ones({3}, torch::kDouble).requires_grad_();
     auto flat = torch::ones({4}, torch::kDouble).requires_grad_();  // a shard of a matrix
     gradaccum::optim::OptimizerSpec spec;
-    spec.type = type;
+    spec.type = gradaccum::optim::optimizer_type_names().parse(type, "optim");
     spec.learning_rate = 0.5;
     spec.weight_decay = 0.1;
     auto optimizer = gradaccum::optim::make_optimizer(spec, {matrix, bias, flat}, {true, false, true});

@@ -48,7 +48,7 @@ std::unique_ptr<torch::optim::Optimizer> make(const std::string& kind, const std
                                                  torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true));
   }
   gradaccum::optim::OptimizerSpec spec;
-  spec.type = kind;
+  spec.type = gradaccum::optim::optimizer_type_names().parse(kind, "optim");
   spec.learning_rate = 1e-2;
   spec.weight_decay = 0.1;
   spec.momentum = 0.9;

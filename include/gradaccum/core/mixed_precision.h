@@ -31,6 +31,13 @@ enum class MixedPrecision { none, bf16, fp16 };
 const base::EnumNames<MixedPrecision>& mixed_precision_names();
 std::string to_string(MixedPrecision precision);
 
+// How bf16 autocast multiplies on a CPU (the config key bf16_cpu_matmuls): `float32` GEMMs on
+// bfloat16-rounded operands (kernels/float32_cpu_matmuls.h), libtorch's own bfloat16 GEMMs, or
+// `automatic` ("auto"): float32 where the CPU has no bfloat16 instructions.
+enum class Bf16CpuMatmuls { automatic, float32, libtorch };
+const base::EnumNames<Bf16CpuMatmuls>& bf16_cpu_matmuls_names();
+std::string to_string(Bf16CpuMatmuls matmuls);
+
 // The 16-bit dtype of `precision`'s autocast regions (undefined for none).
 torch::ScalarType autocast_dtype(MixedPrecision precision);
 

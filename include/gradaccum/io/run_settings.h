@@ -9,23 +9,24 @@
 #include <string>
 #include <vector>
 
+#include "gradaccum/core/mixed_precision.h"
 #include "gradaccum/dist/grad_shard_policy.h"
 
 namespace gradaccum::io {
 
 struct RunSettings {
   std::string output_dir = "runs/default";
-  int64_t threads = 0;                    // 0: this host's cores shared among its ranks
-  std::string custom_kernels = "all";     // kernels/custom_kernels.h
-  std::string bf16_cpu_matmuls = "auto";  // auto | float32 | libtorch (kernels/float32_cpu_matmuls.h)
-  int64_t logging_steps = 1;              // console and TensorBoard interval
-  std::vector<std::string> report_to;     // "tensorboard" (HF's key): event files in logging_dir
-  std::string logging_dir;                // "" = output_dir/runs
-  std::string resume_from_checkpoint;     // "" | "latest" (under output_dir) | a checkpoint directory
-  bool overwrite_output_dir = false;      // a fresh run may start in an output_dir holding checkpoints
-  bool allow_batch_change = false;        // resume with another global batch (not exact)
-  int64_t save_total_limit = 0;           // > 0: keep the newest K checkpoints
-  int64_t dist_timeout_s = 60;            // a stalled rank is an error after this long
+  int64_t threads = 0;                 // 0: this host's cores shared among its ranks
+  std::string custom_kernels = "all";  // kernels/custom_kernels.h
+  core::Bf16CpuMatmuls bf16_cpu_matmuls = core::Bf16CpuMatmuls::automatic;  // core/mixed_precision.h
+  int64_t logging_steps = 1;                                                // console and TensorBoard interval
+  std::vector<std::string> report_to;  // "tensorboard" (HF's key): event files in logging_dir
+  std::string logging_dir;             // "" = output_dir/runs
+  std::string resume_from_checkpoint;  // "" | "latest" (under output_dir) | a checkpoint directory
+  bool overwrite_output_dir = false;   // a fresh run may start in an output_dir holding checkpoints
+  bool allow_batch_change = false;     // resume with another global batch (not exact)
+  int64_t save_total_limit = 0;        // > 0: keep the newest K checkpoints
+  int64_t dist_timeout_s = 60;         // a stalled rank is an error after this long
   // > 0: libtorch's profiler over optimizer steps K..K+profile_steps-1, each rank's operators
   // written as a Chrome trace to output_dir/profiler/trace-rank<R>.json.
   int64_t profile_from_step = 0;

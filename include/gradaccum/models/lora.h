@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "gradaccum/base/enum_names.h"
 #include "gradaccum/models/built_model.h"
 #include "gradaccum/models/lora_adapter.h"
 #include "gradaccum/models/sample_dropout.h"
@@ -49,8 +50,9 @@ struct LoraConfig {
   std::vector<std::string> target_modules;
   bool use_rslora = false;
   std::vector<std::string> modules_to_save;  // trained in full (same matching rule)
-  // The dtype the frozen base's Linear weights are held in: float32 or bfloat16.
-  std::string base_dtype = "float32";
+  // The dtype the frozen base's Linear weights are held in: float32 or bfloat16
+  // (lora_base_dtype_names).
+  torch::ScalarType base_dtype = torch::kFloat;
   // "" : fresh adapters (A random, B zero); else a PEFT adapter directory they start from
   // (init_lora_from_adapter).
   std::string init_from;
@@ -58,6 +60,9 @@ struct LoraConfig {
   bool enabled() const { return !target_modules.empty(); }
   double scaling() const;
 };
+
+// lora.base_dtype's spellings: float32, bfloat16.
+const base::EnumNames<torch::ScalarType>& lora_base_dtype_names();
 
 // The adapters of a model and how they were configured.
 struct LoraAdapters {

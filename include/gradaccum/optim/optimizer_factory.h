@@ -9,10 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "gradaccum/base/enum_names.h"
+
 namespace gradaccum::optim {
 
+enum class OptimizerType { adamw, sgd };
+const base::EnumNames<OptimizerType>& optimizer_type_names();  // the config key optim
+std::string to_string(OptimizerType type);
+
 struct OptimizerSpec {
-  std::string type = "adamw";  // adamw | sgd
+  OptimizerType type = OptimizerType::adamw;
   double learning_rate = 2e-3;
   double weight_decay = 0.0;
   double momentum = 0.0;  // sgd

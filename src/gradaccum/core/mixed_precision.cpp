@@ -14,6 +14,15 @@ const base::EnumNames<MixedPrecision>& mixed_precision_names() {
 
 std::string to_string(MixedPrecision precision) { return mixed_precision_names().name(precision); }
 
+const base::EnumNames<Bf16CpuMatmuls>& bf16_cpu_matmuls_names() {
+  static const base::EnumNames<Bf16CpuMatmuls> names{{Bf16CpuMatmuls::automatic, "auto"},
+                                                     {Bf16CpuMatmuls::float32, "float32"},
+                                                     {Bf16CpuMatmuls::libtorch, "libtorch"}};
+  return names;
+}
+
+std::string to_string(Bf16CpuMatmuls matmuls) { return bf16_cpu_matmuls_names().name(matmuls); }
+
 torch::ScalarType autocast_dtype(MixedPrecision precision) {
   switch (precision) {
     case MixedPrecision::bf16:

@@ -9,7 +9,7 @@ namespace gradaccum::dist {
 namespace {
 // The base class only needs defaults for its bookkeeping of param groups.
 std::unique_ptr<torch::optim::OptimizerOptions> defaults_for(const optim::OptimizerSpec& spec) {
-  if (spec.type == "sgd") return std::make_unique<torch::optim::SGDOptions>(spec.learning_rate);
+  if (spec.type == optim::OptimizerType::sgd) return std::make_unique<torch::optim::SGDOptions>(spec.learning_rate);
   return std::make_unique<torch::optim::AdamWOptions>(spec.learning_rate);
 }
 }  // namespace

@@ -220,11 +220,12 @@ void apply_lora(models::BuiltModel& model, const TrainConfig& config) {
   const auto& lora = config.lora;
   if (!lora.enabled()) {
     GA_CHECK(lora.modules_to_save.empty(), "key 'lora.modules_to_save': needs lora.target_modules (no LoRA without)");
-    GA_CHECK(lora.base_dtype == "float32", "key 'lora.base_dtype': needs lora.target_modules (no LoRA without)");
+    GA_CHECK(lora.base_dtype == torch::kFloat, "key 'lora.base_dtype': needs lora.target_modules (no LoRA without)");
     return;
   }
-  GA_CHECK(lora.base_dtype == "float32" || config.trainer.dtype == torch::kFloat,
-           "key 'lora.base_dtype': {} beside dtype float64 (a bfloat16 base goes with dtype float32)", lora.base_dtype);
+  GA_CHECK(lora.base_dtype == torch::kFloat || config.trainer.dtype == torch::kFloat,
+           "key 'lora.base_dtype': {} beside dtype float64 (a bfloat16 base goes with dtype float32)",
+           models::lora_base_dtype_names().name(lora.base_dtype));
   const auto& base = config.model.hf_checkpoint;
   models::attach_lora(model, lora, config.trainer.seed, config.model.dropout_rng,
                       base.empty() ? std::string() : std::filesystem::absolute(base).lexically_normal().string());

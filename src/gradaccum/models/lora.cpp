@@ -132,6 +132,11 @@ LoraAdapterImpl* lora_adapter_of(const torch::nn::LinearImpl& layer) {
   return nullptr;
 }
 
+const base::EnumNames<torch::ScalarType>& lora_base_dtype_names() {
+  static const base::EnumNames<torch::ScalarType> names{{torch::kFloat, "float32"}, {torch::kBFloat16, "bfloat16"}};
+  return names;
+}
+
 void attach_lora(BuiltModel& model, const LoraConfig& config, uint64_t init_seed, DropoutRng dropout_rng,
                  const std::string& base, const std::string& what) {
   GA_CHECK(model.is_language_model(), "{}: LoRA adapters need a language model, not an image network",
@@ -143,8 +148,9 @@ void attach_lora(BuiltModel& model, const LoraConfig& config, uint64_t init_seed
   GA_CHECK(config.dropout >= 0 && config.dropout < 1, "{}: must be in [0, 1), got {}",
            lora_key(what, "dropout", "lora_dropout"), config.dropout);
   GA_CHECK(config.enabled(), "{}: no module to adapt", lora_key(what, "target_modules", "target_modules"));
-  GA_CHECK(config.base_dtype == "float32" || config.base_dtype == "bfloat16",
-           "{}: must be float32 or bfloat16, got '{}'", lora_key(what, "base_dtype", "base_dtype"), config.base_dtype);
+  GA_CHECK(config.base_dtype == torch::kFloat || config.base_dtype == torch::kBFloat16,
+           "{}: must be float32 or bfloat16, got {}", lora_key(what, "base_dtype", "base_dtype"),
+           c10::toString(config.base_dtype));
   const auto* architecture = find_decoder_architecture(model.architecture);
   GA_CHECK(architecture != nullptr, "{}: unknown architecture '{}'", what, model.architecture);
   auto& module = model.task->module();
@@ -220,7 +226,7 @@ void attach_lora(BuiltModel& model, const LoraConfig& config, uint64_t init_seed
     adapters->adapted.push_back(path);
   }
   for (auto& item : module.named_parameters()) item.value().requires_grad_(is_trained(*adapters, item.key()));
-  if (config.base_dtype == "bfloat16") {
+  if (config.base_dtype == torch::kBFloat16) {
     // The frozen Linear weights in 16 bits (linear.h multiplies them so); the engine keeps a
     // frozen 16-bit parameter's dtype when it places the model.
     for (const auto& [path, layer] : linears) {

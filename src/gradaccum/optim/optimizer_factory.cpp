@@ -50,28 +50,36 @@ std::unique_ptr<torch::optim::Optimizer> set_weight_decay(std::unique_ptr<torch:
 
 }  // namespace
 
+const base::EnumNames<OptimizerType>& optimizer_type_names() {
+  static const base::EnumNames<OptimizerType> names{{OptimizerType::adamw, "adamw"}, {OptimizerType::sgd, "sgd"}};
+  return names;
+}
+
+std::string to_string(OptimizerType type) { return optimizer_type_names().name(type); }
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec, std::vector<torch::Tensor> params,
                                                         std::vector<bool> decayed) {
-  if (spec.type == "adamw") {
-    auto options = torch::optim::AdamWOptions(spec.learning_rate)
-                       .betas({spec.adam_beta1, spec.adam_beta2})
-                       .eps(spec.adam_epsilon)
-                       .weight_decay(spec.weight_decay);
-    auto grouped = group_by_decay(std::move(params), std::move(decayed), spec.weight_decay);
-    return set_weight_decay<torch::optim::AdamWOptions>(
-        std::make_unique<FusedAdamW>(std::move(grouped.groups), options), grouped.weight_decay);
+  auto grouped = group_by_decay(std::move(params), std::move(decayed), spec.weight_decay);
+  switch (spec.type) {
+    case OptimizerType::adamw: {
+      auto options = torch::optim::AdamWOptions(spec.learning_rate)
+                         .betas({spec.adam_beta1, spec.adam_beta2})
+                         .eps(spec.adam_epsilon)
+                         .weight_decay(spec.weight_decay);
+      return set_weight_decay<torch::optim::AdamWOptions>(
+          std::make_unique<FusedAdamW>(std::move(grouped.groups), options), grouped.weight_decay);
+    }
+    case OptimizerType::sgd: {
+      GA_CHECK(!spec.nesterov || spec.momentum > 0.0, "nesterov: true needs momentum > 0");
+      auto options = torch::optim::SGDOptions(spec.learning_rate)
+                         .momentum(spec.momentum)
+                         .nesterov(spec.nesterov)
+                         .weight_decay(spec.weight_decay);
+      return set_weight_decay<torch::optim::SGDOptions>(
+          std::make_unique<torch::optim::SGD>(std::move(grouped.groups), options), grouped.weight_decay);
+    }
   }
-  if (spec.type == "sgd") {
-    GA_CHECK(!spec.nesterov || spec.momentum > 0.0, "nesterov: true needs momentum > 0");
-    auto options = torch::optim::SGDOptions(spec.learning_rate)
-                       .momentum(spec.momentum)
-                       .nesterov(spec.nesterov)
-                       .weight_decay(spec.weight_decay);
-    auto grouped = group_by_decay(std::move(params), std::move(decayed), spec.weight_decay);
-    return set_weight_decay<torch::optim::SGDOptions>(
-        std::make_unique<torch::optim::SGD>(std::move(grouped.groups), options), grouped.weight_decay);
-  }
-  throw Error(fmt::format("optim: unknown optimizer '{}' (adamw | sgd)", spec.type));
+  throw Error(fmt::format("optim: no optimizer of type {}", static_cast<int>(spec.type)));
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {

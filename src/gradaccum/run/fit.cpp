@@ -124,7 +124,7 @@ void check_process(const RunOptions& options, const ProcessSetup& process, bool 
   if (process.settings().cpu_matmuls_through_float32 && rank0) {
     if (t.mixed_precision == core::MixedPrecision::bf16) {
       fmt::print(stderr, "bf16 matmuls: float32 GEMMs on bfloat16-rounded operands (bf16_cpu_matmuls: {})\n",
-                 options.bf16_cpu_matmuls);
+                 core::to_string(options.bf16_cpu_matmuls));
     } else {
       fmt::print(stderr, "fp16 matmuls: float32 GEMMs on float16-rounded operands (this CPU has no AVX512-FP16)\n");
     }

@@ -31,12 +31,13 @@ int configure_threads(int64_t requested, int64_t local_ranks) {
   return threads;
 }
 
-bool routes_cpu_matmuls_through_float32(const std::string& bf16_setting, core::MixedPrecision precision,
+bool routes_cpu_matmuls_through_float32(core::Bf16CpuMatmuls bf16_setting, core::MixedPrecision precision,
                                         const c10::Device& device, bool cpu_has_native_bf16, bool cpu_has_native_fp16) {
   if (!device.is_cpu()) return false;
   switch (precision) {
     case core::MixedPrecision::bf16:
-      return bf16_setting == "float32" || (bf16_setting == "auto" && !cpu_has_native_bf16);
+      return bf16_setting == core::Bf16CpuMatmuls::float32 ||
+             (bf16_setting == core::Bf16CpuMatmuls::automatic && !cpu_has_native_bf16);
     case core::MixedPrecision::fp16:
       return !cpu_has_native_fp16;
     case core::MixedPrecision::none:

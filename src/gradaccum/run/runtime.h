@@ -17,11 +17,11 @@ int configure_threads(int64_t requested, int64_t local_ranks);
 
 // Whether a run routes CPU autocast's matmuls through float32 GEMMs on 16-bit-rounded operands
 // (kernels/float32_cpu_matmuls.h), on a CPU device only:
-//   bf16: when `bf16_setting` (the config key bf16_cpu_matmuls) is "float32", or
-//         "auto" on a CPU without bfloat16 instructions (`cpu_has_native_bf16`,
-//         kernels::cpu_has_native_bf16()); never for "libtorch";
+//   bf16: when `bf16_setting` (the config key bf16_cpu_matmuls) is float32, or
+//         automatic on a CPU without bfloat16 instructions (`cpu_has_native_bf16`,
+//         kernels::cpu_has_native_bf16()); never for libtorch;
 //   fp16: on a CPU without float16 instructions (`cpu_has_native_fp16`).
-bool routes_cpu_matmuls_through_float32(const std::string& bf16_setting, core::MixedPrecision precision,
+bool routes_cpu_matmuls_through_float32(core::Bf16CpuMatmuls bf16_setting, core::MixedPrecision precision,
                                         const c10::Device& device, bool cpu_has_native_bf16, bool cpu_has_native_fp16);
 
 // One line: the libtorch version this program was built against and whether this build can use
