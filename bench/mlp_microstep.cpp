@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,9 +39,9 @@
 #include "gradaccum/data/gather_rows.h"
 #include "gradaccum/io/process_stats.h"
 #include "gradaccum/kernels/custom_kernels.h"
-#include "gradaccum/kernels/heap_retention.h"
 #include "gradaccum/models/networks.h"
 #include "gradaccum/models/tasks.h"
+#include "gradaccum/run/process_setup.h"
 
 namespace {
 
@@ -138,15 +139,16 @@ int main(int argc, char** argv) {
   const int64_t steps = flag(argc, argv, "--steps", 50);
   constexpr int64_t kMicroBatch = 1;
   constexpr int64_t kAccumulation = 16;
+  // The process as `gradaccum train` sets it up (run/process_setup.h).
+  std::optional<gradaccum::run::ProcessSetup> setup;
   try {
-    kernels::set_custom_kernels(string_flag(argc, argv, "--custom-kernels", "all"));
+    setup.emplace(gradaccum::run::ProcessSettings{.threads = threads,
+                                                  .custom_kernels = string_flag(argc, argv, "--custom-kernels", "all"),
+                                                  .retain_freed_heap = true});
   } catch (const gradaccum::Error& e) {
     fmt::print(stderr, "mlp_microstep: {}\n", e.what());
     return 2;
   }
-  kernels::retain_freed_heap();
-
-  at::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(42);
   // More samples than the run consumes: every window is full and no epoch ends.
   const int64_t total_steps = warmup + repeats * steps;
