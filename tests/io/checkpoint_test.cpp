@@ -167,6 +167,53 @@ TEST(CheckpointResume, TwoRanksResumeBitIdenticallyWithZero2ForBothPolicies) {
   fs::remove_all(dir);
 }
 
+// A checkpoint resumed at another world size or zero stage: the optimizer state is joined from
+// the saved shards and cut for this run's layout (dist/optimizer_reshard.h), and the steps after
+// it follow the uninterrupted run as another decomposition of the same batch does (float64).
+TEST(CheckpointResume, AnotherWorldSizeOrZeroStageReshardsTheOptimizerStateFloat64) {
+  const auto dir = make_temp_dir("ckpt-reshard");
+  const auto run = kRun +
+                   " --set dtype=float64 --set threads=1 --set global_batch_size=32 --set max_steps=8 "
+                   "--set save_steps=4";
+  const auto zero2 = dir + "/w2-zero2";
+  run_ok("train " + run +
+         " --set per_device_train_batch_size=8 --nproc 2 --set zero_stage=2 --set output_dir=" + zero2);
+  const auto whole = dir + "/w1";
+  run_ok("train " + run + " --set per_device_train_batch_size=8 --set output_dir=" + whole);
+  const auto reference = read_jsonl(whole + "/metrics.jsonl");
+  struct Case {
+    std::string name, flags, from, note;
+  };
+  for (const auto& c :
+       std::vector<Case>{{"w1-from-w2", "--set per_device_train_batch_size=8", zero2,
+                          "saved in 2 shards, resharded to this run's "
+                          "layout (whole)"},
+                         {"w4-zero1-from-w2", "--set per_device_train_batch_size=4 --nproc 4 --set zero_stage=1", zero2,
+                          "saved in 2 shards, resharded to this run's layout (in 4 shards)"},
+                         {"w2-zero2-from-w1", "--set per_device_train_batch_size=8 --nproc 2 --set zero_stage=2", whole,
+                          "saved whole, resharded to this run's layout (in 2 shards)"}}) {
+    SCOPED_TRACE(c.name);
+    const auto r = run_cli("train " + run + " " + c.flags + " --set output_dir=" + dir + "/" + c.name +
+                           " --set resume_from_checkpoint=" + c.from + "/checkpoints/step-4");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("optimizer state: " + c.note), std::string::npos) << r.err;
+    int compared = 0;
+    for (const auto& y : read_jsonl(dir + "/" + c.name + "/metrics.jsonl")) {
+      if (!y.contains("loss")) continue;
+      for (const auto& x : reference) {
+        if (!x.contains("loss") || x["step"] != y["step"]) continue;
+        EXPECT_NEAR(y["loss"].get<double>(), x["loss"].get<double>(), 1e-10 * x["loss"].get<double>());
+        EXPECT_NEAR(y["grad_norm"].get<double>(), x["grad_norm"].get<double>(), 1e-10 * x["grad_norm"].get<double>());
+        EXPECT_NEAR(y["weight_norm"].get<double>(), x["weight_norm"].get<double>(),
+                    1e-10 * x["weight_norm"].get<double>());
+        ++compared;
+      }
+    }
+    EXPECT_EQ(compared, 4);
+  }
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointResume, AnotherGlobalBatchIsRefusedUnlessAllowed) {
   const auto dir = make_temp_dir("ckpt-batch");
   run_ok("train " + kRun + " --set max_steps=4 --set output_dir=" + dir + "/a");

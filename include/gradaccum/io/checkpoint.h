@@ -92,7 +92,13 @@ struct LoadedCheckpoint {
   formats::NamedTensors model;
   std::string model_file;           // the file `model` was read from (model.safetensors or adapter_model.safetensors)
   formats::NamedTensors optimizer;  // this rank's optimizer state file (optim::load_optimizer_state)
-  torch::Tensor rng_state;          // the CPU generator's state (uint8)
+  // The optimizer files as saved: 0 for one whole state (optimizer.safetensors), W for one shard
+  // per rank (optimizer-rank<R>.safetensors, ZeRO-1/2).
+  int64_t optimizer_shards = 0;
+  // When the run reading it holds its optimizer state in another layout: every optimizer file,
+  // in rank order, to be joined and cut (dist/optimizer_reshard.h); `optimizer` is then empty.
+  std::vector<formats::NamedTensors> optimizer_parts;
+  torch::Tensor rng_state;  // the CPU generator's state (uint8)
   std::string resolved_config;
   uint64_t seed = 0;
   std::string run_id;  // "" for a checkpoint saved before run ids existed
@@ -155,6 +161,8 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
 // a checkpoint. Every problem is a one-line gradaccum::Error naming the file; the
 // pieces' fields are checked by the pieces as they restore (their messages name the
 // file too: state.scalars_file, state.tensors_file).
-LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank);
+// `optimizer_shards`: the layout of the run that reads it, as LoadedCheckpoint::optimizer_shards
+// counts; another than the saved one fills optimizer_parts instead of optimizer.
+LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank, int64_t optimizer_shards = 0);
 
 }  // namespace gradaccum::io

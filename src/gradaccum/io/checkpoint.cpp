@@ -352,7 +352,7 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
   return choose_checkpoint(spec, output_dir).directory;
 }
 
-LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
+LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank, int64_t optimizer_shards) {
   const fs::path dir(directory);
   const auto what = [&](const char* file) { return (dir / file).string(); };
   GA_CHECK(fs::is_directory(dir), "checkpoint {}: not a directory", directory);
@@ -451,11 +451,16 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   // Absent in checkpoints saved before run ids existed.
   if (ts.contains("run_id")) loaded.run_id = field<std::string>(ts, "run_id", ts_what);
   const bool per_rank = field<bool>(ts, "optimizer_per_rank", ts_what);
-  if (per_rank && contents.count(optimizer_file(true, rank)) == 0) {
-    int64_t shards = 0;
-    for (const auto& [name, bytes] : contents) shards += name.rfind("optimizer-rank", 0) == 0;
-    throw Error(fmt::format("checkpoint {}: rank {} has no optimizer shard (saved by {} ranks with zero_stage 1)",
-                            directory, rank, shards));
+  if (per_rank) {
+    for (const auto& [name, bytes] : contents) loaded.optimizer_shards += name.rfind("optimizer-rank", 0) == 0;
+    GA_CHECK(loaded.optimizer_shards > 0,
+             "checkpoint {}: no optimizer-rank<R>.safetensors, while {} says "
+             "optimizer_per_rank",
+             directory, kTrainerState);
+    for (int64_t r = 0; r < loaded.optimizer_shards; ++r) {
+      GA_CHECK(contents.count(optimizer_file(true, r)) > 0, "checkpoint {}: {} is missing of its {} optimizer shards",
+               directory, optimizer_file(true, r), loaded.optimizer_shards);
+    }
   }
 
   const auto state_tensors = formats::parse_safetensors(need(kStateTensors), what(kStateTensors));
@@ -475,8 +480,15 @@ LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank) {
   // The weights of a whole model, or of LoRA adapters.
   loaded.model_file = contents.count(kModel) == 0 && contents.count(kAdapterModel) > 0 ? kAdapterModel : kModel;
   loaded.model = formats::parse_safetensors(need(loaded.model_file), what(loaded.model_file.c_str()));
-  const auto optimizer = optimizer_file(per_rank, rank);
-  loaded.optimizer = formats::parse_safetensors(need(optimizer), what(optimizer.c_str()));
+  if (loaded.optimizer_shards == optimizer_shards) {
+    const auto optimizer = optimizer_file(per_rank, rank);
+    loaded.optimizer = formats::parse_safetensors(need(optimizer), what(optimizer.c_str()));
+  } else {
+    for (int64_t r = 0; r < std::max<int64_t>(1, loaded.optimizer_shards); ++r) {
+      const auto optimizer = optimizer_file(per_rank, r);
+      loaded.optimizer_parts.push_back(formats::parse_safetensors(need(optimizer), what(optimizer.c_str())));
+    }
+  }
   return loaded;
 }
 

@@ -17,6 +17,7 @@
 #include "gradaccum/core/saved_geometry.h"
 #include "gradaccum/dist/bucketed_grad_sync.h"
 #include "gradaccum/dist/environment.h"
+#include "gradaccum/dist/optimizer_reshard.h"
 #include "gradaccum/dist/process_group.h"
 #include "gradaccum/dist/sharded_grad_sync.h"
 #include "gradaccum/dist/sharded_optimizer.h"
@@ -165,6 +166,12 @@ std::unique_ptr<core::GradSync> sharded_grad_sync(const RunOptions& options, con
     if (env.rank == 0 && options.console) fmt::print(stderr, "sharded_grad_sync auto: {}\n", choice.reason);
   }
   return std::make_unique<dist::ShardedGradSync>(group, params, sync_options);
+}
+
+// The optimizer files a run saves: one shard per rank under ZeRO-1/2 (W), or one whole state (0).
+// connect() shards exactly then (deterministic_accumulation, which does not, needs zero_stage 0).
+int64_t optimizer_shards(const RunOptions& options, const dist::DistEnvironment& env) {
+  return env.distributed() && options.zero_stage > 0 ? env.world_size : 0;
 }
 
 DataParallel connect(const RunOptions& options, const dist::DistEnvironment& env, core::Trainable& model) {
@@ -342,7 +349,7 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
     if (rank0) {
       for (const auto& note : choice.notes) fmt::print(stderr, "{}\n", note);
     }
-    checkpoint = io::read_checkpoint(choice.directory, env.rank);
+    checkpoint = io::read_checkpoint(choice.directory, env.rank, optimizer_shards(options, env));
   }
   const auto geometry = options.trainer.geometry(env.world_size);
   if (const auto warning =
@@ -369,12 +376,25 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   // The checkpoint goes into the model and the optimizer before any output exists: a checkpoint
   // of another model or optimizer is refused with output_dir untouched.
   const bool optimizer_per_rank = dp.sharded != nullptr;
+  GA_CHECK(optimizer_per_rank == (optimizer_shards(options, env) > 0), "the optimizer's layout is not the one read");
   core::Trainer trainer(options.trainer, model, train_data, rank0 ? eval_data : nullptr, observers, dp.sync.get(),
                         std::move(dp.sharded));
   if (checkpoint) {
     const auto& dir = checkpoint->directory;
     files.load(checkpoint->model, dir + "/" + checkpoint->model_file);
-    dist::load_named_optimizer_state(trainer.optimizer(), trainer.named_parameters(), checkpoint->optimizer, dir);
+    if (checkpoint->optimizer_parts.empty()) {
+      dist::load_named_optimizer_state(trainer.optimizer(), trainer.named_parameters(), checkpoint->optimizer, dir);
+    } else {
+      dist::load_resharded_optimizer_state(trainer.optimizer(), trainer.named_parameters(), checkpoint->optimizer_parts,
+                                           dir);
+      if (rank0 && options.console) {
+        const auto layout = [](int64_t shards) {
+          return shards == 0 ? std::string("whole") : fmt::format("in {} shards", shards);
+        };
+        fmt::print(stderr, "optimizer state: saved {}, resharded to this run's layout ({})\n",
+                   layout(checkpoint->optimizer_shards), layout(optimizer_shards(options, env)));
+      }
+    }
     if (checkpoint->rng_state.defined()) {
       auto generator = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(generator.mutex());
