@@ -30,6 +30,7 @@ packages=(
   clang libclang-rt-14-dev   # scripts/fuzz.sh: libFuzzer targets
   clang-format                # tests/check_format.sh: every C++ file as .clang-format writes it
   libpcre2-dev  # the tokenizers' pre-tokenizer regular expressions (Unicode classes, lookahead)
+  libutf8proc-dev  # tokenizer.json's Unicode normalizers (NFC for Qwen2)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -258,7 +258,7 @@ TEST(TokenizerJsonGolden, MatchesHuggingFaceTokenizers) {
     }
     ++cases;
   }
-  EXPECT_EQ(cases, 31u);
+  EXPECT_EQ(cases, 35u);
   EXPECT_GE(compared, 800u);
 }
 
@@ -514,6 +514,13 @@ TEST(TokenizerJsonErrors, PreTokenizersAndDecodersAreNamed) {
   config["decoder"] = {{"type", "Metaspace"}};
   EXPECT_EQ(load_error(config, tj), prefix + "decoder Metaspace is not supported (only ByteLevel)");
   config["decoder"] = nullptr;
+  config["normalizer"] = {{"type", "Lowercase"}};
+  EXPECT_EQ(load_error(config, tj), prefix + "normalizer Lowercase is not supported (NFC, NFD, NFKC, NFKD, Sequence)");
+  config["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array({{{"type", "NFC"}}, {{"type", "Strip"}}})}};
+  EXPECT_EQ(load_error(config, tj), prefix + "normalizer Strip is not supported (NFC, NFD, NFKC, NFKD, Sequence)");
+  config["normalizer"] = {{"type", "Sequence"}};
+  EXPECT_EQ(load_error(config, tj), prefix + "normalizer Sequence without a \"normalizers\" array");
+  config["normalizer"] = nullptr;
   config["model"]["ignore_merges"] = "yes";
   EXPECT_EQ(load_error(config, tj), prefix + "model.ignore_merges is not true or false");
 }

@@ -819,9 +819,9 @@ TEST(TokenizerErrors, MissingOrMalformedFilesNameTheFile) {
   EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()),
                         tj.string() + ": unexpected JSON structure ([json.exception.type_error.302]");
   config = tiny_tokenizer_json();
-  config["normalizer"] = {{"type", "NFKC"}};
+  config["normalizer"] = {{"type", "BertNormalizer"}};
   write_bytes(tj, config.dump());
-  EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()), "normalizer NFKC is not supported");
+  EXPECT_ONE_LINE_ERROR(Tokenizer::load(tj.string()), "normalizer BertNormalizer is not supported");
   // A Split of any expression PCRE2 compiles is supported; one it cannot compile is named.
   config = tiny_tokenizer_json();
   const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};

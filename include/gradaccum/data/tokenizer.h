@@ -30,6 +30,7 @@ namespace gradaccum::data {
 
 class PreTokenizer;
 class AddedTokenSplitter;
+class Normalizer;
 
 // Where scripts/setup.sh puts GPT-2's gpt2.tiktoken (from PyPI's openai-whisper).
 // The CLI lets GRADACCUM_TOKENIZER_DIR override it.
@@ -104,6 +105,8 @@ class Tokenizer {
   std::vector<AddedToken> added_;
   // Finds added_ in the text (tokenizer.json only; null: added tokens are plain text).
   std::shared_ptr<const AddedTokenSplitter> added_splitter_;
+  // tokenizer.json's normalizer (data/normalizer.h; null: none).
+  std::shared_ptr<const Normalizer> normalizer_;
 };
 
 }  // namespace gradaccum::data

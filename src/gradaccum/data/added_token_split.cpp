@@ -112,8 +112,9 @@ void AddedTokenSplitter::Matcher::split(std::string_view text, std::vector<TextS
   if (section_begin < text.size()) sections.push_back({text.substr(section_begin), std::nullopt});
 }
 
-void AddedTokenSplitter::split(std::string_view text, std::vector<TextSection>& sections) const {
-  if (normalized_.empty()) {
+void AddedTokenSplitter::split(std::string_view text, std::vector<TextSection>& sections,
+                               const Normalize* normalize) const {
+  if (normalized_.empty() && normalize == nullptr) {
     non_normalized_.split(text, sections);
     return;
   }
@@ -122,8 +123,13 @@ void AddedTokenSplitter::split(std::string_view text, std::vector<TextSection>& 
   for (const TextSection& section : first) {
     if (section.id) {
       sections.push_back(section);
+      continue;
+    }
+    const std::string_view normal = normalize != nullptr ? (*normalize)(section.text) : section.text;
+    if (normalized_.empty()) {
+      sections.push_back({normal, std::nullopt});
     } else {
-      normalized_.split(section.text, sections);
+      normalized_.split(normal, sections);
     }
   }
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -31,8 +32,12 @@ class AddedTokenSplitter {
   explicit AddedTokenSplitter(const std::vector<AddedToken>& tokens);
 
   bool empty() const { return non_normalized_.empty() && normalized_.empty(); }
-  // Appends the sections of text (valid UTF-8), in order, to sections.
-  void split(std::string_view text, std::vector<TextSection>& sections) const;
+  // A tokenizer's normalizer on a section; the view it returns outlives the sections.
+  using Normalize = std::function<std::string_view(std::string_view)>;
+  // Appends the sections of text (valid UTF-8), in order, to sections. With `normalize`, each
+  // section between the normalized-false tokens is normalized before the normalized-true tokens
+  // are found in it, as tokenizers does.
+  void split(std::string_view text, std::vector<TextSection>& sections, const Normalize* normalize = nullptr) const;
 
  private:
   class Matcher {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "gradaccum/base/check.h"
 #include "gradaccum/data/added_token_split.h"
 #include "gradaccum/data/gguf_tokenizer.h"
+#include "gradaccum/data/normalizer.h"
 #include "gradaccum/data/pre_tokenizer.h"
 #include "gradaccum/data/tiktoken_merges.h"
 #include "gradaccum/data/tiktoken_ranks.h"
@@ -282,8 +284,8 @@ Tokenizer Tokenizer::from_hf_json_checked(const nlohmann::json& root, const std:
   GA_CHECK(is_null_or_empty(model, "continuing_subword_prefix") && is_null_or_empty(model, "end_of_word_suffix"),
            "tokenizer file {}: continuing_subword_prefix and end_of_word_suffix are not supported", path);
   GA_CHECK(!model.value("byte_fallback", false), "tokenizer file {}: byte_fallback is not supported", path);
-  GA_CHECK(is_null_or_empty(root, "normalizer"), "tokenizer file {}: normalizer {} is not supported", path,
-           type_of(root["normalizer"]));
+  std::optional<Normalizer> normalizer;
+  if (!is_null_or_empty(root, "normalizer")) normalizer = Normalizer::from_json(root["normalizer"], path);
 
   const json decoder = root.value("decoder", json());
   GA_CHECK(decoder.is_null() || type_of(decoder) == "ByteLevel",
@@ -303,9 +305,16 @@ Tokenizer Tokenizer::from_hf_json_checked(const nlohmann::json& root, const std:
   // tokenizers' BPE without an unk_token leaves out what has no id.
   if (is_null_or_empty(model, "unk_token")) tokenizer.bpe_.drop_unknown_bytes();
   for (const AddedToken& token : added) tokenizer.bpe_.add_literal_token(token.id, token.content);
+  if (normalizer) tokenizer.normalizer_ = std::make_shared<const Normalizer>(*normalizer);
   tokenizer.added_ = std::move(added);
-  if (!tokenizer.added_.empty())
-    tokenizer.added_splitter_ = std::make_shared<const AddedTokenSplitter>(tokenizer.added_);
+  if (!tokenizer.added_.empty()) {
+    // tokenizers finds a normalized token's content as the normalizer writes it.
+    std::vector<AddedToken> found_as = tokenizer.added_;
+    for (AddedToken& token : found_as) {
+      if (token.normalized && normalizer) token.content = normalizer->apply(token.content);
+    }
+    tokenizer.added_splitter_ = std::make_shared<const AddedTokenSplitter>(found_as);
+  }
   return tokenizer;
 }
 
@@ -325,12 +334,17 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text) const {
     replaced = replace_invalid_utf8(text);
     text = replaced;
   }
+  // The normalizer's output for the sections it changes; the sections' views point into it.
+  std::deque<std::string> normalized;
+  const AddedTokenSplitter::Normalize normalize = [&](std::string_view section) -> std::string_view {
+    return Normalizer::leaves_alone(section) ? section : normalized.emplace_back(normalizer_->apply(section));
+  };
   if (added_splitter_ == nullptr) {
-    encode_plain(text, ids);
+    encode_plain(normalizer_ != nullptr ? normalize(text) : text, ids);
     return ids;
   }
   std::vector<TextSection> sections;
-  added_splitter_->split(text, sections);
+  added_splitter_->split(text, sections, normalizer_ != nullptr ? &normalize : nullptr);
   for (const TextSection& section : sections) {
     if (section.id) {
       ids.push_back(*section.id);
