@@ -74,9 +74,17 @@ ShardedRun run_sharded(int world, const optim::OptimizerSpec& spec, const std::v
   return run;
 }
 
-std::vector<torch::Tensor> initial_weights() {
+// Steps [from, to) of an unsharded optimizer over `params`.
+void step_whole(torch::optim::Optimizer& optimizer, const optim::NamedParameters& params, int from, int to) {
+  for (int step = from; step < to; ++step) {
+    set_grads(params, step);
+    optimizer.step();
+  }
+}
+
+std::vector<torch::Tensor> weights_of(const optim::NamedParameters& params) {
   std::vector<torch::Tensor> out;
-  for (const auto& [name, p] : make_params()) out.push_back(p.detach().clone());
+  for (const auto& [name, p] : params) out.push_back(p.detach().clone());
   return out;
 }
 
@@ -84,13 +92,8 @@ std::vector<torch::Tensor> initial_weights() {
 std::vector<torch::Tensor> run_whole(const optim::OptimizerSpec& spec) {
   auto params = make_params();
   auto optimizer = optim::make_optimizer(spec, tensors_of(params));
-  for (int step = 0; step < 4; ++step) {
-    set_grads(params, step);
-    optimizer->step();
-  }
-  std::vector<torch::Tensor> out;
-  for (const auto& [name, p] : params) out.push_back(p.detach().clone());
-  return out;
+  step_whole(*optimizer, params, 0, 4);
+  return weights_of(params);
 }
 
 double max_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
@@ -106,7 +109,7 @@ TEST(OptimizerReshard, ShardsOfTwoRanksContinueOnThreeRanksOnOneAndBack) {
     SCOPED_TRACE(optim::to_string(type));
     const auto spec = spec_of(type);
     const auto expected = run_whole(spec);
-    const auto first = run_sharded(2, spec, initial_weights(), {}, 0, 2);
+    const auto first = run_sharded(2, spec, weights_of(make_params()), {}, 0, 2);
     ASSERT_EQ(first.parts.size(), 2u);
     EXPECT_NE(first.parts[0].front().first.find('['), std::string::npos) << first.parts[0].front().first;
 
@@ -117,24 +120,14 @@ TEST(OptimizerReshard, ShardsOfTwoRanksContinueOnThreeRanksOnOneAndBack) {
     for (size_t i = 0; i < params.size(); ++i) params[i].second.detach().copy_(first.weights[i]);
     auto whole = optim::make_optimizer(spec, tensors_of(params));
     dist::load_resharded_optimizer_state(*whole, params, first.parts, "test checkpoint");
-    for (int step = 2; step < 4; ++step) {
-      set_grads(params, step);
-      whole->step();
-    }
-    std::vector<torch::Tensor> one;
-    for (const auto& [name, p] : params) one.push_back(p.detach());
-    EXPECT_LE(max_difference(one, expected), 1e-15);
+    step_whole(*whole, params, 2, 4);
+    EXPECT_LE(max_difference(weights_of(params), expected), 1e-15);
 
     // The whole state after two steps, cut for two ranks.
     auto again = make_params();
     auto two_steps = optim::make_optimizer(spec, tensors_of(again));
-    for (int step = 0; step < 2; ++step) {
-      set_grads(again, step);
-      two_steps->step();
-    }
-    std::vector<torch::Tensor> after_two;
-    for (const auto& [name, p] : again) after_two.push_back(p.detach().clone());
-    const auto back = run_sharded(2, spec, after_two, {optim::optimizer_state(*two_steps, again)}, 2, 4);
+    step_whole(*two_steps, again, 0, 2);
+    const auto back = run_sharded(2, spec, weights_of(again), {optim::optimizer_state(*two_steps, again)}, 2, 4);
     EXPECT_LE(max_difference(back.weights, expected), 1e-15);
   }
 }
@@ -142,13 +135,10 @@ TEST(OptimizerReshard, ShardsOfTwoRanksContinueOnThreeRanksOnOneAndBack) {
 // Joined, the shards are the whole optimizer's state element for element.
 TEST(OptimizerReshard, JoinedShardsAreTheWholeStateBitForBit) {
   const auto spec = spec_of(optim::OptimizerType::adamw);
-  const auto sharded = run_sharded(3, spec, initial_weights(), {}, 0, 2);
+  const auto sharded = run_sharded(3, spec, weights_of(make_params()), {}, 0, 2);
   auto params = make_params();
   auto whole = optim::make_optimizer(spec, tensors_of(params));
-  for (int step = 0; step < 2; ++step) {
-    set_grads(params, step);
-    whole->step();
-  }
+  step_whole(*whole, params, 0, 2);
   const auto expected = optim::optimizer_state(*whole, params);
   const auto joined = dist::join_optimizer_state(sharded.parts, params, "test checkpoint");
   ASSERT_EQ(joined.size(), expected.size());
