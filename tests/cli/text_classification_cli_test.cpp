@@ -96,6 +96,9 @@ TEST(TextClassificationCli, TrainsAndEvaluatesItsTestSplitOnceTheSameForEveryDec
             1e-10);
   EXPECT_EQ(summary_c["test_accuracy"], summary_a["test_accuracy"]);
   EXPECT_NE(a.out.find("\ntest split: loss "), std::string::npos) << a.out;
+  // The evaluations during training scored the validation split, and say so.
+  EXPECT_NE(a.out.find("\nvalidation accuracy: "), std::string::npos) << a.out;
+  EXPECT_EQ(a.out.find("\ntest accuracy: "), std::string::npos) << a.out;
   // Evaluated once: metrics.jsonl holds no test record.
   EXPECT_EQ(read_text(dir + "/a/metrics.jsonl").find("test_"), std::string::npos);
 

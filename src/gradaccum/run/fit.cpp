@@ -282,7 +282,8 @@ Outputs open_outputs(const RunOptions& options, int64_t resumed_step, const std:
   out.metrics = std::make_unique<io::MetricsWriter>(options.output_dir, options.items_are_tokens, resumed_step);
   observers.add(*out.metrics);
   if (options.console) {
-    out.progress = std::make_unique<Progress>(stdout, isatty(STDOUT_FILENO) != 0, options.logging_steps);
+    out.progress = std::make_unique<Progress>(stdout, isatty(STDOUT_FILENO) != 0, options.logging_steps,
+                                              options.test_data != nullptr ? "validation" : "test");
     observers.add(*out.progress);
   }
   if (options.trainer.grad_flow_steps > 0) {

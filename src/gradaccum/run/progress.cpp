@@ -3,11 +3,12 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <utility>
 
 namespace gradaccum::run {
 
-Progress::Progress(FILE* out, bool terminal, int64_t logging_steps)
-    : out_(out), terminal_(terminal), logging_steps_(logging_steps) {}
+Progress::Progress(FILE* out, bool terminal, int64_t logging_steps, std::string eval_split)
+    : out_(out), terminal_(terminal), logging_steps_(logging_steps), eval_split_(std::move(eval_split)) {}
 
 void Progress::on_start(const core::RunInfo& info) {
   total_ = info.total_steps;
@@ -84,7 +85,7 @@ void Progress::on_end(const core::TrainSummary& s) {
                s.wall_s, rate(static_cast<double>(trained_samples_) / s.wall_s), s.train_loss);
   }
   if (s.has_eval && !std::isnan(s.eval.accuracy)) {
-    fmt::print(out_, "test accuracy: {:.2f}% ({} samples)\n", 100.0 * s.eval.accuracy, s.eval.samples);
+    fmt::print(out_, "{} accuracy: {:.2f}% ({} samples)\n", eval_split_, 100.0 * s.eval.accuracy, s.eval.samples);
   }
   std::fflush(out_);
 }

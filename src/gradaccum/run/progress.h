@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string>
 
 #include "gradaccum/core/training_observer.h"
 
@@ -11,8 +12,9 @@ namespace gradaccum::run {
 class Progress final : public core::TrainingObserver {
  public:
   // `logging_steps`: on a non-terminal, a line every max(logging_steps,
-  // total/20) steps, so a default run does not print a line per step.
-  Progress(FILE* out, bool terminal, int64_t logging_steps);
+  // total/20) steps, so a default run does not print a line per step. `eval_split` names what the
+  // evaluations score in the last line: "test", or "validation" where a test split is held out.
+  Progress(FILE* out, bool terminal, int64_t logging_steps, std::string eval_split = "test");
 
   void on_start(const core::RunInfo& info) override;
   void on_step(const core::StepRecord& record) override;
@@ -24,6 +26,7 @@ class Progress final : public core::TrainingObserver {
   FILE* out_;
   bool terminal_;
   int64_t logging_steps_;
+  std::string eval_split_;
   int64_t interval_ = 1;
   int64_t total_ = 0;
   // The steps this process trained: a resumed run's throughput counts only those (the summary's
