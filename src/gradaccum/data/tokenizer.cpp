@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <deque>
 #include <filesystem>
+#include <forward_list>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -335,9 +335,9 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text) const {
     text = replaced;
   }
   // The normalizer's output for the sections it changes; the sections' views point into it.
-  std::deque<std::string> normalized;
+  std::forward_list<std::string> normalized;  // nothing allocated unless a section changes
   const AddedTokenSplitter::Normalize normalize = [&](std::string_view section) -> std::string_view {
-    return Normalizer::leaves_alone(section) ? section : normalized.emplace_back(normalizer_->apply(section));
+    return Normalizer::leaves_alone(section) ? section : normalized.emplace_front(normalizer_->apply(section));
   };
   if (added_splitter_ == nullptr) {
     encode_plain(normalizer_ != nullptr ? normalize(text) : text, ids);
