@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(std::fclose(f) == 0);
   try {
     const auto tokenizer = gradaccum::data::Tokenizer::from_hf_json(temp_path());
-    const auto ids = tokenizer.encode("Hello world, héllo\n\t<|endoftext|> 123");
+    const auto ids = tokenizer.encode("Hello world, héllo he\u0301llo \uFB01\n\t<|endoftext|> 123");
     for (const auto id : ids) FUZZ_CHECK(static_cast<size_t>(id) < tokenizer.id_count());
     // A vocabulary may lack pieces, in which case encode has thrown; the
     // decoded bytes are not checked since a fuzzed vocabulary need not be

@@ -60,8 +60,8 @@ put("tokenizer", "special", "a<|endoftext|>b   's 've 're 'll 'd 't 123 4567")
 
 # tokenizer_json: small Hugging Face tokenizer.json files of the supported shapes.
 byte_vocab = {c: i for i, c in enumerate(["H", "e", "l", "o", "Ġ", "w", "r", "d", "lo", "He"])}
-def hf(pre, merges, added=()):
-    return json.dumps({"version": "1.0", "added_tokens": list(added), "normalizer": None,
+def hf(pre, merges, added=(), normalizer=None):
+    return json.dumps({"version": "1.0", "added_tokens": list(added), "normalizer": normalizer,
                        "pre_tokenizer": pre, "model": {"type": "BPE", "vocab": byte_vocab, "merges": merges}})
 bytelevel = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
 put("tokenizer_json", "bytelevel", hf(bytelevel, ["l o", "H e"]))
@@ -79,3 +79,9 @@ put("tokenizer_json", "llama3_split_digits", hf({"type": "Sequence", "pretokeniz
     {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": False}]}, ["l o"],
     [{"id": 10, "content": "<|eot_id|>", "special": True, "single_word": True, "lstrip": True,
       "rstrip": True, "normalized": True}]))
+# Qwen2's normalizer, and a Sequence of forms with a normalized added token written decomposed.
+put("tokenizer_json", "normalizer_nfc", hf(bytelevel, ["l o"], normalizer={"type": "NFC"}))
+put("tokenizer_json", "normalizer_sequence", hf(bytelevel, ["H e"],
+    [{"id": 10, "content": "he\u0301", "special": False, "single_word": False, "lstrip": False,
+      "rstrip": False, "normalized": True}],
+    normalizer={"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "NFKC"}]}))
