@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "gradaccum/core/batch.h"
+#include "gradaccum/core/parameter_units.h"
 
 namespace gradaccum::core {
 
@@ -23,6 +24,11 @@ class Trainable {
   // Evaluation sums; called in eval mode under torch::NoGradGuard.
   virtual EvalSums evaluate(const Batch& batch) = 0;
   virtual torch::nn::Module& module() = 0;
+  // The model's units (parameter_units.h); none by default, and then nothing can be sharded per
+  // unit (zero_stage 3 refuses such a model).
+  virtual ParameterUnits units() { return {}; }
+  // The scope the forward brackets each unit in from now on (nullptr: none, the default).
+  virtual void set_unit_scope(UnitScope* /*scope*/) {}
 };
 
 // A source of batches addressed by sample index.

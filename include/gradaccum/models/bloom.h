@@ -164,6 +164,9 @@ class BloomModelImpl : public DecoderImpl {
   torch::nn::ModuleList h{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
 
+ protected:
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override { return h->children(); }
+
  private:
   BloomConfig config_;
 };

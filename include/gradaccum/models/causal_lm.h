@@ -76,6 +76,8 @@ class CausalLm final : public core::Trainable {
   // Loss sum and token count; `correct` is undefined.
   core::EvalSums evaluate(const core::Batch& batch) override;
   torch::nn::Module& module() override { return *model_; }
+  core::ParameterUnits units() override { return model_->transformer->units(); }
+  void set_unit_scope(core::UnitScope* scope) override { model_->transformer->set_unit_scope(scope); }
   CausalLmHead& model() { return model_; }
   // Throws gradaccum::Error naming loss_chunk_tokens when `tokens` < 0.
   void set_loss_chunk_tokens(int64_t tokens);

@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "gradaccum/core/parameter_units.h"
+#include "gradaccum/models/activation_checkpoint.h"
 #include "gradaccum/models/tied_table_gradient.h"
 
 namespace gradaccum::models {
@@ -81,12 +83,26 @@ class DecoderImpl : public torch::nn::Module {
   void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
   bool gradient_checkpointing() const { return gradient_checkpointing_; }
 
+  // One unit per block (parameter_units.h): each block's trainable parameters, in order (empty
+  // for a block with none). The embeddings and the final norm are the root.
+  core::ParameterUnits units();
+  // The scope every block runs in from now on (nullptr: none).
+  void set_unit_scope(core::UnitScope* scope) { unit_scope_ = scope; }
+
  protected:
-  // Whether a block's forward goes through checkpoint() now.
-  bool checkpoint_blocks() const { return gradient_checkpointing_ && is_training(); }
+  // The blocks, in the order the forward runs them.
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> blocks() const = 0;
+  // Block `index` as fn(inputs), inputs[0] being the hidden state: inside the unit scope, and
+  // through checkpoint() when checkpointing is on in training (the scope outside it, so that a
+  // checkpointed block's recompute finds its parameters present once for the whole backward).
+  torch::Tensor run_block(int64_t index, const torch::nn::Module& block, const CheckpointFn& fn,
+                          std::vector<torch::Tensor> inputs);
 
  private:
+  bool checkpoint_blocks() const { return gradient_checkpointing_ && is_training(); }
+
   bool gradient_checkpointing_ = false;
+  core::UnitScope* unit_scope_ = nullptr;
 };
 TORCH_MODULE(Decoder);
 

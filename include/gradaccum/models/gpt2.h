@@ -127,6 +127,9 @@ class Gpt2ModelImpl : public DecoderImpl {
   torch::nn::ModuleList h{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
 
+ protected:
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override { return h->children(); }
+
  private:
   Gpt2Config config_;
 };

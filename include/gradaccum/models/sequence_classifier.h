@@ -54,6 +54,8 @@ class SequenceClassifier final : public core::Trainable {
   // Loss sum, rows, and `correct` = rows whose argmax logit is the label.
   core::EvalSums evaluate(const core::Batch& batch) override;
   torch::nn::Module& module() override { return *model_; }
+  core::ParameterUnits units() override { return model_->transformer->units(); }
+  void set_unit_scope(core::UnitScope* scope) override { model_->transformer->set_unit_scope(scope); }
   SequenceClassificationModel& model() { return model_; }
 
  private:

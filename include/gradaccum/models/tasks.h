@@ -19,10 +19,17 @@ class Classifier final : public core::Trainable {
   core::LossSum loss(const core::Batch& batch) override;
   core::EvalSums evaluate(const core::Batch& batch) override;
   torch::nn::Module& module() override { return *net_; }
+  // One unit per module of the Sequential (those without parameters hold none).
+  core::ParameterUnits units() override;
+  void set_unit_scope(core::UnitScope* scope) override { unit_scope_ = scope; }
   torch::nn::Sequential& net() { return net_; }
 
  private:
+  // The network's output: its modules in order, each in the unit scope when one is installed.
+  torch::Tensor logits(const torch::Tensor& input);
+
   torch::nn::Sequential net_;
+  core::UnitScope* unit_scope_ = nullptr;
   SampleDropoutSites dropout_sites_;
 };
 

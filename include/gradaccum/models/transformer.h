@@ -183,6 +183,9 @@ class TransformerDecoderImpl : public DecoderImpl {
   torch::nn::ModuleList layers{nullptr};
   TransformerNorm norm{nullptr};
 
+ protected:
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override { return layers->children(); }
+
  private:
   TransformerOptions options_;
   RopeFrequencies rope_;

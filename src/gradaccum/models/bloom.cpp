@@ -12,7 +12,6 @@
 #include "gradaccum/kernels/gelu_tanh.h"
 #include "gradaccum/kernels/masked_softmax.h"
 #include "gradaccum/kernels/qkv_attention.h"
-#include "gradaccum/models/activation_checkpoint.h"
 #include "gradaccum/models/linear.h"
 
 namespace gradaccum::models {
@@ -196,15 +195,11 @@ torch::Tensor BloomModelImpl::hidden_states(const torch::Tensor& input_ids, cons
   auto x = word_embeddings_layernorm->forward(embedding_grad.lookup(word_embeddings->weight, input_ids));
   const auto allowed = causal_attention_allowed(input_ids, attention_mask);
   const auto alibi = bloom_alibi(attention_mask, input_ids.size(1), config_.n_head, x.scalar_type(), x.device());
-  const bool checkpointed = checkpoint_blocks();
-  for (const auto& module : *h) {
-    auto block = std::static_pointer_cast<BloomBlockImpl>(module);
-    if (checkpointed) {
-      x = checkpoint([block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1], in[2]); },
-                     {x, alibi, allowed}, block->parameters());
-    } else {
-      x = block->forward(x, alibi, allowed);
-    }
+  for (size_t i = 0; i < h->size(); ++i) {
+    auto block = h->ptr<BloomBlockImpl>(i);
+    x = run_block(static_cast<int64_t>(i), *block,
+                  [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1], in[2]); },
+                  {x, alibi, allowed});
   }
   return ln_f->forward(x);
 }

@@ -13,6 +13,26 @@ std::string shape(const torch::Tensor& t) {
 }
 }  // namespace
 
+core::ParameterUnits DecoderImpl::units() {
+  core::ParameterUnits units;
+  for (const auto& block : blocks()) {
+    std::vector<torch::Tensor> trainable;
+    for (const auto& p : block->parameters()) {
+      if (p.requires_grad()) trainable.push_back(p);
+    }
+    units.push_back(std::move(trainable));
+  }
+  return units;
+}
+
+torch::Tensor DecoderImpl::run_block(int64_t index, const torch::nn::Module& block, const CheckpointFn& fn,
+                                     std::vector<torch::Tensor> inputs) {
+  return core::run_unit(unit_scope_, index, inputs.at(0), [&](const torch::Tensor& x) {
+    inputs[0] = x;
+    return checkpoint_blocks() ? checkpoint(fn, inputs, block.parameters()) : fn(inputs);
+  });
+}
+
 void check_decoder_inputs(const std::string& model, const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                           int64_t vocab_size, int64_t max_positions) {
   GA_CHECK(input_ids.defined(), "{}: input_ids is undefined", model);

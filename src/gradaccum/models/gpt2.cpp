@@ -9,7 +9,6 @@
 #include "gradaccum/base/check.h"
 #include "gradaccum/kernels/gelu_tanh.h"
 #include "gradaccum/kernels/qkv_attention.h"
-#include "gradaccum/models/activation_checkpoint.h"
 #include "gradaccum/models/linear.h"
 
 namespace gradaccum::models {
@@ -128,15 +127,10 @@ torch::Tensor Gpt2ModelImpl::hidden_states(const torch::Tensor& input_ids, const
           ? gpt2_position_ids(attention_mask)
           : torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())).unsqueeze(0);
   auto x = drop->forward(embedding_grad.lookup(wte->weight, input_ids) + wpe->forward(positions));
-  const bool checkpointed = checkpoint_blocks();
-  for (const auto& module : *h) {
-    auto block = std::static_pointer_cast<Gpt2BlockImpl>(module);
-    if (checkpointed) {
-      x = checkpoint([block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1]); },
-                     {x, allowed}, block->parameters());
-    } else {
-      x = block->forward(x, allowed);
-    }
+  for (size_t i = 0; i < h->size(); ++i) {
+    auto block = h->ptr<Gpt2BlockImpl>(i);
+    x = run_block(static_cast<int64_t>(i), *block,
+                  [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1]); }, {x, allowed});
   }
   return ln_f->forward(x);
 }

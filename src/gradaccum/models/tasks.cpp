@@ -9,16 +9,38 @@ torch::Tensor count_tensor(int64_t n, const torch::Tensor& like) {
 }
 }  // namespace
 
+core::ParameterUnits Classifier::units() {
+  core::ParameterUnits units;
+  for (const auto& child : net_->children()) {
+    std::vector<torch::Tensor> trainable;
+    for (const auto& p : child->parameters()) {
+      if (p.requires_grad()) trainable.push_back(p);
+    }
+    units.push_back(std::move(trainable));
+  }
+  return units;
+}
+
+torch::Tensor Classifier::logits(const torch::Tensor& input) {
+  if (unit_scope_ == nullptr) return net_->forward(input);
+  auto x = input;
+  int64_t unit = 0;
+  for (auto& module : *net_) {
+    x = core::run_unit(unit_scope_, unit++, x, [&](const torch::Tensor& in) { return module.forward(in); });
+  }
+  return x;
+}
+
 core::LossSum Classifier::loss(const core::Batch& batch) {
   dropout_sites_.set_keys(batch.keys);
-  auto logits = net_->forward(batch.input);
+  auto logits = this->logits(batch.input);
   auto sum = torch::nn::functional::cross_entropy(
       logits, batch.target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
   return {sum, count_tensor(batch.target.size(0), logits)};
 }
 
 core::EvalSums Classifier::evaluate(const core::Batch& batch) {
-  auto logits = net_->forward(batch.input);
+  auto logits = this->logits(batch.input);
   auto sum = torch::nn::functional::cross_entropy(
       logits, batch.target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
   auto correct = logits.argmax(1).eq(batch.target).sum();

@@ -11,7 +11,6 @@
 #include "gradaccum/base/check.h"
 #include "gradaccum/kernels/gelu_tanh.h"
 #include "gradaccum/kernels/masked_softmax.h"
-#include "gradaccum/models/activation_checkpoint.h"
 #include "gradaccum/models/bloom.h"
 #include "gradaccum/models/linear.h"
 
@@ -247,17 +246,13 @@ torch::Tensor TransformerDecoderImpl::hidden_states(const torch::Tensor& input_i
     masks.emplace(window, m);
   }
 
-  const bool checkpointed = checkpoint_blocks();
   for (int64_t i = 0; i < options_.num_layers; ++i) {
     auto block = layers->ptr<TransformerBlockImpl>(static_cast<size_t>(i));
     const auto& mask = masks.at(options_.window(i));
-    if (checkpointed) {
-      x = checkpoint([block, mask, cos,
-                      sin](const std::vector<torch::Tensor>& in) { return block->forward(in[0], mask, cos, sin); },
-                     {x}, block->parameters());
-    } else {
-      x = block->forward(x, mask, cos, sin);
-    }
+    x = run_block(
+        i, *block,
+        [block, mask, cos, sin](const std::vector<torch::Tensor>& in) { return block->forward(in[0], mask, cos, sin); },
+        {x});
   }
   return norm->forward(x);
 }
