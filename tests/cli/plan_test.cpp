@@ -3,6 +3,9 @@
 // that micro-batch stays under the limit, and a limit nothing fits is a one-line error.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <map>
+
 #include "test_support.h"
 
 namespace plan_test {
@@ -93,6 +96,54 @@ TEST(Plan, NothingFitsIsAOneLineErrorAndTheBatchStays) {
   EXPECT_EQ(bad.err, "gradaccum: error: --memory: 'lots' is not a size (e.g. 6000, 6000M, 8G)\n");
   const auto zero = run_cli("plan " + kKjv + " --memory 0G");
   EXPECT_EQ(zero.err, "gradaccum: error: --memory: '0G' is not a positive size\n");
+}
+
+// The plan's states per rank (dist/rank_states.h) for the KJV GPT-2's N parameters (as `train`
+// counts them), float32 AdamW: stage 0 holds 4N bytes of weights, 4N of gradients and 8N of
+// moments on every rank; ZeRO-1 cuts the moments to 8·⌈N/W⌉, ZeRO-2 each_micro_step the gradients to
+// 4·⌈N/W⌉ (a micro-step's 4N in .grad on top); ZeRO-3 holds less than ZeRO-2, less as W grows.
+TEST(Plan, StatesPerRankForEveryZeroStageAndPolicy) {
+  const auto dir = make_temp_dir("plan-states");
+  const auto train = run_cli("train " + kKjv +
+                             " --set max_steps=1 --set eval_steps=0 --set data.eval_limit=-1 --set sample.prompt= "
+                             "--set output_dir=" +
+                             dir);
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  const auto at = train.out.find("training: ");
+  ASSERT_NE(at, std::string::npos) << train.out;
+  const int64_t n = std::stoll(train.out.substr(at + 10));
+  ASSERT_GT(n, 1000000);
+  const auto r = run_cli("plan " + kKjv + " --global-batch 1 --steps 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  const auto& rows = j["states_per_rank"];
+  ASSERT_EQ(rows.size(), 18u);  // W = 2, 4, 8 × (0, 1, 2 defer, 2 each, 3 defer, 3 each)
+  std::map<std::string, nlohmann::json> by;
+  for (const auto& row : rows) {
+    by[fmt::format("{}/{}/{}", row["world_size"].get<int64_t>(), row["zero_stage"].get<int64_t>(),
+                   row["sharded_grad_sync"].get<std::string>())] = row;
+  }
+  auto held = [&](const std::string& key) {
+    const auto& row = by.at(key);
+    return row["parameters_bytes"].get<int64_t>() + row["gradients_bytes"].get<int64_t>() +
+           row["optimizer_bytes"].get<int64_t>();
+  };
+  for (const int64_t w : {2, 4, 8}) {
+    const int64_t shard = (n + w - 1) / w;
+    const auto key = [&](const std::string& rest) { return fmt::format("{}/{}", w, rest); };
+    EXPECT_EQ(by.at(key("0/"))["parameters_bytes"], 4 * n);
+    EXPECT_EQ(by.at(key("0/"))["gradients_bytes"], 4 * n);
+    EXPECT_EQ(by.at(key("0/"))["optimizer_bytes"], 8 * n);
+    EXPECT_EQ(by.at(key("1/"))["optimizer_bytes"], 8 * shard);
+    EXPECT_EQ(by.at(key("2/each_micro_step"))["gradients_bytes"], 4 * shard);
+    EXPECT_EQ(by.at(key("2/each_micro_step"))["transient_bytes"], 4 * n);
+    EXPECT_EQ(by.at(key("2/defer"))["gradients_bytes"], 4 * n);
+    EXPECT_LT(held(key("3/each_micro_step")), held(key("2/each_micro_step")));
+    EXPECT_LT(held(key("3/defer")), held(key("2/defer")));
+  }
+  EXPECT_LT(held("8/3/each_micro_step"), held("4/3/each_micro_step"));
+  EXPECT_LT(held("4/3/each_micro_step"), held("2/3/each_micro_step"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Plan, AutoTrainsWithThePlannedDecompositionOfTheGlobalBatch) {

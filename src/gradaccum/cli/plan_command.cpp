@@ -9,10 +9,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "gradaccum/base/check.h"
 #include "gradaccum/io/config.h"
+#include "gradaccum/io/workload.h"
 
 namespace gradaccum::cli {
 
@@ -93,6 +95,66 @@ PlanCandidate probe(const PlanArgs& args, int64_t b, int64_t n, const fs::path& 
   return c;
 }
 
+// The model's states as the sharded pieces cut them: its units, its root, what is frozen.
+dist::ModelStates model_states(const io::TrainConfig& config) {
+  auto workload = io::make_workload(config, /*with_eval=*/false);
+  auto& task = *workload.model.task;
+  dist::ModelStates states;
+  states.element_bytes = static_cast<int64_t>(c10::elementSize(config.trainer.dtype));
+  std::set<const void*> in_units;
+  for (const auto& unit : task.units()) {
+    int64_t elements = 0;
+    for (const auto& p : unit) {
+      elements += p.numel();
+      in_units.insert(p.unsafeGetTensorImpl());
+    }
+    if (elements > 0) states.unit_elements.push_back(elements);
+  }
+  for (const auto& p : task.module().parameters()) {
+    if (!p.requires_grad()) {
+      states.frozen_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    } else if (in_units.count(p.unsafeGetTensorImpl()) == 0) {
+      states.root_elements += p.numel();
+    }
+  }
+  const auto& optimizer = config.trainer.optimizer;
+  states.moments = optimizer.type == optim::OptimizerType::sgd ? (optimizer.momentum > 0.0 ? 1 : 0) : 2;
+  return states;
+}
+
+std::vector<RankStatesRow> rank_states_rows(const dist::ModelStates& states) {
+  std::vector<RankStatesRow> rows;
+  for (const int64_t world : {2, 4, 8}) {
+    for (const int64_t stage : {0, 1, 2, 3}) {
+      for (const auto policy : {dist::GradShardPolicy::defer, dist::GradShardPolicy::each_micro_step}) {
+        if (stage < 2 && policy != dist::GradShardPolicy::defer) continue;
+        rows.push_back({stage, stage < 2 ? std::string() : dist::grad_shard_policy_names().name(policy), world,
+                        dist::rank_state_bytes(states, world, stage, policy)});
+      }
+    }
+  }
+  return rows;
+}
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+void print_rank_states(const std::vector<RankStatesRow>& rows) {
+  fmt::print(
+      "states per rank at W ranks, MB: weights + gradients + optimizer state held between micro-steps (+ the most "
+      "a micro-step adds); activations apart\n");
+  fmt::print("{:>10} {:>17} {:>16} {:>16} {:>16}\n", "zero_stage", "sharded_grad_sync", "W=2", "W=4", "W=8");
+  const size_t per_world = rows.size() / 3;
+  for (size_t i = 0; i < per_world; ++i) {
+    std::string line = fmt::format("{:>10} {:>17}", rows[i].zero_stage, rows[i].policy.empty() ? "-" : rows[i].policy);
+    for (size_t w = 0; w < 3; ++w) {
+      const auto& b = rows[w * per_world + i].bytes;
+      line += fmt::format(" {:>16}", fmt::format("{:.0f} (+{:.0f})", static_cast<double>(b.held()) / kMiB,
+                                                 static_cast<double>(b.transient) / kMiB));
+    }
+    fmt::print("{}\n", line);
+  }
+}
+
 }  // namespace
 
 double parse_memory_mb(const std::string& text) {
@@ -158,6 +220,8 @@ Plan make_plan(const PlanArgs& args, bool quiet) {
   }
   std::error_code ignored;
   fs::remove_all(dir, ignored);
+  plan.rank_states = rank_states_rows(model_states(config));
+  if (!quiet) print_rank_states(plan.rank_states);
 
   double fastest = 0.0;
   for (const auto& c : plan.candidates) {
@@ -187,12 +251,23 @@ int run_plan(const PlanArgs& args) {
       choice = {{"per_device_train_batch_size", plan.choice->geometry.micro_batch()},
                 {"gradient_accumulation_steps", plan.choice->geometry.accumulation_steps()}};
     }
+    nlohmann::json states = nlohmann::json::array();
+    for (const auto& row : plan.rank_states) {
+      states.push_back({{"zero_stage", row.zero_stage},
+                        {"sharded_grad_sync", row.policy},
+                        {"world_size", row.world_size},
+                        {"parameters_bytes", row.bytes.parameters},
+                        {"gradients_bytes", row.bytes.gradients},
+                        {"optimizer_bytes", row.bytes.optimizer},
+                        {"transient_bytes", row.bytes.transient}});
+    }
     fmt::print("{}\n", nlohmann::json{{"global_batch", plan.global_batch},
                                       {"limit_mb", plan.limit_mb},
                                       {"limit_margin", margin_note(plan)},
                                       {"memory", plan.memory_kind},
                                       {"candidates", candidates},
-                                      {"choice", choice}}
+                                      {"choice", choice},
+                                      {"states_per_rank", states}}
                            .dump());
   } else if (plan.choice) {
     fmt::print(

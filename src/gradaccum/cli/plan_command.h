@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gradaccum/core/batch_geometry.h"
+#include "gradaccum/dist/rank_states.h"
 
 namespace gradaccum::cli {
 
@@ -43,6 +44,15 @@ struct PlanCandidate {
   std::string error;  // the probe's last line of stderr when it failed
 };
 
+// One rank's share of the model's states under one zero stage and policy at one world size
+// (dist/rank_states.h), for the plan's table.
+struct RankStatesRow {
+  int64_t zero_stage = 0;
+  std::string policy;  // stages 2 and 3: each_micro_step or defer; else empty
+  int64_t world_size = 1;
+  dist::RankStateBytes bytes;
+};
+
 struct Plan {
   int64_t global_batch = 0;
   double limit_mb = 0.0;
@@ -50,6 +60,7 @@ struct Plan {
   std::string memory_kind;   // "peak RSS" or "CUDA peak allocated"
   std::vector<PlanCandidate> candidates;
   std::optional<PlanCandidate> choice;
+  std::vector<RankStatesRow> rank_states;  // stages 0–3 × policies × W = 2, 4, 8
 };
 
 // Probes and chooses (the table and the choice printed unless `quiet`). Throws gradaccum::Error
