@@ -66,6 +66,35 @@ TEST(LmEndToEnd, KjvGpt2Zero2BothPoliciesAgreeWithOneProcessFloat64) {
   fs::remove_all(dir);
 }
 
+// ZeRO-3 on the padded decoder LM: the blocks are the units, the tied embedding, the positions and
+// the final norm the root. W = 2 with either policy and W = 4 follow one process's 32-verse
+// windows in float64, with one reduce-scatter per block and the root per window under defer.
+TEST(LmEndToEnd, KjvGpt2Zero3BothPoliciesAndFourRanksAgreeWithOneProcessFloat64) {
+  const auto dir = make_temp_dir("lm-zero3");
+  const auto run = kTinyLm + " --set dtype=float64 --set threads=1 --set model.n_layer=2";
+  const auto full =
+      train_steps(run + " --set per_device_train_batch_size=32 --set gradient_accumulation_steps=1", dir + "/a");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"defer", " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 --nproc 2"},
+      {"each_micro_step", " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 --nproc 2"},
+      {"each_micro_step", " --set per_device_train_batch_size=4 --set gradient_accumulation_steps=2 --nproc 4"},
+      // A checkpointed block recomputes inside the span its backward gathered it for.
+      {"defer",
+       " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 --nproc 2 "
+       "--set gradient_checkpointing=true"}};
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const auto& [policy, decomposition] = cases[k];
+    const auto sharded = train_steps(run + decomposition + " --set zero_stage=3 --set sharded_grad_sync=" + policy,
+                                     dir + "/" + std::to_string(k));
+    expect_same_trajectory(full, sharded, 1e-10);
+    for (const auto& record : sharded) {
+      EXPECT_EQ(record["sharded_grad_sync"], policy);
+      EXPECT_EQ(record["reduce_scatter_calls"], policy == "defer" ? 3 : 6);  // 2 blocks and the root
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(LmEndToEnd, KjvGpt2DecompositionsAgreeFloat64AndNaiveMeanDoesNot) {
   const auto dir = make_temp_dir("lm-decomp");
   const auto run = kTinyLm + " --set dtype=float64";

@@ -414,6 +414,43 @@ const std::string kFp16Run =
     "--set warmup_steps=3 --set mixed_precision=fp16 --set loss_scaler.init_scale=1.0e+9 "
     "--set loss_scaler.growth_interval=2";
 
+// fp16 on real autocast with the gradients sharded (ZeRO-2) or the parameters too (ZeRO-3), at
+// W = 2 with either policy: the inf check and the unscale see the shards, and every step's skip
+// and loss scale are one process's for the same global batch of 32 in micro-batches of 8.
+TEST(Fp16LossScaler, ShardedRanksMakeOneProcesssSkipAndBackoffDecisions) {
+  const auto dir = make_temp_dir("fp16-sharded");
+  // The same micro-batch of 8 (one process: N = 4): a micro-batch's fp16 weight gradient overflows
+  // by its own sum, so a micro-batch of 16 makes other decisions, sharded or not.
+  const auto one = run_cli(
+      "train " + kFp16Run +
+      " --set per_device_train_batch_size=8 --set gradient_accumulation_steps=4 --set output_dir=" + dir + "/one");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const auto reference = step_records(dir + "/one/metrics.jsonl");
+  ASSERT_EQ(reference.size(), 20u);
+  int skips = 0;
+  for (const auto& l : reference) skips += l["skipped"].get<bool>() ? 1 : 0;
+  EXPECT_GE(skips, 4);
+  for (const std::string zero : {"2", "3"}) {
+    for (const std::string policy : {"defer", "each_micro_step"}) {
+      const auto out = dir + "/z" + zero + "-" + policy;
+      const auto r = run_cli("train " + kFp16Run +
+                             " --set threads=1 --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 "
+                             "--nproc 2 --set zero_stage=" +
+                             zero + " --set sharded_grad_sync=" + policy + " --set output_dir=" + out);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const auto steps = step_records(out + "/metrics.jsonl");
+      ASSERT_EQ(steps.size(), 20u);
+      for (size_t i = 0; i < 20; ++i) {
+        EXPECT_EQ(steps[i]["skipped"], reference[i]["skipped"]) << "zero " << zero << " " << policy << " step " << i;
+        EXPECT_EQ(steps[i]["loss_scale"], reference[i]["loss_scale"]) << "zero " << zero << " " << policy;
+        EXPECT_NEAR(steps[i]["loss"].get<double>(), reference[i]["loss"].get<double>(),
+                    1e-3 * reference[i]["loss"].get<double>());
+      }
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Fp16LossScaler, ScalerStateSurvivesACheckpointBitForBit) {
   const auto dir = make_temp_dir("fp16-resume");
   const auto straight_run = run_cli("train " + kFp16Run + " --set save_steps=6 --set output_dir=" + dir + "/straight");

@@ -167,6 +167,27 @@ TEST(CheckpointResume, TwoRanksResumeBitIdenticallyWithZero2ForBothPolicies) {
   fs::remove_all(dir);
 }
 
+// ZeRO-3 at a window's end: each rank saves its shards of every unit's optimizer state (the
+// weights gathered whole for the checkpoint), and the resumed run repeats the uninterrupted one
+// bit for bit, for both policies.
+TEST(CheckpointResume, TwoRanksResumeBitIdenticallyWithZero3ForBothPolicies) {
+  const auto dir = make_temp_dir("ckpt-zero3");
+  for (const std::string policy : {"defer", "each_micro_step"}) {
+    const auto run = kRun +
+                     " --set threads=1 --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 "
+                     "--nproc 2 --set zero_stage=3 --set sharded_grad_sync=" +
+                     policy;
+    const auto a = dir + "/a-" + policy;
+    run_ok("train " + run + " --set max_steps=8 --set save_steps=4 --set output_dir=" + a);
+    EXPECT_TRUE(fs::exists(a + "/checkpoints/step-4/optimizer-rank1.safetensors"));
+    run_ok("train " + run + " --set max_steps=8 --set output_dir=" + dir + "/b-" + policy +
+           " --set resume_from_checkpoint=" + a + "/checkpoints/step-4");
+    expect_same_steps(read_jsonl(a + "/metrics.jsonl"), read_jsonl(dir + "/b-" + policy + "/metrics.jsonl"), 5, 8);
+    EXPECT_EQ(read_text(a + "/final/model.safetensors"), read_text(dir + "/b-" + policy + "/final/model.safetensors"));
+  }
+  fs::remove_all(dir);
+}
+
 // A checkpoint resumed at another world size or zero stage: the optimizer state is joined from
 // the saved shards and cut for this run's layout (dist/optimizer_reshard.h), and the steps after
 // it follow the uninterrupted run as another decomposition of the same batch does (float64).
@@ -191,6 +212,10 @@ TEST(CheckpointResume, AnotherWorldSizeOrZeroStageReshardsTheOptimizerStateFloat
                          {"w4-zero1-from-w2", "--set per_device_train_batch_size=4 --nproc 4 --set zero_stage=1", zero2,
                           "saved in 2 shards, resharded to this run's layout (in 4 shards)"},
                          {"w2-zero2-from-w1", "--set per_device_train_batch_size=8 --nproc 2 --set zero_stage=2", whole,
+                          "saved whole, resharded to this run's layout (in 2 shards)"},
+                         {"w4-zero3-from-w2-zero2", "--set per_device_train_batch_size=4 --nproc 4 --set zero_stage=3",
+                          zero2, "saved in 2 shards, resharded to this run's layout (in 4 shards)"},
+                         {"w2-zero3-from-w1", "--set per_device_train_batch_size=8 --nproc 2 --set zero_stage=3", whole,
                           "saved whole, resharded to this run's layout (in 2 shards)"}}) {
     SCOPED_TRACE(c.name);
     const auto r = run_cli("train " + run + " " + c.flags + " --set output_dir=" + dir + "/" + c.name +
@@ -410,6 +435,12 @@ TEST(CheckpointSignals, SigtermToOneRankStopsBothInsideAWindow) {
 TEST(CheckpointSignals, TwoRanksWithZero2DeferStopInsideAWindowAndResumeBitIdentically) {
   expect_two_rank_preemption_inside_a_window("ckpt-sigterm-zero2", /*to_rank1_only=*/false,
                                              " --set zero_stage=2 --set sharded_grad_sync=defer");
+}
+
+// ZeRO-3 deferring: the partial window's sums are in .grad too, the weights gathered for the save.
+TEST(CheckpointSignals, TwoRanksWithZero3DeferStopInsideAWindowAndResumeBitIdentically) {
+  expect_two_rank_preemption_inside_a_window("ckpt-sigterm-zero3", /*to_rank1_only=*/false,
+                                             " --set zero_stage=3 --set sharded_grad_sync=defer");
 }
 
 // ZeRO-2 reducing every micro-step keeps the partial sums in its shard: the stop waits for the

@@ -149,11 +149,11 @@ TEST(Config, AKeysRuleNamesTheKeyTheRuleAndTheValue) {
   EXPECT_ONE_LINE_ERROR(with({"threads=100000"}), threads_here + ", got 100000");
   EXPECT_EQ(with({fmt::format("threads={}", gradaccum::io::max_threads())}).threads, gradaccum::io::max_threads());
   EXPECT_ONE_LINE_ERROR(with({"adam_epsilon=0"}), "key 'adam_epsilon': must be > 0, got 0");
-  EXPECT_ONE_LINE_ERROR(with({"zero_stage=3"}), "key 'zero_stage': must be 0, 1 or 2, got 3");
+  EXPECT_ONE_LINE_ERROR(with({"zero_stage=4"}), "key 'zero_stage': must be 0, 1, 2 or 3, got 4");
   EXPECT_ONE_LINE_ERROR(with({"zero_stage=2", "sharded_grad_sync=sometimes"}),
                         "key 'sharded_grad_sync': 'sometimes' is not one of each_micro_step | defer | auto");
   EXPECT_ONE_LINE_ERROR(with({"sharded_grad_sync=defer"}),
-                        "key 'sharded_grad_sync': it applies to zero_stage: 2 only, and zero_stage is 0");
+                        "key 'sharded_grad_sync': it applies to zero_stage: 2 and 3 only, and zero_stage is 0");
   EXPECT_ONE_LINE_ERROR(with({"zero_stage=2", "sync_each_micro_step=true"}),
                         "key 'sync_each_micro_step': zero_stage: 2 reduces by sharded_grad_sync; set "
                         "sharded_grad_sync=each_micro_step instead");

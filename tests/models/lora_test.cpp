@@ -478,7 +478,7 @@ TEST(LoraCli, VerifyFindsPaddedSplitsExactInFloat64WithAdapters) {
 // gate: 3·24 + 40·3, down: 3·40 + 24·3) + the norm's 24.
 constexpr int64_t kLlamaTrained = 2 * (144 + 96 + 192 + 192) + 24;
 
-TEST(LoraCli, TwoRanksEqualOneProcessWithAndWithoutZero1AndAllReduceOnlyTheAdaptersBytes) {
+TEST(LoraCli, TwoRanksEqualOneProcessWithAndWithoutZero1Or3AndReduceOnlyTheAdaptersBytes) {
   const auto dir = make_temp_dir("lora-dp");
   const std::string run = kKjv + kLlama + "--set dtype=float64 --set max_steps=3 --set per_device_train_batch_size=4 ";
   const auto one = gradaccum::testing::train_steps(run + "--set gradient_accumulation_steps=4", dir + "/one");
@@ -486,7 +486,13 @@ TEST(LoraCli, TwoRanksEqualOneProcessWithAndWithoutZero1AndAllReduceOnlyTheAdapt
   // ZeRO-1 shards the optimizer state of the trained tensors only, and follows the same trajectory.
   const auto zero = gradaccum::testing::train_steps(
       run + "--set gradient_accumulation_steps=2 --nproc 2 --set zero_stage=1", dir + "/zero");
+  // ZeRO-3 shards the trained tensors only: each block's adapters are a unit (the first one's input
+  // needs no gradient, below the frozen embeddings), the trained norm the root.
+  const auto zero3 = gradaccum::testing::train_steps(
+      run + "--set gradient_accumulation_steps=2 --nproc 2 --set zero_stage=3 --set sharded_grad_sync=defer",
+      dir + "/zero3");
   ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(zero3.size(), 3u);
   ASSERT_EQ(two.size(), 3u);
   ASSERT_EQ(zero.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -496,6 +502,11 @@ TEST(LoraCli, TwoRanksEqualOneProcessWithAndWithoutZero1AndAllReduceOnlyTheAdapt
     EXPECT_LE(gradaccum::testing::relative_difference(zero[i]["grad_norm"], one[i]["grad_norm"]), 1e-10) << i;
     EXPECT_EQ(two[i]["allreduce_bytes"].get<int64_t>(), kLlamaTrained * 8) << i;
     EXPECT_EQ(two[i]["allreduce_calls"].get<int64_t>(), 1) << i;
+    EXPECT_LE(gradaccum::testing::relative_difference(zero3[i]["loss"], one[i]["loss"]), 1e-10) << i;
+    EXPECT_LE(gradaccum::testing::relative_difference(zero3[i]["grad_norm"], one[i]["grad_norm"]), 1e-10) << i;
+    EXPECT_LE(gradaccum::testing::relative_difference(zero3[i]["weight_norm"], one[i]["weight_norm"]), 1e-10) << i;
+    EXPECT_EQ(zero3[i]["reduce_scatter_bytes"].get<int64_t>(), kLlamaTrained * 8) << i;  // W ranges, no padding
+    EXPECT_EQ(zero3[i]["reduce_scatter_calls"].get<int64_t>(), 3) << i;                  // two blocks, the root
   }
   fs::remove_all(dir);
 }

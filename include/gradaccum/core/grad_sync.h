@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,15 @@ class GradSync {
   virtual torch::Tensor global_norm(const std::vector<torch::Tensor>& gradients) {
     return optim::tensors_norm(gradients);
   }
+  // ‖w‖₂ of all the trainable parameters after a step. An implementation that holds only a shard
+  // of them (ZeRO-3) sums the squared shard norms over ranks.
+  virtual torch::Tensor weight_norm(const std::vector<torch::Tensor>& params) {
+    return optim::global_weight_norm(params);
+  }
+  // Runs `fn` with every parameter whole on this rank, outside the forward (evaluation,
+  // checkpoints); what fn writes into them is kept. Every rank calls it at the same point: an
+  // implementation that keeps parameters sharded (ZeRO-3) gathers them before and drops them after.
+  virtual void with_whole_parameters(const std::function<void()>& fn) { fn(); }
   // Whether a window stopped between micro-steps can be saved from the parameters' .grad.
   virtual bool can_stop_inside_window() const { return true; }
   // A sharded implementation's policy for the window finished last, for the step's record

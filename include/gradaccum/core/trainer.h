@@ -47,7 +47,8 @@ class Trainer {
   // Moves the model to options.device/dtype (place_module) and builds the optimizer from
   // options.optimizer, unless `optimizer` is given (e.g. a sharded one, built
   // over the model's trainable parameters after the move).
-  // `eval_data` may be null; `sync` null means one process.
+  // `eval_data` may be null; `sync` null means one process. Every rank passes the same eval_data
+  // (or null): rank 0 evaluates it, the others take part in gathering sharded parameters.
   Trainer(TrainerOptions options, Trainable& model, const Dataset& train_data, const Dataset* eval_data,
           TrainingObserver& observer, GradSync* sync = nullptr,
           std::unique_ptr<torch::optim::Optimizer> optimizer = nullptr);
@@ -83,6 +84,8 @@ class Trainer {
  private:
   // The state a checkpoint at `position` holds: the loop's and every piece's.
   TrainingState state_at(const TrainingPosition& position) const;
+  // eval_data_ evaluated by rank 0 (nullopt elsewhere) with the parameters whole.
+  std::optional<EvalRecord> evaluate_on_rank0();
   // The decomposition in use: the plan's, smaller than the options' after an OOM.
   void use_geometry(const BatchGeometry& geometry);
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gradaccum/base/enum_names.h"
 
@@ -31,5 +32,18 @@ struct GradShardChoice {
 // available at start-up), leaving the other half to the activations; each_micro_step otherwise,
 // and when the available memory is unknown (0).
 GradShardChoice choose_grad_shard_policy(int64_t gradient_bytes, int64_t shard_bytes, int64_t available_bytes);
+
+struct UnitGradShardChoice {
+  std::vector<GradShardPolicy> policies;  // per unit: each_micro_step or defer
+  std::string reason;                     // one line for the log
+};
+
+// auto's rule per unit (ZeRO-3), on the same budget: half of `available_bytes` for what deferring
+// holds more than the shards. Deferring a unit saves N − 1 collectives whatever its size and
+// costs its gradient less its shard, so the smallest units are deferred first, as many as the
+// budget holds; the others reduce every micro-step. All each_micro_step when the available memory
+// is unknown (0). `gradient_bytes[u]` and `shard_bytes[u]` are unit u's.
+UnitGradShardChoice choose_unit_grad_shard_policies(const std::vector<int64_t>& gradient_bytes,
+                                                    const std::vector<int64_t>& shard_bytes, int64_t available_bytes);
 
 }  // namespace gradaccum::dist

@@ -39,8 +39,11 @@
 namespace gradaccum::dist {
 
 struct ShardedGradSyncOptions {
-  GradShardPolicy policy = GradShardPolicy::defer;  // each_micro_step or defer (auto chosen before)
-  int64_t bucket_bytes = 25 * 1024 * 1024;          // input bytes of one reduce-scatter at most
+  // each_micro_step or defer; ZeRO-2 needs auto chosen before, ZeRO-3 chooses it per unit from
+  // `available_bytes` (choose_unit_grad_shard_policies).
+  GradShardPolicy policy = GradShardPolicy::defer;
+  int64_t bucket_bytes = 25 * 1024 * 1024;  // input bytes of one reduce-scatter at most
+  int64_t available_bytes = 0;              // the least memory any rank has available (ZeRO-3's auto)
 };
 
 class ShardedGradSync final : public core::GradSync {

@@ -23,7 +23,25 @@
 
 namespace gradaccum::dist {
 
-class ShardedOptimizer final : public torch::optim::Optimizer {
+// An optimizer that steps, and holds the state of, this rank's pieces of the parameters only
+// (ZeRO-1 and 2 here; ZeRO-3's UnitShardOptimizer): each rank saves and loads its own.
+class ShardOwningOptimizer : public torch::optim::Optimizer {
+ public:
+  using torch::optim::Optimizer::Optimizer;
+  // The optimizer that steps this rank's pieces (nullptr when it owns none).
+  virtual torch::optim::Optimizer* shard_optimizer() const = 0;
+  // shard_optimizer()'s parameters under the names "<param>[begin:end]" (elements of the
+  // flattened parameter), given the parameters this optimizer was built with, named.
+  virtual optim::NamedParameters named_shards(const optim::NamedParameters& params) const = 0;
+  // Elements of optimizer state this rank holds (AdamW: both moments, SGD: the momentum buffer).
+  int64_t state_elements() const;
+
+ protected:
+  // The base class only needs defaults for its bookkeeping of param groups.
+  static std::unique_ptr<torch::optim::OptimizerOptions> defaults_for(const optim::OptimizerSpec& spec);
+};
+
+class ShardedOptimizer final : public ShardOwningOptimizer {
  public:
   // `params` in the same order on every rank, all of one dtype and device.
   // `gather_bytes`: output bytes of one all-gather call (all ranks' pieces);
@@ -43,17 +61,12 @@ class ShardedOptimizer final : public torch::optim::Optimizer {
 
   // Parameter elements this rank steps: its range of the flattened parameters.
   int64_t owned_elements() const { return end_ - begin_; }
-  // Elements of optimizer state this rank holds (AdamW: both moments, SGD:
-  // the momentum buffer): a multiple of owned_elements() once stepped, never
-  // of the whole model. The number ZeRO-1's memory saving comes from.
-  int64_t state_elements() const;
+  // state_elements() is a multiple of owned_elements() once stepped, never of the whole model:
+  // the number ZeRO-1's memory saving comes from.
 
-  // The optimizer that steps this rank's range (nullptr when the range is empty): its state is
-  // the rank's shard, which each rank saves and loads itself.
-  torch::optim::Optimizer* shard_optimizer() const { return local_.get(); }
-  // shard_optimizer()'s parameters under the names "<param>[begin:end]" (elements of the
-  // flattened parameter), given the parameters this optimizer was built with, named.
-  optim::NamedParameters named_shards(const optim::NamedParameters& params) const;
+  // Steps this rank's range (nullptr when the range is empty).
+  torch::optim::Optimizer* shard_optimizer() const override { return local_.get(); }
+  optim::NamedParameters named_shards(const optim::NamedParameters& params) const override;
 
  private:
   // A piece of one parameter inside this rank's range.

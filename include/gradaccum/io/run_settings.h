@@ -33,8 +33,8 @@ struct RunSettings {
   int64_t profile_steps = 3;
   int64_t ddp_bucket_cap_mb = 25;     // gradient all-reduce buckets
   bool sync_each_micro_step = false;  // all-reduce every micro-step (comparison only)
-  int64_t zero_stage = 0;             // 1: optimizer state sharded across ranks; 2: and the gradients
-  dist::GradShardPolicy sharded_grad_sync = dist::GradShardPolicy::automatic;  // zero_stage 2 only
+  int64_t zero_stage = 0;  // 1: optimizer state sharded across ranks; 2: and the gradients; 3: and the parameters
+  dist::GradShardPolicy sharded_grad_sync = dist::GradShardPolicy::automatic;  // zero_stage 2 and 3
 
   bool reports_to(const std::string& name) const {
     return std::find(report_to.begin(), report_to.end(), name) != report_to.end();

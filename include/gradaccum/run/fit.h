@@ -90,7 +90,9 @@ struct RunResult {
 };
 
 // Trains `model` on `train_data` (every rank passes the whole dataset: the windows say which
-// samples each rank reads), evaluating on `eval_data` (rank 0 only; may be null). `observer`, when
+// samples each rank reads), evaluating on `eval_data` on rank 0 (may be null; the other ranks may
+// pass null too, except under zero_stage 3, where they gather the weights with rank 0 for each
+// evaluation and so pass what rank 0 passes). `observer`, when
 // given, sees every event beside the outputs. `process`: the caller's set-up, kept as it is (null:
 // fit's own, from `options`, for the call). `env`: this process's place in the job. Bad options, a
 // bad checkpoint or a failing rank throw gradaccum::Error naming the cause, before anything is

@@ -101,7 +101,10 @@ int run_train(const TrainArgs& args) {
   // The process set up first: loading and tokenizing the data uses its threads.
   const run::ProcessSetup process(run::training_process_settings(config, config.trainer, env.local_world_size));
   torch::manual_seed(config.trainer.seed);
-  auto workload = io::make_workload(config, /*with_eval=*/env.rank == 0);  // rank 0 evaluates and reports
+  // Rank 0 evaluates and reports; under ZeRO-3 every rank gathers the weights for its evaluations,
+  // so every rank knows of them (run::fit: every rank passes the same eval data).
+  const bool sharded_weights = config.zero_stage == 3 && env.distributed();
+  auto workload = io::make_workload(config, /*with_eval=*/env.rank == 0 || sharded_weights);
 
   const auto options = run_options(config, workload);
   const auto result = run::fit(options, *workload.model.task, *workload.train, workload.eval.get(),

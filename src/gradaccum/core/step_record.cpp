@@ -24,10 +24,9 @@ StepRecord WindowRunner::make_record(const WindowState& w, const WindowTotals& t
   const auto device = window_loss.loss.device();
   constexpr int64_t kStepFigures = 5;
   const auto packed_totals = totals.pack();
-  auto figures =
-      torch::cat({torch::stack({window_loss.loss, window_loss.count, step.grad_norm.to(device),
-                                step.grad_norm_clipped.to(device), optim::global_weight_norm(params_).to(device)}),
-                  packed_totals.to(device)});
+  auto figures = torch::cat({torch::stack({window_loss.loss, window_loss.count, step.grad_norm.to(device),
+                                           step.grad_norm_clipped.to(device), sync_.weight_norm(params_).to(device)}),
+                             packed_totals.to(device)});
   const bool flow = flow_statistics.defined();
   if (flow) figures = torch::cat({figures, flow_statistics.flatten().to(figures.device())});
   auto host = figures.to(torch::kCPU);

@@ -104,6 +104,17 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
                                            normalizer_, *steps_, *accumulator_, pieces_, observer_);
 }
 
+std::optional<EvalRecord> Trainer::evaluate_on_rank0() {
+  std::optional<EvalRecord> eval;
+  sync_.with_whole_parameters([&] {
+    if (sync_.rank() == 0) {
+      eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size, options_.dtype, options_.device,
+                      options_.mixed_precision);
+    }
+  });
+  return eval;
+}
+
 void Trainer::use_geometry(const BatchGeometry& geometry) {
   plan_.set_geometry(geometry);
   normalizer_ = LossNormalizer(options_.loss_normalization, geometry.accumulation_steps());
@@ -207,10 +218,10 @@ TrainSummary Trainer::run() {
       observer_.on_step(record);
       const bool last_step = record.step == total_steps_;
       if (eval_data_ != nullptr && !last_step && options_.eval_steps > 0 && record.step % options_.eval_steps == 0) {
-        auto eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size, options_.dtype, options_.device,
-                             options_.mixed_precision);
-        eval.step = record.step;
-        observer_.on_eval(eval);
+        if (auto eval = evaluate_on_rank0()) {
+          eval->step = record.step;
+          observer_.on_eval(*eval);
+        }
       }
       if (hook_ != nullptr) {
         if (preemption_->stop_agreed() && !last_step) {
@@ -235,11 +246,12 @@ TrainSummary Trainer::run() {
   summary.samples_per_s = static_cast<double>(pos.samples - samples_before) / summary.wall_s;
   summary.items_per_s = static_cast<double>(pos.items - items_before) / summary.wall_s;
   if (eval_data_ != nullptr && !summary.preempted) {
-    summary.eval = evaluate(model_, *eval_data_, options_.per_device_eval_batch_size, options_.dtype, options_.device,
-                            options_.mixed_precision);
-    summary.eval.step = summary.steps;
-    summary.has_eval = true;
-    observer_.on_eval(summary.eval);
+    if (auto eval = evaluate_on_rank0()) {
+      summary.eval = *eval;
+      summary.eval.step = summary.steps;
+      summary.has_eval = true;
+      observer_.on_eval(summary.eval);
+    }
   }
   observer_.on_end(summary);
   return summary;

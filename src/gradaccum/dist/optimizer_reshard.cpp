@@ -122,7 +122,7 @@ optim::NamedStateTensors join_optimizer_state(const std::vector<optim::NamedStat
 void load_resharded_optimizer_state(torch::optim::Optimizer& optimizer, const optim::NamedParameters& params,
                                     const std::vector<optim::NamedStateTensors>& parts, const std::string& what) {
   const auto whole = join_optimizer_state(parts, params, what);
-  const auto* sharded = dynamic_cast<const ShardedOptimizer*>(&optimizer);
+  const auto* sharded = dynamic_cast<const ShardOwningOptimizer*>(&optimizer);
   if (sharded == nullptr) {
     load_named_optimizer_state(optimizer, params, whole, what);
     return;

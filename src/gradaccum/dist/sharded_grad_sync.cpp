@@ -32,6 +32,36 @@ GradShardChoice choose_grad_shard_policy(int64_t gradient_bytes, int64_t shard_b
                       fits ? "within" : "more than", static_cast<double>(available_bytes) / kMiB)};
 }
 
+UnitGradShardChoice choose_unit_grad_shard_policies(const std::vector<int64_t>& gradient_bytes,
+                                                    const std::vector<int64_t>& shard_bytes, int64_t available_bytes) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const size_t units = gradient_bytes.size();
+  UnitGradShardChoice choice{std::vector<GradShardPolicy>(units, GradShardPolicy::each_micro_step), {}};
+  std::vector<size_t> by_size(units);
+  for (size_t u = 0; u < units; ++u) by_size[u] = u;
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](size_t a, size_t b) { return gradient_bytes[a] < gradient_bytes[b]; });
+  const int64_t budget = std::max<int64_t>(0, available_bytes) / 2;
+  int64_t held = 0;
+  size_t deferred = 0;
+  for (const size_t u : by_size) {
+    const int64_t extra = gradient_bytes[u] - shard_bytes[u];
+    if (available_bytes <= 0 || held + extra > budget) break;
+    held += extra;
+    choice.policies[u] = GradShardPolicy::defer;
+    ++deferred;
+  }
+  choice.reason =
+      available_bytes <= 0
+          ? fmt::format("each_micro_step for all {} units: the memory available is unknown", units)
+          : fmt::format(
+                "defer for {} of {} units (the smallest first; {:.1f} MiB more gradient held between "
+                "micro-steps, within half of the {:.1f} MiB available), each_micro_step for {}",
+                deferred, units, static_cast<double>(held) / kMiB, static_cast<double>(available_bytes) / kMiB,
+                units - deferred == 0 ? std::string("none") : fmt::format("the other {}", units - deferred));
+  return choice;
+}
+
 ShardedGradSync::ShardedGradSync(c10::intrusive_ptr<c10d::Backend> group, std::vector<torch::Tensor> params,
                                  ShardedGradSyncOptions options)
     : group_(std::move(group)), params_(std::move(params)), options_(options) {

@@ -6,17 +6,14 @@
 
 namespace gradaccum::dist {
 
-namespace {
-// The base class only needs defaults for its bookkeeping of param groups.
-std::unique_ptr<torch::optim::OptimizerOptions> defaults_for(const optim::OptimizerSpec& spec) {
+std::unique_ptr<torch::optim::OptimizerOptions> ShardOwningOptimizer::defaults_for(const optim::OptimizerSpec& spec) {
   if (spec.type == optim::OptimizerType::sgd) return std::make_unique<torch::optim::SGDOptions>(spec.learning_rate);
   return std::make_unique<torch::optim::AdamWOptions>(spec.learning_rate);
 }
-}  // namespace
 
 ShardedOptimizer::ShardedOptimizer(c10::intrusive_ptr<c10d::Backend> group, std::vector<torch::Tensor> params,
                                    const optim::OptimizerSpec& spec, int64_t gather_bytes)
-    : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(params)}, defaults_for(spec)),
+    : ShardOwningOptimizer({torch::optim::OptimizerParamGroup(params)}, defaults_for(spec)),
       group_(std::move(group)),
       all_(std::move(params)),
       gather_bytes_(gather_bytes) {
@@ -130,11 +127,12 @@ void ShardedOptimizer::take_gradients_from(const ShardedGradSync& sync) {
   gradient_source_ = &sync;
 }
 
-int64_t ShardedOptimizer::state_elements() const {
-  if (!local_) return 0;
+int64_t ShardOwningOptimizer::state_elements() const {
+  const auto* local = shard_optimizer();
+  if (local == nullptr) return 0;
   int64_t n = 0;
   auto add = [&n](const torch::Tensor& t) { n += t.defined() ? t.numel() : 0; };
-  for (const auto& entry : local_->state()) {
+  for (const auto& entry : local->state()) {
     if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(entry.second.get())) {
       add(adamw->exp_avg());
       add(adamw->exp_avg_sq());
@@ -157,7 +155,7 @@ optim::NamedParameters ShardedOptimizer::named_shards(const optim::NamedParamete
 
 optim::NamedStateTensors named_optimizer_state(const torch::optim::Optimizer& optimizer,
                                                const optim::NamedParameters& params) {
-  if (const auto* sharded = dynamic_cast<const ShardedOptimizer*>(&optimizer)) {
+  if (const auto* sharded = dynamic_cast<const ShardOwningOptimizer*>(&optimizer)) {
     if (sharded->shard_optimizer() == nullptr) return {};
     return optim::optimizer_state(*sharded->shard_optimizer(), sharded->named_shards(params));
   }
@@ -166,7 +164,7 @@ optim::NamedStateTensors named_optimizer_state(const torch::optim::Optimizer& op
 
 void load_named_optimizer_state(torch::optim::Optimizer& optimizer, const optim::NamedParameters& params,
                                 const optim::NamedStateTensors& state, const std::string& what) {
-  if (auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
+  if (auto* sharded = dynamic_cast<ShardOwningOptimizer*>(&optimizer)) {
     if (sharded->shard_optimizer() == nullptr) {
       GA_CHECK(state.empty(), "{}: optimizer state for a rank that owns no parameters", what);
       return;

@@ -261,12 +261,13 @@ void check_combinations(TrainConfig& c) {
   }
   GA_CHECK(!t.deterministic_accumulation || (!c.sync_each_micro_step && c.zero_stage == 0),
            "key 'deterministic_accumulation': reduces across ranks in its own tree order; it cannot be "
-           "combined with sync_each_micro_step or zero_stage: 1 or 2");
-  GA_CHECK(!c.sync_each_micro_step || c.zero_stage != 2,
-           "key 'sync_each_micro_step': zero_stage: 2 reduces by sharded_grad_sync; set "
-           "sharded_grad_sync=each_micro_step instead");
-  GA_CHECK(c.zero_stage == 2 || c.sharded_grad_sync == dist::GradShardPolicy::automatic,
-           "key 'sharded_grad_sync': it applies to zero_stage: 2 only, and zero_stage is {}", c.zero_stage);
+           "combined with sync_each_micro_step or zero_stage: 1, 2 or 3");
+  GA_CHECK(!c.sync_each_micro_step || c.zero_stage < 2,
+           "key 'sync_each_micro_step': zero_stage: {} reduces by sharded_grad_sync; set "
+           "sharded_grad_sync=each_micro_step instead",
+           c.zero_stage);
+  GA_CHECK(c.zero_stage >= 2 || c.sharded_grad_sync == dist::GradShardPolicy::automatic,
+           "key 'sharded_grad_sync': it applies to zero_stage: 2 and 3 only, and zero_stage is {}", c.zero_stage);
 }
 
 // The trainer's options as the configuration names them (core::validate's messages).
@@ -280,7 +281,7 @@ void resolve_defaults(TrainConfig& c) {
   if (c.data.directory.empty()) c.data.directory = data::kFashionMnistDir;
   if (c.logging_dir.empty()) c.logging_dir = (std::filesystem::path(c.output_dir) / "runs").string();
   // ZeRO-2's ranks hold shards of the gradients, not the parameters' whole gradients.
-  if (c.trainer.grad_flow_steps == -1) c.trainer.grad_flow_steps = c.zero_stage == 2 ? 0 : c.logging_steps;
+  if (c.trainer.grad_flow_steps == -1) c.trainer.grad_flow_steps = c.zero_stage >= 2 ? 0 : c.logging_steps;
 }
 
 }  // namespace

@@ -436,12 +436,13 @@ std::vector<ConfigKey> make_keys() {
       boolean("sync_each_micro_step", false, "true: all-reduce every micro-step (comparison only)",
               [](TrainConfig& c, bool v) { c.sync_each_micro_step = v; }),
       integer("zero_stage", 0,
-              "1: shard optimizer state across ranks (ZeRO-1); 2: and the gradients (ZeRO-2); one process runs 0",
-              rule("0, 1 or 2", [](double v) { return v == 0 || v == 1 || v == 2; }),
+              "1: shard optimizer state across ranks (ZeRO-1); 2: and the gradients (ZeRO-2); 3: and the "
+              "parameters, gathered per unit (ZeRO-3); one process runs 0",
+              rule("0, 1, 2 or 3", [](double v) { return v == 0 || v == 1 || v == 2 || v == 3; }),
               [](TrainConfig& c, int64_t v) { c.zero_stage = v; }),
       choice<dist::GradShardPolicy>(
           "sharded_grad_sync", dist::grad_shard_policy_names(), dist::GradShardPolicy::automatic,
-          "zero_stage 2: each_micro_step reduce-scatters every micro-step (N collectives, 1/W of the gradient "
+          "zero_stage 2 and 3: each_micro_step reduce-scatters every micro-step (N collectives, 1/W of the gradient "
           "held), defer once at the window's end (1 collective, the whole gradient held), auto: defer when the "
           "whole gradient fits in half the memory available",
           [](TrainConfig& c, dist::GradShardPolicy v) { c.sharded_grad_sync = v; }),

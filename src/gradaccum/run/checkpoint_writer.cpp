@@ -21,6 +21,14 @@ void CheckpointWriter::set_optimizer(torch::optim::Optimizer& optimizer, optim::
 }
 
 void CheckpointWriter::save(const core::TrainingState& state, core::SaveReason /*reason*/) {
+  if (sync_ != nullptr) {
+    sync_->with_whole_parameters([&] { write(state); });
+  } else {
+    write(state);
+  }
+}
+
+void CheckpointWriter::write(const core::TrainingState& state) {
   GA_CHECK(optimizer_ != nullptr, "checkpoint: the writer has no optimizer to save");
   io::CheckpointContents contents;
   contents.state = state;

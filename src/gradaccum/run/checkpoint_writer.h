@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gradaccum/core/grad_sync.h"
 #include "gradaccum/core/training_state.h"
 #include "gradaccum/io/checkpoint.h"
 #include "gradaccum/optim/optimizer_state.h"
@@ -22,12 +23,17 @@ class CheckpointWriter final : public core::CheckpointHook {
                    std::string description, uint64_t seed, std::string run_id);
 
   void set_optimizer(torch::optim::Optimizer& optimizer, optim::NamedParameters parameters);
+  // The gradient sync whose with_whole_parameters() a save runs in (ZeRO-3 gathers the weights);
+  // null: the parameters are always whole.
+  void set_parameter_source(core::GradSync* sync) { sync_ = sync; }
   // Files rank 0 copies into every checkpoint beside the weights (RunOptions::final_files).
   void set_extra_files(std::vector<std::string> files) { extra_files_ = std::move(files); }
   void save(const core::TrainingState& state, core::SaveReason reason) override;
   const std::string& last() const { return last_; }
 
  private:
+  void write(const core::TrainingState& state);
+
   io::CheckpointStore& store_;
   const ModelFiles& files_;
   bool rank0_;
@@ -36,6 +42,7 @@ class CheckpointWriter final : public core::CheckpointHook {
   uint64_t seed_;
   std::string run_id_;
   torch::optim::Optimizer* optimizer_ = nullptr;
+  core::GradSync* sync_ = nullptr;
   optim::NamedParameters parameters_;
   std::vector<std::string> extra_files_;
   std::string last_;

@@ -21,8 +21,10 @@
 #include "gradaccum/dist/process_group.h"
 #include "gradaccum/dist/sharded_grad_sync.h"
 #include "gradaccum/dist/sharded_optimizer.h"
+#include "gradaccum/dist/sharded_parameters.h"
 #include "gradaccum/dist/store_stop_agreement.h"
 #include "gradaccum/dist/tree_grad_sync.h"
+#include "gradaccum/dist/unit_shard_optimizer.h"
 #include "gradaccum/formats/safetensors.h"
 #include "gradaccum/io/checkpoint.h"
 #include "gradaccum/io/grad_flow_writer.h"
@@ -141,21 +143,29 @@ struct DataParallel {
   std::unique_ptr<core::GradSync> sync;
   std::unique_ptr<torch::optim::Optimizer> sharded;
   std::unique_ptr<dist::StoreStopAgreement> stop_agreement;
+  dist::ShardedParameters* zero3 = nullptr;  // sync, under zero_stage 3
+  // The model's unit scope is zero3 while it lives (declared last: uninstalled first).
+  std::unique_ptr<core::Trainable, void (*)(core::Trainable*)> scope_installed{
+      nullptr, [](core::Trainable* model) { model->set_unit_scope(nullptr); }};
 };
 
-// ZeRO-2's reducer, its policy chosen here when it is auto (on the least memory any rank has, so
-// that every rank chooses the same).
-std::unique_ptr<core::GradSync> sharded_grad_sync(const RunOptions& options, const dist::DistEnvironment& env,
+// ZeRO-2's and ZeRO-3's reducer options, the policy chosen here when it is auto (on the least
+// memory any rank has, so that every rank chooses the same).
+dist::ShardedGradSyncOptions sharded_sync_options(const RunOptions& options, const dist::DistEnvironment& env,
                                                   const c10::intrusive_ptr<c10d::Backend>& group,
                                                   const std::vector<torch::Tensor>& params) {
   const auto& t = options.trainer;
   GA_CHECK(t.grad_flow_steps == 0,
-           "key 'grad_flow_steps': zero_stage: 2 keeps each rank's shard of the gradients, not each parameter's "
-           "whole gradient; set grad_flow_steps=0");
+           "key 'grad_flow_steps': zero_stage: {} keeps each rank's shard of the gradients, not each parameter's "
+           "whole gradient; set grad_flow_steps=0",
+           options.zero_stage);
   dist::ShardedGradSyncOptions sync_options;
   sync_options.bucket_bytes = options.ddp_bucket_cap_mb * 1024 * 1024;
   sync_options.policy = options.sharded_grad_sync;
-  if (sync_options.policy == dist::GradShardPolicy::automatic) {
+  if (sync_options.policy == dist::GradShardPolicy::automatic && options.zero_stage == 3) {
+    // ZeRO-3 chooses per unit, on the same memory.
+    sync_options.available_bytes = dist::min_over_ranks(*group, io::available_memory_bytes(t.device));
+  } else if (sync_options.policy == dist::GradShardPolicy::automatic) {
     int64_t elements = 0;
     for (const auto& p : params) elements += p.numel();
     const int64_t element_bytes = static_cast<int64_t>(params.front().element_size());
@@ -165,7 +175,7 @@ std::unique_ptr<core::GradSync> sharded_grad_sync(const RunOptions& options, con
     sync_options.policy = choice.policy;
     if (env.rank == 0 && options.console) fmt::print(stderr, "sharded_grad_sync auto: {}\n", choice.reason);
   }
-  return std::make_unique<dist::ShardedGradSync>(group, params, sync_options);
+  return sync_options;
 }
 
 // The optimizer files a run saves: one shard per rank under ZeRO-1/2 (W), or one whole state (0).
@@ -190,8 +200,21 @@ DataParallel connect(const RunOptions& options, const dist::DistEnvironment& env
   }
   if (t.deterministic_accumulation) {
     dp.sync = std::make_unique<dist::TreeGradSync>(dp.group, params);  // the canonical tree's top levels
+  } else if (options.zero_stage == 3) {
+    auto zero3 = std::make_unique<dist::ShardedParameters>(dp.group, params, model.units(),
+                                                           sharded_sync_options(options, env, dp.group, params));
+    dp.zero3 = zero3.get();
+    if (env.rank == 0 && options.console && !zero3->policy_reason().empty()) {
+      fmt::print(stderr, "sharded_grad_sync auto: {}\n", zero3->policy_reason());
+    }
+    dp.sharded = std::make_unique<dist::UnitShardOptimizer>(*zero3, t.optimizer);
+    dp.sync = std::move(zero3);
+    model.set_unit_scope(dp.zero3);
+    dp.scope_installed.reset(&model);
+    return dp;
   } else if (options.zero_stage == 2) {
-    dp.sync = sharded_grad_sync(options, env, dp.group, params);
+    dp.sync =
+        std::make_unique<dist::ShardedGradSync>(dp.group, params, sharded_sync_options(options, env, dp.group, params));
     auto sharded = std::make_unique<dist::ShardedOptimizer>(dp.group, params, t.optimizer);
     sharded->take_gradients_from(static_cast<const dist::ShardedGradSync&>(*dp.sync));
     dp.sharded = std::move(sharded);
@@ -350,7 +373,9 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
     if (rank0) {
       for (const auto& note : choice.notes) fmt::print(stderr, "{}\n", note);
     }
-    checkpoint = io::read_checkpoint(choice.directory, env.rank, optimizer_shards(options, env));
+    // ZeRO-3 cuts the optimizer state per unit, never as ZeRO-1/2 do: it always joins and cuts.
+    const bool zero3 = env.distributed() && options.zero_stage == 3;
+    checkpoint = io::read_checkpoint(choice.directory, env.rank, zero3 ? -1 : optimizer_shards(options, env));
   }
   const auto geometry = options.trainer.geometry(env.world_size);
   if (const auto warning =
@@ -368,6 +393,10 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
                options.zero_stage);
   }
   auto dp = connect(options, env, model);
+  if (dp.zero3 != nullptr) {
+    dist::check_same_on_all_ranks(*dp.group, eval_data != nullptr ? 1 : 0,
+                                  "whether eval data is given (under zero_stage 3 every rank passes it)");
+  }
 
   core::ObserverList observers;
   StepPeakRss step_peak;
@@ -378,17 +407,21 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   // of another model or optimizer is refused with output_dir untouched.
   const bool optimizer_per_rank = dp.sharded != nullptr;
   GA_CHECK(optimizer_per_rank == (optimizer_shards(options, env) > 0), "the optimizer's layout is not the one read");
-  core::Trainer trainer(options.trainer, model, train_data, rank0 ? eval_data : nullptr, observers, dp.sync.get(),
-                        std::move(dp.sharded));
+  core::Trainer trainer(options.trainer, model, train_data, eval_data, observers, dp.sync.get(), std::move(dp.sharded));
   if (checkpoint) {
     const auto& dir = checkpoint->directory;
-    files.load(checkpoint->model, dir + "/" + checkpoint->model_file);
+    const auto load_weights = [&] { files.load(checkpoint->model, dir + "/" + checkpoint->model_file); };
+    if (dp.sync) {
+      dp.sync->with_whole_parameters(load_weights);
+    } else {
+      load_weights();
+    }
     if (checkpoint->optimizer_parts.empty()) {
       dist::load_named_optimizer_state(trainer.optimizer(), trainer.named_parameters(), checkpoint->optimizer, dir);
     } else {
       dist::load_resharded_optimizer_state(trainer.optimizer(), trainer.named_parameters(), checkpoint->optimizer_parts,
                                            dir);
-      if (rank0 && options.console) {
+      if (rank0 && options.console && checkpoint->optimizer_shards != optimizer_shards(options, env)) {
         const auto layout = [](int64_t shards) {
           return shards == 0 ? std::string("whole") : fmt::format("in {} shards", shards);
         };
@@ -446,6 +479,7 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   CheckpointWriter writer(store, files, rank0, optimizer_per_rank, options.description, options.trainer.seed, run_id);
   writer.set_extra_files(options.final_files);
   writer.set_optimizer(trainer.optimizer(), trainer.named_parameters());
+  writer.set_parameter_source(dp.sync.get());
   const StopSignalsScope stop_signals;
   trainer.set_checkpointing(&writer, &stop_signals.requested(), dp.stop_agreement.get());
 
@@ -454,6 +488,11 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   result.world_size = env.world_size;
   result.summary = trainer.run();
   result.last_checkpoint = writer.last();
+  if (dp.zero3 != nullptr) {
+    // The model leaves training whole, as without sharding.
+    dp.zero3->unshard();
+    dp.scope_installed.reset();
+  }
   // 7. Held out until now: the test split is evaluated once, by the model as trained. Every rank
   // evaluates it, as the Trainer's evaluations are run, so no rank waits at the end's barrier
   // (dist_timeout_s) while rank 0 alone works through it; rank 0 writes the figures.
