@@ -39,12 +39,15 @@ gradaccum::core::ParameterUnits units_of(const std::vector<torch::Tensor>& p) { 
 torch::Tensor inputs(int rank, int s) {
   return torch::cos(torch::arange(12, torch::kDouble).reshape({3, 4}) * (0.3 + 0.1 * rank) + s);
 }
-torch::Tensor targets(int rank, int s) { return torch::sin(torch::arange(9, torch::kDouble).reshape({3, 3}) + rank + s); }
+torch::Tensor targets(int rank, int s) {
+  return torch::sin(torch::arange(9, torch::kDouble).reshape({3, 3}) + rank + s);
+}
 
 // The loss sum; `scope` brackets the units as a model does (null: the plain network).
 torch::Tensor loss(const std::vector<torch::Tensor>& p, gradaccum::core::UnitScope* scope, int rank, int s) {
   using gradaccum::core::run_unit;
-  auto h = run_unit(scope, 0, inputs(rank, s), [&](const torch::Tensor& x) { return torch::tanh(x.mm(p[0].t()) + p[1]); });
+  auto h =
+      run_unit(scope, 0, inputs(rank, s), [&](const torch::Tensor& x) { return torch::tanh(x.mm(p[0].t()) + p[1]); });
   h = run_unit(scope, 1, h, [](const torch::Tensor& x) { return x; });  // a unit without parameters
   h = run_unit(scope, 2, h, [&](const torch::Tensor& x) { return x.mm(p[2].t()); });
   return (h * p[3] - targets(rank, s)).square().sum();
@@ -179,9 +182,9 @@ TEST(ShardedParameters, DeferReduceScattersEachUnitOnceOnTheLastMicroStepAndGath
     EXPECT_EQ(run.reduce_scatters_after, (std::vector<int64_t>{0, 0, 3})) << "rank " << r;  // two units, the root
     EXPECT_EQ(run.all_gathers, 2 * 2 * kMicroSteps);  // forward and backward, per unit, per micro-step
     // Between micro-steps: the units' shards (13 + 8), the root whole (4, its shard a view of it);
-    // the whole gradient (20 + 5 + 15 + 3) in .grad.
+    // the whole gradient in .grad, the units' in their flat buffers (26 + 16), the root's 3.
     EXPECT_EQ(run.parameter_bytes_between, (13 + 8 + 4) * kDouble);
-    EXPECT_EQ(run.gradient_bytes_between, (20 + 5 + 15 + 3) * kDouble);
+    EXPECT_EQ(run.gradient_bytes_between, (26 + 16 + 3) * kDouble);
   }
   expect_the_formula(runs[0], GradShardPolicy::defer);
 }
@@ -232,8 +235,8 @@ TEST(ShardedParameters, ARankWithoutSamplesTakesPartInItsPeersCollectives) {
 // not unit 0, which then reduce-scatters every micro-step: the sums are the same.
 TEST(ShardedParameters, AutoDefersTheSmallestUnitsThatHalfTheAvailableMemoryHolds) {
   const auto choice = gradaccum::dist::choose_unit_grad_shard_policies({200, 120, 24}, {104, 64, 16}, 128);
-  EXPECT_EQ(choice.policies,
-            (std::vector<GradShardPolicy>{GradShardPolicy::each_micro_step, GradShardPolicy::defer, GradShardPolicy::defer}));
+  EXPECT_EQ(choice.policies, (std::vector<GradShardPolicy>{GradShardPolicy::each_micro_step, GradShardPolicy::defer,
+                                                           GradShardPolicy::defer}));
   EXPECT_EQ(choice.reason,
             "defer for 2 of 3 units (the smallest first; 0.0 MiB more gradient held between micro-steps, within half "
             "of the 0.0 MiB available), each_micro_step for the other 1");
@@ -244,7 +247,7 @@ TEST(ShardedParameters, AutoDefersTheSmallestUnitsThatHalfTheAvailableMemoryHold
   for (const auto& run : runs) {
     EXPECT_EQ(run.policy, "defer 2 each_micro_step 1");
     EXPECT_EQ(run.reduce_scatters_after, (std::vector<int64_t>{1, 2, 5}));
-    EXPECT_EQ(run.gradient_bytes_between, (13 + 15 + 3) * kDouble);  // unit 0 as its shard, the rest in .grad
+    EXPECT_EQ(run.gradient_bytes_between, (13 + 16 + 3) * kDouble);  // unit 0 as its shard, the rest in .grad
   }
 }
 

@@ -11,6 +11,9 @@
 // - backward: the unit's first backward node gathers it again, and once the unit's backward has
 //   run (the gradient reached its input) its gradient is reduced as the policy says and the
 //   buffer released. A checkpointed unit recomputes inside that span: one gather serves both.
+// Each gather starts the next unit's (the one after in the forward, the one before in the
+// backward) without waiting for it: that all-gather runs on the backend's threads while the unit
+// computes, and at most two units are whole at a time.
 // The parameters in no unit (embeddings, heads, the final norm) are the root: one flat buffer
 // that stays whole, whose gradient and optimizer state are sharded as in ZeRO-2 (its shard a view
 // of its buffer, stepped in place), gathered after every optimizer step.
@@ -24,8 +27,8 @@
 //
 // Every rank runs the same collectives in the same order: units are entered in index order in
 // every forward and their backwards run in the reverse order. A rank with no samples in a
-// micro-step (a partial window) replays the gathers and reductions its peers run. Gathers and
-// reductions are synchronous (no prefetch of the next unit yet).
+// micro-step (a partial window) replays the gathers and reductions its peers run, through the same
+// functions, so that the collectives start in the same order. Reductions are synchronous.
 #pragma once
 
 #include <torch/torch.h>
@@ -50,11 +53,14 @@ class ShardedParameters final : public core::GradSync, public core::UnitScope {
     int64_t shard_size = 0;        // elements per rank; the buffer holds W of them
     torch::Tensor buffer;          // the parameters' storage; no memory while released
     torch::Tensor shard;           // this rank's range: the root's a view of its buffer, a unit's its own
-    torch::Tensor grad_shard;      // the window's summed gradient of that range (undefined before)
+    torch::Tensor grads;           // a unit's: its parameters' .grad, laid out as the buffer, while attached
+    bool grads_attached = false;
+    torch::Tensor grad_shard;                         // the window's summed gradient of that range (undefined before)
     GradShardPolicy policy = GradShardPolicy::defer;  // each_micro_step or defer
-    bool root = false;             // never released
-    bool gathered = false;
-    bool reduced = false;          // in the current micro-step
+    bool root = false;                                // never released
+    bool gathered = false;                   // the buffer holds memory (and, once `pending` is done, the values)
+    c10::intrusive_ptr<c10d::Work> pending;  // a prefetch in flight
+    bool reduced = false;                    // in the current micro-step
   };
 
   // `params`: the trainable parameters in the same order on every rank, of one dtype and device;
@@ -115,7 +121,17 @@ class ShardedParameters final : public core::GradSync, public core::UnitScope {
  private:
   friend struct UnitOutputNode;
   friend struct UnitInputNode;
+  // Starts the unit's all-gather (its memory allocated), unless it is gathered or on its way.
+  void start_gather(FlatUnit& unit);
+  // The unit whole: its prefetch waited for, or gathered now.
   void gather(FlatUnit& unit);
+  // Unit u (an index of units_) whole for its forward, and the next one's gather started; for its
+  // backward, the previous one's.
+  void gather_for_forward(size_t u);
+  void gather_for_backward(size_t u);
+  // A unit's parameters' .grad made views of its flat gradient buffer (what they held copied in),
+  // so that autograd accumulates into it and it is reduce-scattered as it lies.
+  void attach_gradients(FlatUnit& unit);
   void release(FlatUnit& unit);
   // The unit's backward has run: reduce when due, release.
   void finish_unit_backward(FlatUnit& unit);
@@ -126,7 +142,8 @@ class ShardedParameters final : public core::GradSync, public core::UnitScope {
   c10::intrusive_ptr<c10d::Backend> group_;
   std::vector<torch::Tensor> params_;
   ShardedGradSyncOptions options_;
-  std::vector<FlatUnit> units_;  // the model's units that hold parameters, then the root
+  std::vector<FlatUnit> units_;              // the model's units that hold parameters, then the root
+  size_t unit_count_ = 0;                    // of them, not the root
   std::vector<int64_t> unit_of_model_unit_;  // model unit → index into units_, or -1
   std::string policy_reason_;
   bool last_ = false;

@@ -35,19 +35,24 @@ RankStateBytes rank_state_bytes(const ModelStates& model, int64_t world, int64_t
   }
   // ZeRO-3: every unit a flat buffer of W ranges kept as this rank's range; the root whole (its
   // shard a view of it).
-  int64_t shards = 0, largest_gathered = 0, largest_unit = 0;
+  int64_t shards = 0;
+  std::vector<int64_t> gathered;
   for (const int64_t u : model.unit_elements) {
     shards += shard_of(u, world);
-    largest_gathered = std::max(largest_gathered, shard_of(u, world) * world);
-    largest_unit = std::max(largest_unit, u);
+    gathered.push_back(shard_of(u, world) * world);
   }
+  // Two units whole at a time at most: one computing, the next one's gather started.
+  std::sort(gathered.rbegin(), gathered.rend());
+  const int64_t largest = gathered.empty() ? 0 : gathered[0];
+  const int64_t two_gathered = largest + (gathered.size() > 1 ? gathered[1] : 0);
   const int64_t root_shard = shard_of(model.root_elements, world);
   bytes.parameters = (shards + root_shard * world) * e + model.frozen_bytes;
   bytes.optimizer = model.moments * (shards + root_shard) * e;
-  // One unit gathered at a time; defer keeps every .grad until the window's last micro-step (then
-  // the shards), each_micro_step the shards, and one unit's and the root's .grad in a backward.
-  bytes.gradients = (defer ? trained : shards + root_shard) * e;
-  bytes.transient = (largest_gathered + (defer ? shards + root_shard : largest_unit + model.root_elements)) * e;
+  // Defer keeps every .grad until the window's last micro-step (then the shards; a unit's .grad is
+  // its flat buffer, padded), each_micro_step the shards, and one unit's and the root's .grad in a
+  // backward.
+  bytes.gradients = (defer ? shards * world + model.root_elements : shards + root_shard) * e;
+  bytes.transient = (two_gathered + (defer ? shards + root_shard : largest + model.root_elements)) * e;
   return bytes;
 }
 

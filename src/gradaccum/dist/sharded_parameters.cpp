@@ -1,6 +1,10 @@
 #include "gradaccum/dist/sharded_parameters.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <set>
@@ -12,13 +16,34 @@ namespace gradaccum::dist {
 
 namespace {
 
+// On the CPU a unit's memory is mapped from the kernel and unmapped when the unit is released:
+// it goes back to the system at once. From the heap (which this project's process set-up keeps,
+// heap_retention.h), the buffers of a few tens of MB freed and allocated around the other
+// allocations of every micro-step left the peak RSS of a rank above stage 0's.
+struct Mapping {
+  void* data;
+  size_t bytes;
+};
+
+void unmap(void* context) {
+  auto* mapping = static_cast<Mapping*>(context);
+  munmap(mapping->data, mapping->bytes);
+  delete mapping;
+}
+
+at::DataPtr allocate(c10::StorageImpl* storage, size_t bytes) {
+  if (!storage->device().is_cpu()) return storage->allocator()->allocate(bytes);
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  GA_CHECK(data != MAP_FAILED, "zero_stage: 3: cannot map {} bytes for a unit: {}", bytes, std::strerror(errno));
+  return at::DataPtr(data, new Mapping{data, bytes}, &unmap, storage->device());
+}
+
 // Gives `buffer`'s storage `bytes` bytes of new memory (contents undefined), or none. Its views,
 // and the references autograd saved to them, stay attached to the same storage.
 void set_storage_bytes(const torch::Tensor& buffer, size_t bytes) {
   auto* storage = buffer.storage().unsafeGetStorageImpl();
   if (storage->nbytes() == bytes) return;
-  storage->set_data_ptr_noswap(bytes > 0 ? storage->allocator()->allocate(bytes)
-                                         : at::DataPtr(nullptr, storage->device()));
+  storage->set_data_ptr_noswap(bytes > 0 ? allocate(storage, bytes) : at::DataPtr(nullptr, storage->device()));
   storage->set_nbytes(bytes);
 }
 
@@ -43,7 +68,7 @@ struct UnitOutputNode : torch::autograd::Function<UnitOutputNode> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* owner = reinterpret_cast<ShardedParameters*>(ctx->saved_data["owner"].toInt());
-    owner->gather(owner->units_[static_cast<size_t>(ctx->saved_data["unit"].toInt())]);
+    owner->gather_for_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
     return {grads[0], torch::Tensor(), torch::Tensor()};
   }
 };
@@ -97,6 +122,7 @@ ShardedParameters::ShardedParameters(c10::intrusive_ptr<c10d::Backend> group, st
   for (size_t k = 0; k < params_.size(); ++k) {
     if (owner[k] < 0) root.params.push_back(k);
   }
+  unit_count_ = units_.size();
   if (!root.params.empty()) units_.push_back(std::move(root));
 
   // Each unit's buffer holds the parameters' values (rank 0's, one broadcast per unit) and
@@ -123,6 +149,10 @@ ShardedParameters::ShardedParameters(c10::intrusive_ptr<c10d::Backend> group, st
     for (size_t i = 0; i < unit.params.size(); ++i) {
       auto& p = params_[unit.params[i]];
       p.set_data(unit.buffer.slice(0, unit.offsets[i], unit.offsets[i + 1]).view(p.sizes()));
+    }
+    if (!unit.root) {
+      unit.grads = torch::empty({0}, tensor_options).resize_({unit.shard_size * world});
+      set_storage_bytes(unit.grads, 0);
     }
     // The root's buffer is always there: its shard is a view of it, stepped in place.
     unit.shard = unit.buffer.slice(0, rank() * unit.shard_size, (rank() + 1) * unit.shard_size);
@@ -163,6 +193,7 @@ ShardedParameters::~ShardedParameters() {
   try {
     torch::NoGradGuard no_grad;
     for (auto& unit : units_) {
+      if (unit.pending) unit.pending->wait();  // a forward cut short: its prefetch still writes
       if (unit.gathered) continue;
       set_storage_bytes(unit.buffer, buffer_bytes(unit, world_size()));
       unit.buffer.fill_(std::numeric_limits<double>::quiet_NaN());
@@ -173,7 +204,7 @@ ShardedParameters::~ShardedParameters() {
   }
 }
 
-void ShardedParameters::gather(FlatUnit& unit) {
+void ShardedParameters::start_gather(FlatUnit& unit) {
   if (unit.gathered) return;
   set_storage_bytes(unit.buffer, buffer_bytes(unit, world_size()));
   std::vector<std::vector<torch::Tensor>> output(1);
@@ -181,13 +212,46 @@ void ShardedParameters::gather(FlatUnit& unit) {
     output[0].push_back(unit.buffer.slice(0, r * unit.shard_size, (r + 1) * unit.shard_size));
   }
   std::vector<torch::Tensor> input{unit.shard};
-  wait_for(group_->allgather(output, input), rank(), "a parameter all-gather");
+  unit.pending = group_->allgather(output, input);
   unit.gathered = true;
   ++window_gathers_;
 }
 
+void ShardedParameters::gather(FlatUnit& unit) {
+  start_gather(unit);
+  if (!unit.pending) return;
+  auto work = std::move(unit.pending);
+  wait_for(work, rank(), "a parameter all-gather");
+}
+
+void ShardedParameters::gather_for_forward(size_t u) {
+  gather(units_[u]);
+  if (u + 1 < unit_count_) start_gather(units_[u + 1]);
+}
+
+void ShardedParameters::gather_for_backward(size_t u) {
+  gather(units_[u]);
+  attach_gradients(units_[u]);
+  if (u > 0) start_gather(units_[u - 1]);
+}
+
+void ShardedParameters::attach_gradients(FlatUnit& unit) {
+  if (unit.root || unit.grads_attached) return;
+  torch::NoGradGuard no_grad;
+  set_storage_bytes(unit.grads, buffer_bytes(unit, world_size()));
+  unit.grads.zero_();
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    auto& p = params_[unit.params[i]];
+    auto view = unit.grads.slice(0, unit.offsets[i], unit.offsets[i + 1]).view(p.sizes());
+    if (p.grad().defined()) view.copy_(p.grad());  // put back by a resumed checkpoint
+    p.mutable_grad() = view;
+  }
+  unit.grads_attached = true;
+}
+
 void ShardedParameters::release(FlatUnit& unit) {
   if (unit.root || !unit.gathered || unsharded_) return;
+  if (unit.pending) gather(unit);  // no memory is given back under a collective in flight
   set_storage_bytes(unit.buffer, 0);
   unit.gathered = false;
 }
@@ -199,7 +263,7 @@ torch::Tensor ShardedParameters::enter(int64_t model_unit, const torch::Tensor& 
   const int64_t u = unit_of_model_unit_[static_cast<size_t>(model_unit)];
   if (u < 0) return input;
   computed_ = true;
-  gather(units_[static_cast<size_t>(u)]);
+  gather_for_forward(static_cast<size_t>(u));
   if (!torch::GradMode::is_enabled() || !input.requires_grad()) return input;
   return UnitInputNode::apply(input, this, u);
 }
@@ -232,15 +296,13 @@ void ShardedParameters::finish_unit_backward(FlatUnit& unit) {
 void ShardedParameters::after_backward(bool) {
   if (!computed_) {
     // No samples here this micro-step: the peers' gathers and reductions, in their order.
-    for (auto& unit : units_) {
-      if (unit.root) continue;
-      gather(unit);
-      release(unit);
+    for (size_t u = 0; u < unit_count_; ++u) {
+      gather_for_forward(u);
+      release(units_[u]);
     }
-    for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
-      if (it->root) continue;
-      gather(*it);
-      finish_unit_backward(*it);
+    for (size_t u = unit_count_; u-- > 0;) {
+      gather_for_backward(u);
+      finish_unit_backward(units_[u]);
     }
   } else {
     // A unit whose input needed no gradient (the first, below frozen embeddings) ends here.
@@ -276,6 +338,20 @@ void ShardedParameters::reduce(FlatUnit& unit) {
   if (!unit.grad_shard.defined()) unit.grad_shard = torch::zeros({unit.shard_size}, options);
   const int64_t world = world_size();
   const int64_t element = static_cast<int64_t>(unit.shard.element_size());
+  if (!unit.root) {
+    // The unit's gradient is its flat buffer, laid out as the ranks' ranges: one reduce-scatter.
+    attach_gradients(unit);
+    auto received = torch::empty({unit.shard_size}, options);
+    wait_for(group_->reduce_scatter_single(received, unit.grads), rank(), "a gradient reduce-scatter");
+    unit.grad_shard.add_(received);
+    ++window_calls_;
+    window_bytes_ += unit.grads.numel() * element;
+    for (const size_t k : unit.params) params_[k].mutable_grad() = torch::Tensor();
+    set_storage_bytes(unit.grads, 0);
+    unit.grads_attached = false;
+    unit.reduced = true;
+    return;
+  }
   const int64_t chunk = std::clamp<int64_t>(options_.bucket_bytes / (world * element), 1, unit.shard_size);
   auto staging = torch::empty({world * chunk}, options);
   auto received = torch::empty({chunk}, options);
