@@ -144,46 +144,30 @@ TEST(CheckpointResume, TwoRanksResumeBitIdenticallyAlsoWithZero1) {
   fs::remove_all(dir);
 }
 
-// ZeRO-2 at a window's end: each rank saves its optimizer shard (the gradient shard is empty
-// there), and the resumed run repeats the uninterrupted one bit for bit, for both policies.
-TEST(CheckpointResume, TwoRanksResumeBitIdenticallyWithZero2ForBothPolicies) {
-  const auto dir = make_temp_dir("ckpt-zero2");
-  for (const std::string policy : {"defer", "each_micro_step"}) {
-    const auto run = kRun +
-                     " --set threads=1 --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 "
-                     "--nproc 2 --set zero_stage=2 --set sharded_grad_sync=" +
-                     policy;
-    const auto a = dir + "/a-" + policy;
-    run_ok("train " + run + " --set max_steps=8 --set save_steps=4 --set output_dir=" + a);
-    EXPECT_TRUE(fs::exists(a + "/checkpoints/step-4/optimizer-rank1.safetensors"));
-    run_ok("train " + run + " --set max_steps=8 --set output_dir=" + dir + "/b-" + policy +
-           " --set resume_from_checkpoint=" + a + "/checkpoints/step-4");
-    const auto resumed = read_jsonl(dir + "/b-" + policy + "/metrics.jsonl");
-    expect_same_steps(read_jsonl(a + "/metrics.jsonl"), resumed, 5, 8);
-    for (const auto& record : resumed) {
-      if (record.contains("loss")) EXPECT_EQ(record["sharded_grad_sync"], policy);
+// ZeRO-2 and ZeRO-3 at a window's end: each rank saves its optimizer shards (the gradient shards
+// are empty there; under ZeRO-3 the weights are gathered whole for the checkpoint), and the
+// resumed run repeats the uninterrupted one bit for bit, for both policies, final weights included.
+TEST(CheckpointResume, TwoRanksResumeBitIdenticallyWithZero2And3ForBothPolicies) {
+  const auto dir = make_temp_dir("ckpt-zero23");
+  for (const std::string zero : {"2", "3"}) {
+    for (const std::string policy : {"defer", "each_micro_step"}) {
+      SCOPED_TRACE("zero_stage " + zero + " " + policy);
+      const auto run = kRun +
+                       " --set threads=1 --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 "
+                       "--nproc 2 --set zero_stage=" +
+                       zero + " --set sharded_grad_sync=" + policy;
+      const auto a = dir + "/a" + zero + "-" + policy, b = dir + "/b" + zero + "-" + policy;
+      run_ok("train " + run + " --set max_steps=8 --set save_steps=4 --set output_dir=" + a);
+      EXPECT_TRUE(fs::exists(a + "/checkpoints/step-4/optimizer-rank1.safetensors"));
+      run_ok("train " + run + " --set max_steps=8 --set output_dir=" + b + " --set resume_from_checkpoint=" + a +
+             "/checkpoints/step-4");
+      const auto resumed = read_jsonl(b + "/metrics.jsonl");
+      expect_same_steps(read_jsonl(a + "/metrics.jsonl"), resumed, 5, 8);
+      for (const auto& record : resumed) {
+        if (record.contains("loss")) EXPECT_EQ(record["sharded_grad_sync"], policy);
+      }
+      EXPECT_EQ(read_text(a + "/final/model.safetensors"), read_text(b + "/final/model.safetensors"));
     }
-  }
-  fs::remove_all(dir);
-}
-
-// ZeRO-3 at a window's end: each rank saves its shards of every unit's optimizer state (the
-// weights gathered whole for the checkpoint), and the resumed run repeats the uninterrupted one
-// bit for bit, for both policies.
-TEST(CheckpointResume, TwoRanksResumeBitIdenticallyWithZero3ForBothPolicies) {
-  const auto dir = make_temp_dir("ckpt-zero3");
-  for (const std::string policy : {"defer", "each_micro_step"}) {
-    const auto run = kRun +
-                     " --set threads=1 --set per_device_train_batch_size=8 --set gradient_accumulation_steps=2 "
-                     "--nproc 2 --set zero_stage=3 --set sharded_grad_sync=" +
-                     policy;
-    const auto a = dir + "/a-" + policy;
-    run_ok("train " + run + " --set max_steps=8 --set save_steps=4 --set output_dir=" + a);
-    EXPECT_TRUE(fs::exists(a + "/checkpoints/step-4/optimizer-rank1.safetensors"));
-    run_ok("train " + run + " --set max_steps=8 --set output_dir=" + dir + "/b-" + policy +
-           " --set resume_from_checkpoint=" + a + "/checkpoints/step-4");
-    expect_same_steps(read_jsonl(a + "/metrics.jsonl"), read_jsonl(dir + "/b-" + policy + "/metrics.jsonl"), 5, 8);
-    EXPECT_EQ(read_text(a + "/final/model.safetensors"), read_text(dir + "/b-" + policy + "/final/model.safetensors"));
   }
   fs::remove_all(dir);
 }

@@ -119,8 +119,7 @@ class ShardedParameters final : public core::GradSync, public core::UnitScope {
   int64_t held_gradient_bytes() const;
 
  private:
-  friend struct UnitOutputNode;
-  friend struct UnitInputNode;
+  friend struct UnitBoundaryNode;
   // Starts the unit's all-gather (its memory allocated), unless it is gathered or on its way.
   void start_gather(FlatUnit& unit);
   // The unit whole: its prefetch waited for, or gathered now.

@@ -53,38 +53,29 @@ size_t buffer_bytes(const ShardedParameters::FlatUnit& unit, int64_t world) {
 
 }  // namespace
 
-// The autograd nodes that bracket a unit's backward. The unit's output passes through
-// UnitOutputNode: its backward, the first of the unit's, gathers the parameters. The input passes
-// through UnitInputNode: its backward runs once the gradient has crossed the whole unit (every
-// node of the unit lies between the two, and the parameters' AccumulateGrad nodes run first: the
-// engine runs them as soon as they are ready).
-struct UnitOutputNode : torch::autograd::Function<UnitOutputNode> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& output,
-                               ShardedParameters* owner, int64_t unit) {
+// The autograd node that brackets a unit's backward. The unit's output passes through one (a
+// unit's end): its backward, the first of the unit's, gathers the parameters. The input passes
+// through another (its start): its backward runs once the gradient has crossed the whole unit
+// (every node of the unit lies between the two, and the parameters' AccumulateGrad nodes run
+// first: the engine runs them as soon as they are ready), and ends the unit's backward.
+struct UnitBoundaryNode : torch::autograd::Function<UnitBoundaryNode> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, ShardedParameters* owner,
+                               int64_t unit, bool unit_start) {
     ctx->saved_data["owner"] = reinterpret_cast<int64_t>(owner);
     ctx->saved_data["unit"] = unit;
-    return output;
+    ctx->saved_data["start"] = unit_start;
+    return x;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* owner = reinterpret_cast<ShardedParameters*>(ctx->saved_data["owner"].toInt());
-    owner->gather_for_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
-    return {grads[0], torch::Tensor(), torch::Tensor()};
-  }
-};
-
-struct UnitInputNode : torch::autograd::Function<UnitInputNode> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
-                               ShardedParameters* owner, int64_t unit) {
-    ctx->saved_data["owner"] = reinterpret_cast<int64_t>(owner);
-    ctx->saved_data["unit"] = unit;
-    return input;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* owner = reinterpret_cast<ShardedParameters*>(ctx->saved_data["owner"].toInt());
-    owner->finish_unit_backward(owner->units_[static_cast<size_t>(ctx->saved_data["unit"].toInt())]);
-    return {grads[0], torch::Tensor(), torch::Tensor()};
+    const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+    if (ctx->saved_data["start"].toBool()) {
+      owner->finish_unit_backward(owner->units_[unit]);
+    } else {
+      owner->gather_for_backward(unit);
+    }
+    return {grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -265,7 +256,7 @@ torch::Tensor ShardedParameters::enter(int64_t model_unit, const torch::Tensor& 
   computed_ = true;
   gather_for_forward(static_cast<size_t>(u));
   if (!torch::GradMode::is_enabled() || !input.requires_grad()) return input;
-  return UnitInputNode::apply(input, this, u);
+  return UnitBoundaryNode::apply(input, this, u, /*unit_start=*/true);
 }
 
 torch::Tensor ShardedParameters::leave(int64_t model_unit, const torch::Tensor& output) {
@@ -273,7 +264,8 @@ torch::Tensor ShardedParameters::leave(int64_t model_unit, const torch::Tensor& 
   const int64_t u = unit_of_model_unit_.at(static_cast<size_t>(model_unit));
   if (u < 0) return output;
   auto result = output;
-  if (torch::GradMode::is_enabled() && output.requires_grad()) result = UnitOutputNode::apply(output, this, u);
+  if (torch::GradMode::is_enabled() && output.requires_grad())
+    result = UnitBoundaryNode::apply(output, this, u, /*unit_start=*/false);
   release(units_[static_cast<size_t>(u)]);
   return result;
 }
