@@ -26,6 +26,11 @@ prepares the model (DDP on Gloo) and the optimizer, each micro-step runs inside
 `accelerator.backward`, which divides the loss by N itself. Launch it with torchrun:
   torchrun --nproc-per-node 2 bench/dist/py_ddp.py --mode accelerate --output m.jsonl
 
+--mode fsdp2: PyTorch FSDP2 (`fully_shard` on each block, or each Linear of the MLP, then on the
+model; a Gloo device mesh on the CPU): parameters sharded per unit, gradients reduce-scattered in
+every backward (FSDP2's default). --mode fsdp2_deferred: `set_requires_gradient_sync(False)` on
+the first N-1 micro-steps, so it keeps unsharded gradients and reduce-scatters once, in the last.
+
 Launched like torchrun would, one process per rank, with RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT (and GLOO_SOCKET_IFNAME) in the environment:
   RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 /opt/gradaccum/venv/bin/python bench/dist/py_ddp.py --output m.jsonl &
@@ -97,7 +102,8 @@ def main():
     ap.add_argument("--accum", type=int, default=8)
     ap.add_argument("--max-steps", type=int, default=12)
     ap.add_argument("--hidden", default="2048,2048,2048")
-    ap.add_argument("--mode", choices=["deferred", "eager", "accelerate"], default="deferred")
+    ap.add_argument("--mode", choices=["deferred", "eager", "accelerate", "fsdp2", "fsdp2_deferred"],
+                    default="deferred")
     ap.add_argument("--train-limit", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
@@ -135,8 +141,18 @@ def main():
         lr = 2e-3
 
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    if accelerator is not None:
+    fsdp = args.mode.startswith("fsdp2")
+    if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (world,))
+        for unit in (model.h if gpt else [m for m in model if isinstance(m, nn.Linear)]):
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)  # every rank built the same weights from the same seed
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)  # after sharding: its DTensors
+    if fsdp:
+        ddp = model
+    elif accelerator is not None:
         from accelerate.utils import DistributedDataParallelKwargs
         accelerator.ddp_handler = DistributedDataParallelKwargs(bucket_cap_mb=int(args.bucket_cap_mb))
         ddp, opt = accelerator.prepare(model, opt)  # DDP: broadcasts rank 0's weights
@@ -166,8 +182,11 @@ def main():
         loss_sum = torch.zeros((), dtype=torch.float64)
         for s in range(N):
             first = (s * world + rank) * b
-            sync_now = args.mode == "eager" or s == N - 1
-            if accelerator is not None:
+            sync_now = args.mode in ("eager", "fsdp2") or s == N - 1
+            if fsdp:
+                model.set_requires_gradient_sync(sync_now)
+                ctx = contextlib.nullcontext()
+            elif accelerator is not None:
                 ctx = accelerator.accumulate(ddp)  # its own step count: syncs on every N-th micro-step
             else:
                 ctx = contextlib.nullcontext() if sync_now else ddp.no_sync()
@@ -196,13 +215,15 @@ def main():
             grad_norm = accelerator.clip_grad_norm_(ddp.parameters(), 1.0)
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()  # FSDP2: a DTensor
         opt.step()
         opt.zero_grad()
         sched.step()
         host = torch.stack([totals[0] / totals[1], grad_norm.double()]).tolist()  # the one host sync
         step_time = time.perf_counter() - start
         if out:
-            syncs = N if args.mode == "eager" else 1  # accelerate: deferred, like no_sync()
+            syncs = N if args.mode in ("eager", "fsdp2") else 1  # accelerate: deferred, like no_sync()
             out.write(json.dumps({
                 "step": step + 1, "loss": host[0], "grad_norm": host[1],
                 "step_time_s": step_time, "world_size": world,

@@ -19,6 +19,11 @@ warm-up of all repetitions, the range of the per-run medians, and bytes all-redu
 
   /opt/gradaccum/venv/bin/python bench/dist/run_bench.py --bin build-dist/gradaccum --reps 3
 
+--sharding zero3: gradaccum with zero_stage 3 (deferred: sharded_grad_sync defer; eager:
+each_micro_step) against PyTorch FSDP2 in py_ddp.py (deferred: --mode fsdp2_deferred, with
+set_requires_gradient_sync(False) on the first N-1 micro-steps; eager: --mode fsdp2), in the
+column that is otherwise DDP's.
+
 Models: --model mlp (default) is the MLP on Fashion-MNIST above; --model gpt is the 3.3M-parameter
 GPT-2 of issue 4 on random token ids (gradaccum: bench/dist/gpt-3m.yaml; Python: py_ddp.py
 --model gpt), micro-batch 2 and N = 8 unless --micro-batch / --accum say otherwise:
@@ -59,6 +64,10 @@ def our_args(a, mode, out_dir):
             "sync_each_micro_step": "true" if mode == "eager" else "false",
             "output_dir": out_dir, "logging_steps": 1000,
         }
+        if a.sharding == "zero3":
+            sets["sync_each_micro_step"] = "false"
+            sets["zero_stage"] = 3
+            sets["sharded_grad_sync"] = "each_micro_step" if mode == "eager" else "defer"
         cmd = [a.bin, "train", GPT_CONFIG]
         for k, v in sets.items():
             cmd += ["--set", f"{k}={v}"]
@@ -72,6 +81,10 @@ def our_args(a, mode, out_dir):
         "sync_each_micro_step": "true" if mode == "eager" else "false",
         "output_dir": out_dir, "logging_steps": 1000,
     }
+    if a.sharding == "zero3":
+        sets["sync_each_micro_step"] = "false"
+        sets["zero_stage"] = 3
+        sets["sharded_grad_sync"] = "each_micro_step" if mode == "eager" else "defer"
     cmd = [a.bin, "train"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
@@ -79,6 +92,8 @@ def our_args(a, mode, out_dir):
 
 
 def py_args(a, mode, out_file):
+    if a.sharding == "zero3" and mode in ("deferred", "eager"):
+        mode = "fsdp2_deferred" if mode == "deferred" else "fsdp2"
     if a.model == "gpt":
         return ["/opt/gradaccum/venv/bin/python", PY_DDP, "--model", "gpt", "--micro-batch", str(a.micro_batch),
                 "--accum", str(a.accum), "--max-steps", str(a.max_steps), "--mode", mode,
@@ -168,6 +183,8 @@ def main():
     ap.add_argument("--links", default="lo,10gbit,1gbit")
     ap.add_argument("--impls", default="ours,py")
     ap.add_argument("--modes", default="deferred,eager")
+    ap.add_argument("--sharding", choices=["none", "zero3"], default="none",
+                    help="zero3: gradaccum's zero_stage 3 against PyTorch FSDP2")
     ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp",
                     help="mlp: the Fashion-MNIST MLP; gpt: the 3.3M-parameter GPT-2 on random tokens")
     ap.add_argument("--hidden", default="2048,2048,2048", help="--model mlp: hidden widths")
@@ -230,7 +247,7 @@ def main():
         if not runs:
             return None
         times = [s["step_time_s"] for r in runs for s in r["steps"][a.warmup:]]
-        mb = statistics.median(s["allreduce_bytes"] for r in runs for s in r["steps"]) / 1e6
+        mb = statistics.median(s.get("allreduce_bytes", s.get("reduce_scatter_bytes", 0)) for r in runs for s in r["steps"]) / 1e6
         per_run = [r["median_s"] for r in runs]
         return {"median": statistics.median(times), "lo": min(per_run), "hi": max(per_run),
                 "mb": mb, "runs": len(runs)}
@@ -243,7 +260,8 @@ def main():
           f"1 thread per rank; median over steps {a.warmup + 1}..{a.max_steps} of all runs "
           f"[range of per-run medians]; MB = 10^6 bytes")
     print()
-    print("| link | mode | gradaccum s/step | Python DDP s/step | gradaccum / DDP | Accelerate (torchrun) s/step | "
+    peer = "FSDP2" if a.sharding == "zero3" else "DDP"
+    print(f"| link | mode | gradaccum s/step | Python {peer} s/step | gradaccum / {peer} | Accelerate (torchrun) s/step | "
           "gradaccum / Accelerate | MB all-reduced / step | runs |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for link in links:
