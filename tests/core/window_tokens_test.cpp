@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 
 #include "gradaccum/core/saved_geometry.h"
@@ -365,6 +366,34 @@ TEST(WindowTokensCli, ARunCountsItsWindowsAndResumesWithAnotherMicroBatch) {
   EXPECT_EQ(other.err, "gradaccum: error: checkpoint " + dir +
                            "/whole/checkpoints/step-3: it was saved with window_tokens 150 and this run has 100; that "
                            "changes the windows\n");
+}
+
+// Windows closed by a token count under ZeRO-3 at W = 2: N varies per window and a rank may have
+// no samples in a window's last micro-step (it replays its peer's gathers and reductions); both
+// policies follow one process in float64, window for window.
+TEST(WindowTokensCli, ZeroStage3RanksFollowOneProcessFloat64) {
+  const auto dir = support::make_temp_dir("window-tokens-zero3");
+  const auto run = kTokens + " --set model.n_layer=2 --set per_device_train_batch_size=4";
+  ASSERT_EQ(run_cli(run + " --set output_dir=" + dir + "/one").exit_code, 0);
+  const auto one = step_records(dir + "/one/metrics.jsonl");
+  ASSERT_GE(one.size(), 10u);
+  for (const std::string policy : {"defer", "each_micro_step"}) {
+    const auto r = run_cli(run + " --nproc 2 --set zero_stage=3 --set sharded_grad_sync=" + policy +
+                           " --set output_dir=" + dir + "/" + policy);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto sharded = step_records(dir + "/" + policy + "/metrics.jsonl");
+    ASSERT_EQ(sharded.size(), one.size()) << policy;
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_EQ(sharded[i]["items"], one[i]["items"]) << policy << " " << i;
+      EXPECT_NEAR(sharded[i]["loss"].get<double>(), one[i]["loss"].get<double>(), 1e-10 * one[i]["loss"].get<double>())
+          << policy << " " << i;
+      EXPECT_NEAR(sharded[i]["grad_norm"].get<double>(), one[i]["grad_norm"].get<double>(),
+                  1e-10 * one[i]["grad_norm"].get<double>())
+          << policy << " " << i;
+      EXPECT_EQ(sharded[i]["sharded_grad_sync"], policy);
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(WindowTokensCli, WhatCannotBeCombinedIsNamed) {
