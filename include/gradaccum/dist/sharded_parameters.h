@@ -109,10 +109,9 @@ class ShardedParameters final : public core::GradSync, public core::UnitScope {
   const std::vector<FlatUnit>& flat_units() const { return units_; }
   const std::vector<torch::Tensor>& parameters() const { return params_; }
 
-  // Counts of the window finished last and of the one in flight.
-  int64_t window_all_gathers() const { return window_gathers_; }
+  // Reduce-scatters of the window in flight; all-gathers of the window finished last.
   int64_t window_reduce_scatters() const { return window_calls_; }
-  int64_t all_gathers() const { return gathers_; }  // of the window finished last
+  int64_t all_gathers() const { return gathers_; }
   // Bytes this rank holds now, counted from the tensors (each storage once): parameters
   // (gathered buffers and shards), gradients (.grad and gradient shards).
   int64_t held_parameter_bytes() const;

@@ -163,6 +163,9 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
 // file too: state.scalars_file, state.tensors_file).
 // `optimizer_shards`: the layout of the run that reads it, as LoadedCheckpoint::optimizer_shards
 // counts; another than the saved one fills optimizer_parts instead of optimizer.
+// kOtherOptimizerLayout: a layout no checkpoint was saved in (ZeRO-3 cuts per unit), so every
+// optimizer file is read into optimizer_parts.
+inline constexpr int64_t kOtherOptimizerLayout = -1;
 LoadedCheckpoint read_checkpoint(const std::string& directory, int64_t rank, int64_t optimizer_shards = 0);
 
 }  // namespace gradaccum::io

@@ -375,7 +375,8 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
     }
     // ZeRO-3 cuts the optimizer state per unit, never as ZeRO-1/2 do: it always joins and cuts.
     const bool zero3 = env.distributed() && options.zero_stage == 3;
-    checkpoint = io::read_checkpoint(choice.directory, env.rank, zero3 ? -1 : optimizer_shards(options, env));
+    checkpoint = io::read_checkpoint(choice.directory, env.rank,
+                                     zero3 ? io::kOtherOptimizerLayout : optimizer_shards(options, env));
   }
   const auto geometry = options.trainer.geometry(env.world_size);
   if (const auto warning =
