@@ -59,12 +59,13 @@ TEST(SavedGeometry, ContinuesOnlyWhatKeepsTheWindows) {
             "checkpoint: it was saved with global batch 8 and this run has 16");
   EXPECT_EQ(error_of([&] { saved.check_continues(state, BatchGeometry::from_accumulation(2, 4, 1), 40); }),
             "checkpoint: it was saved with window_tokens 0 and this run has 40");
-  // Inside a window: the same b, N and W.
+  // Inside a window: its partial sums continue under the same b, N and W only (another
+  // decomposition trains the window again).
   state.position.micro_step = 2;
-  EXPECT_EQ(error_of([&] { saved.check_continues(state, BatchGeometry::from_accumulation(2, 4, 1), 0); }),
-            "checkpoint: it was saved inside a window with 1x8x1 (b x N x W); resume it with the same decomposition, "
-            "not 2x4x1");
-  EXPECT_EQ(error_of([&] { saved.check_continues(state, BatchGeometry::from_accumulation(1, 8, 1), 0); }), "");
+  EXPECT_EQ(error_of([&] { saved.check_continues(state, BatchGeometry::from_accumulation(2, 4, 1), 0); }), "");
+  EXPECT_TRUE(saved.continues_inside_window(BatchGeometry::from_accumulation(1, 8, 1)));
+  EXPECT_FALSE(saved.continues_inside_window(BatchGeometry::from_accumulation(2, 4, 1)));
+  EXPECT_FALSE(saved.continues_inside_window(BatchGeometry::from_accumulation(1, 4, 2)));
 }
 
 TEST(SavedGeometry, RefusesAPositionNoRunReaches) {

@@ -25,6 +25,7 @@ WindowTotals rank_totals(int64_t rank, int64_t slots) {
   t.loss = doubles({10.5 + r, 4.0 + r, 0.25 * r});
   t.stop_requests = torch::full({}, rank == 1 ? 1.0 : 0.0, torch::kDouble);
   t.out_of_memory_ranks = torch::zeros({}, torch::kDouble);
+  t.save_requests = torch::full({}, 1.0, torch::kDouble);  // both ranks' clocks say a save is due
   t.micro_step_items = doubles({1.0 + r, 2.0 + r, 3.0 + r});
   t.rank_items = torch::zeros({2}, torch::kDouble);
   t.rank_items[rank] = 4.0 + r;
@@ -43,6 +44,7 @@ void expect_same(const WindowTotals& a, const WindowTotals& b) {
   EXPECT_TRUE(torch::equal(a.loss, b.loss));
   EXPECT_TRUE(torch::equal(a.stop_requests, b.stop_requests));
   EXPECT_TRUE(torch::equal(a.out_of_memory_ranks, b.out_of_memory_ranks));
+  EXPECT_TRUE(torch::equal(a.save_requests, b.save_requests));
   EXPECT_TRUE(torch::equal(a.micro_step_items, b.micro_step_items));
   EXPECT_TRUE(torch::equal(a.rank_items, b.rank_items));
   ASSERT_EQ(a.slot_loss_sums.defined(), b.slot_loss_sums.defined());
@@ -61,7 +63,7 @@ TEST(WindowTotals, PackAndUnpackRoundTripEveryField) {
     EXPECT_EQ(layout.slots, slots);
     const auto packed = totals.pack();
     ASSERT_EQ(packed.dim(), 1);
-    EXPECT_EQ(packed.numel(), 3 + 2 + 3 + 2 + 2 * slots);
+    EXPECT_EQ(packed.numel(), 3 + 3 + 3 + 2 + 2 * slots);
     EXPECT_EQ(packed.numel(), layout.packed_size());
     EXPECT_EQ(packed.scalar_type(), torch::kDouble);
     const auto back = WindowTotals::unpack(packed, layout);
@@ -100,6 +102,7 @@ TEST(WindowTotals, AllReducedFieldsAreTheRanksSums) {
     EXPECT_TRUE(torch::equal(r.loss, a.loss + b.loss));
     EXPECT_EQ(host_value(r.stop_requests), 1.0);
     EXPECT_EQ(host_value(r.out_of_memory_ranks), 0.0);
+    EXPECT_EQ(host_value(r.save_requests), 2.0);
     EXPECT_TRUE(torch::equal(r.micro_step_items, doubles({3.0, 5.0, 7.0})));
     EXPECT_TRUE(torch::equal(r.rank_items, doubles({4.0, 5.0})));
     EXPECT_TRUE(torch::equal(r.slot_loss_sums, doubles({100, 101, 102, 200, 201, 202})));
@@ -113,9 +116,9 @@ TEST(WindowTotals, RefusesAVectorOfAnotherLayout) {
   layout.world_size = 4;
   try {
     WindowTotals::unpack(totals.pack(), layout);
-    FAIL() << "a vector of 10 values was read as a layout of 12";
+    FAIL() << "a vector of 11 values was read as a layout of 13";
   } catch (const gradaccum::Error& e) {
-    EXPECT_STREQ(e.what(), "window totals: 10 values where the layout (3 micro-steps, 4 ranks, 0 slots) holds 12");
+    EXPECT_STREQ(e.what(), "window totals: 11 values where the layout (3 micro-steps, 4 ranks, 0 slots) holds 13");
   }
 }
 

@@ -441,6 +441,79 @@ TEST(CheckpointSignals, TwoRanksWithZero2EachMicroStepStopAtTheWindowsEndAndResu
   fs::remove_all(dir);
 }
 
+// A window stopped inside on two ranks, resumed by one process (an elastic restart at a smaller
+// W, with global_batch_size fixed so that N follows): its partial sums do not fit 4 x 32 x 1, so
+// the window is trained again from its first micro-step, and the run follows the uninterrupted
+// two-rank one (float64: another decomposition of the same global batch).
+TEST(CheckpointSignals, AStopInsideAWindowResumesAtAnotherWorldSizeByTrainingThatWindowAgain) {
+  const auto dir = make_temp_dir("ckpt-sigterm-other-w");
+  const std::string f64 = " --set dtype=float64";
+  run_ok("train " + kTwoRanks + f64 + " --set output_dir=" + dir + "/straight");
+  std::string out;
+  std::pair<int64_t, int64_t> micro_steps{0, 0};
+  for (int attempt = 0; attempt < 6 && micro_steps.first == 0; ++attempt) {
+    out = dir + "/stopped" + std::to_string(attempt);
+    micro_steps = sigterm_two_ranks(out, /*to_rank1_only=*/false, f64);
+  }
+  ASSERT_GT(micro_steps.first, 0);
+  const auto resumed = run_ok("train " + kRun + f64 +
+                              " --set model.type=cnn --set threads=1 --set per_device_train_batch_size=4 "
+                              "--set global_batch_size=128 --set resume_from_checkpoint=latest --set output_dir=" +
+                              out);
+  EXPECT_NE(resumed.find(fmt::format("the window was saved at micro-step {} of 4x16x2 (b x N x W) and this run is "
+                                     "4x32x1: it is trained again from its first micro-step",
+                                     micro_steps.first)),
+            std::string::npos)
+      << resumed;
+  const auto straight = read_jsonl(dir + "/straight/metrics.jsonl");
+  size_t compared = 0;
+  for (const auto& y : read_jsonl(out + "/metrics.jsonl")) {
+    if (!y.contains("loss")) continue;
+    ASSERT_LT(compared, straight.size());
+    const auto& x = straight[compared];
+    ASSERT_EQ(x["step"], y["step"]);
+    for (const char* key : {"loss", "grad_norm", "weight_norm"}) {
+      EXPECT_NEAR(y[key].get<double>(), x[key].get<double>(), 1e-10 * std::abs(x[key].get<double>()))
+          << key << " step " << y["step"];
+    }
+    EXPECT_EQ(y["samples"], x["samples"]);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 20u);
+  fs::remove_all(dir);
+}
+
+// resume_from_checkpoint=auto: a fresh start where output_dir's run has no checkpoint (as a worker
+// that torchrun starts for the first time), the latest one where it has: the same command twice
+// gives the run that one uninterrupted command gives.
+TEST(CheckpointResume, AutoStartsAfreshThenContinuesTheLatest) {
+  const auto dir = make_temp_dir("ckpt-auto");
+  run_ok("train " + kRun + " --set output_dir=" + dir + "/straight");
+  const auto first = run_cli("train " + kRun + " --set save_steps=6 --set output_dir=" + dir +
+                             "/auto --set resume_from_checkpoint=auto");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.err.find("resume_from_checkpoint=auto: no checkpoint of this run under " + dir +
+                           "/auto/checkpoints; a fresh start"),
+            std::string::npos)
+      << first.err;
+  EXPECT_EQ(first.out.find("resuming from"), std::string::npos);
+  // As if the run had been lost after step 12's checkpoint.
+  for (const char* gone : {"checkpoints/step-18", "checkpoints/step-20", "final"})
+    fs::remove_all(dir + "/auto/" + gone);
+  const auto second = run_ok("train " + kRun + " --set save_steps=6 --set output_dir=" + dir +
+                             "/auto --set resume_from_checkpoint=auto");
+  EXPECT_NE(second.find("resuming from " + dir + "/auto/checkpoints/step-12 at step 12"), std::string::npos) << second;
+  expect_same_steps(read_jsonl(dir + "/straight/metrics.jsonl"), read_jsonl(dir + "/auto/metrics.jsonl"), 1, 20);
+  // auto keeps to a fresh start's rules: output_dir now names another run, whose start would mix
+  // its checkpoints with this one's.
+  gradaccum::io::write_run_id(dir + "/auto", "00000000000000ff");
+  const auto refused =
+      run_cli("train " + kRun + " --set output_dir=" + dir + "/auto --set resume_from_checkpoint=auto");
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("holds checkpoints of an earlier run"), std::string::npos) << refused.err;
+  fs::remove_all(dir);
+}
+
 // A `--nproc 2` job sent one SIGTERM that reaches each rank twice: directly and through the
 // launcher's forwarding. Once under GNU timeout (signalled itself: it signals the launcher, then
 // the whole process group) and once by a kill of the job's process group. Each time the job

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "small_tmpfs.h"
 #include "test_support.h"
 
 namespace metrics_writer_test {
@@ -138,28 +139,7 @@ TEST(MetricsWriter, AResumedRunKeepsTheLinesUpToItsStepAndAppends) {
   std::filesystem::remove_all(dir);
 }
 
-// A tmpfs of `size` mounted on a fresh directory for the guard's lifetime, or "" (and `why` says
-// why) where this process may not mount one.
-class SmallTmpfs {
- public:
-  SmallTmpfs(const std::string& name, const std::string& size) {
-    const auto dir = gradaccum::testing::make_temp_dir(name) + "/mnt";
-    std::filesystem::create_directories(dir);
-    if (mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, ("size=" + size).c_str()) == 0) {
-      path_ = dir;
-    } else {
-      why_ = std::string("cannot mount a tmpfs (") + std::strerror(errno) + "; it needs CAP_SYS_ADMIN)";
-    }
-  }
-  ~SmallTmpfs() {
-    if (!path_.empty()) umount2(path_.c_str(), MNT_DETACH);
-  }
-  const std::string& path() const { return path_; }
-  const std::string& why() const { return why_; }
-
- private:
-  std::string path_, why_;
-};
+using gradaccum::testing::SmallTmpfs;
 
 // A full disk stops the run with one line naming metrics.jsonl, which ends after its last whole
 // record (it used to stop at 4096 bytes, cut mid-record, while training went on).

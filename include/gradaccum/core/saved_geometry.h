@@ -23,6 +23,10 @@ struct SavedGeometry {
   static SavedGeometry restore(const TrainingState& state);
   // Refuses to continue `state` with `current` and `window_tokens` where the windows would change.
   void check_continues(const TrainingState& state, const BatchGeometry& current, int64_t window_tokens) const;
+  // Whether a window saved inside can be continued from its partial sums under `current`: the
+  // same b, N and W. Otherwise the window is trained again from its first micro-step, which gives
+  // the same step (the saved weights and optimizer are those before the window).
+  bool continues_inside_window(const BatchGeometry& current) const;
   // A position that no run with this geometry reaches (an edited trainer_state.json) is refused
   // before it is resumed.
   void check_position_is_possible(const TrainingState& state) const;

@@ -22,6 +22,7 @@
 #include "gradaccum/core/loss_scaling.h"
 #include "gradaccum/core/oom_recovery.h"
 #include "gradaccum/core/preemption.h"
+#include "gradaccum/core/save_clock.h"
 #include "gradaccum/core/step_sequence.h"
 #include "gradaccum/core/stop_agreement.h"
 #include "gradaccum/core/trainable.h"
@@ -55,12 +56,14 @@ class Trainer {
   Trainer(const Trainer&) = delete;  // the pieces hold references into it
   Trainer& operator=(const Trainer&) = delete;
 
-  // Continue a saved run (call before run()). A state saved inside a window
-  // needs the same b, N and W; a state between windows any decomposition of
-  // the same global batch.
+  // Continue a saved run (call before run()): any decomposition of the same
+  // global batch. A state saved inside a window continues from its partial
+  // sums under the same b, N and W, and otherwise trains that window again
+  // from its first micro-step.
   void restore(const TrainingState& state);
 
-  // Checkpoints: `hook` is called every options.save_steps steps, at the end,
+  // Checkpoints: `hook` is called every options.save_steps steps, after the first step that ends
+  // options.save_interval_s seconds after the last save (save_clock.h), at the end,
   // and when `*stop` becomes true (SIGTERM/SIGINT). The loop then stops after
   // the micro-step in flight and saves the partial window, where `agreement`
   // allows it (stop_agreement.h; null: the one-process agreement, or with
@@ -107,7 +110,8 @@ class Trainer {
   std::optional<Preemption> preemption_;
   std::unique_ptr<GradAccumulator> accumulator_;  // plain, or deterministic_accumulation's tree
   std::optional<OomRecovery> oom_recovery_;
-  std::vector<WindowFeature*> pieces_;  // the four above
+  std::optional<SaveClock> save_clock_;
+  std::vector<WindowFeature*> pieces_;  // the five above
   std::unique_ptr<StepSequence> steps_;
   std::unique_ptr<WindowRunner> runner_;
   TrainingPosition position_;

@@ -47,6 +47,8 @@ struct TrainerOptions {
   bool group_by_length = false;                    // sort each window's samples by length (see WindowPlan)
   SampleOrder sample_order = SampleOrder::random;  // train_sampling_strategy
   int64_t save_steps = 0;                          // > 0: a checkpoint every save_steps optimizer steps
+  // > 0: also a checkpoint after the first step that ends this long after the last save (save_clock.h)
+  double save_interval_s = 0.0;
   NanPolicy nan_policy = NanPolicy::abort;
   // For a fixed micro-batch size, gradients and losses bit-identical for every N × W with W a
   // power of two (canonical_sum.h): chunks in contiguous order, each micro-batch's gradient kept

@@ -21,7 +21,7 @@ struct WindowTotalsLayout {
   int64_t world_size = 1;
   int64_t slots = 0;  // deterministic accumulation: the window's N × W micro-batch slots; else 0
 
-  int64_t packed_size() const { return 5 + micro_steps + world_size + 2 * slots; }
+  int64_t packed_size() const { return 6 + micro_steps + world_size + 2 * slots; }
   bool operator==(const WindowTotalsLayout& other) const {
     return micro_steps == other.micro_steps && world_size == other.world_size && slots == other.slots;
   }
@@ -34,6 +34,8 @@ struct WindowTotals {
   // Ranks that asked to stop, and ranks that ran out of memory in this window (0-dim float64).
   torch::Tensor stop_requests;
   torch::Tensor out_of_memory_ranks;
+  // Ranks whose clock says a timed checkpoint is due (SaveClock, 0-dim float64).
+  torch::Tensor save_requests;
   // Each micro-step's item count ([micro_steps]), and each rank's Σ counts ([world_size]: this
   // rank's at its index before the reduce).
   torch::Tensor micro_step_items;

@@ -31,8 +31,9 @@ Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout
 // value differs (used to refuse mismatched configurations across ranks).
 void check_same_on_all_ranks(c10d::Backend& group, int64_t value, const std::string& what);
 
-// The least of every rank's `value` (an all-reduce with MIN).
-int64_t min_over_ranks(c10d::Backend& group, int64_t value);
+// The least of every rank's `value` (an all-reduce with MIN); `what` names it in a failure.
+int64_t min_over_ranks(c10d::Backend& group, int64_t value,
+                       const std::string& what = "an all-reduce of a start-up figure");
 
 // Waits for `work`; a failure (a peer died or stalled past dist_timeout) becomes a one-line
 // gradaccum::Error naming this rank and `what` instead of Gloo's multi-line trace.

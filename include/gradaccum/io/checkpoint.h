@@ -32,8 +32,9 @@
 // means, and whether it is valid, is its piece's, which spells it once.
 //
 // Atomicity: every rank writes its files into `checkpoints/.tmp-step-K/`, each
-// file fsynced; after a barrier rank 0 writes the manifest, fsyncs the
-// directory and renames it to `step-K`. A crash at any moment leaves either the
+// file fsynced; after a barrier that tells every rank whether all parts were
+// written, rank 0 writes the manifest, fsyncs the directory and renames it to
+// `step-K`. A part that could not be written (a full disk) publishes nothing. A crash at any moment leaves either the
 // previous checkpoints alone or a `.tmp-*` directory that readers ignore and
 // the next save removes. Corruption after the fact (a truncated or flipped
 // file) is caught by the manifest's checksums, not by a crash in a parser.
@@ -109,8 +110,16 @@ struct CheckpointStoreOptions {
   int64_t rank = 0;
   int64_t world_size = 1;
   int64_t save_total_limit = 0;  // > 0: keep only the newest K checkpoints
-  // Waits for every rank (a collective); unused with one process.
-  std::function<void()> barrier;
+  // Whether every rank's `ok` is true (a collective every rank makes: a barrier that carries each
+  // rank's success); unused with one process.
+  std::function<bool(bool ok)> all_ok;
+};
+
+// A checkpoint that could not be written on some rank (a full disk, a write error): nothing of it
+// was published, earlier checkpoints are as they were, and every rank throws it.
+class CheckpointNotSaved : public Error {
+ public:
+  using Error::Error;
 };
 
 class CheckpointStore {
@@ -150,8 +159,9 @@ struct CheckpointChoice {
 };
 
 // `spec` is a checkpoint directory, or "latest": the newest complete
-// checkpoint of output_dir's run (read_run_id) under output_dir/checkpoints.
-// Throws naming what is missing.
+// checkpoint of output_dir's run (read_run_id) under output_dir/checkpoints, or
+// "auto": latest's choice, or an empty directory (a fresh start) where latest
+// would find none. Throws naming what is missing.
 CheckpointChoice choose_checkpoint(const std::string& spec, const std::string& output_dir);
 
 // choose_checkpoint(...).directory.

@@ -22,11 +22,16 @@ struct RunSettings {
   int64_t logging_steps = 1;                                                // console and TensorBoard interval
   std::vector<std::string> report_to;  // "tensorboard" (HF's key): event files in logging_dir
   std::string logging_dir;             // "" = output_dir/runs
-  std::string resume_from_checkpoint;  // "" | "latest" (under output_dir) | a checkpoint directory
-  bool overwrite_output_dir = false;   // a fresh run may start in an output_dir holding checkpoints
-  bool allow_batch_change = false;     // resume with another global batch (not exact)
-  int64_t save_total_limit = 0;        // > 0: keep the newest K checkpoints
-  int64_t dist_timeout_s = 60;         // a stalled rank is an error after this long
+  // "" | "latest" (under output_dir) | "auto" (latest if output_dir's run has one, else a fresh
+  // start: what a worker that torchrun restarts needs) | a checkpoint directory
+  std::string resume_from_checkpoint;
+  bool overwrite_output_dir = false;  // a fresh run may start in an output_dir holding checkpoints
+  bool allow_batch_change = false;    // resume with another global batch (not exact)
+  int64_t save_total_limit = 0;       // > 0: keep the newest K checkpoints
+  // save_on_error: continue. A checkpoint that cannot be written (disk full) is reported
+  // and training goes on; false (stop): the run stops with that error. Earlier checkpoints stay.
+  bool continue_after_failed_save = false;
+  int64_t dist_timeout_s = 60;  // a stalled rank is an error after this long
   // > 0: libtorch's profiler over optimizer steps K..K+profile_steps-1, each rank's operators
   // written as a Chrome trace to output_dir/profiler/trace-rank<R>.json.
   int64_t profile_from_step = 0;

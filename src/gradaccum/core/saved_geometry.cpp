@@ -33,20 +33,18 @@ SavedGeometry SavedGeometry::restore(const TrainingState& state) {
   return saved;
 }
 
-void SavedGeometry::check_continues(const TrainingState& state, const BatchGeometry& current,
+bool SavedGeometry::continues_inside_window(const BatchGeometry& current) const {
+  return geometry.micro_batch() == current.micro_batch() &&
+         geometry.accumulation_steps() == current.accumulation_steps() && geometry.world_size() == current.world_size();
+}
+
+void SavedGeometry::check_continues(const TrainingState& /*state*/, const BatchGeometry& current,
                                     int64_t current_window_tokens) const {
   GA_CHECK(window_tokens == current_window_tokens, "checkpoint: it was saved with window_tokens {} and this run has {}",
            window_tokens, current_window_tokens);
   GA_CHECK(window_tokens > 0 || geometry.global_batch() == current.global_batch(),
            "checkpoint: it was saved with global batch {} and this run has {}", geometry.global_batch(),
            current.global_batch());
-  GA_CHECK(state.position.micro_step == 0 || (geometry.micro_batch() == current.micro_batch() &&
-                                              geometry.accumulation_steps() == current.accumulation_steps() &&
-                                              geometry.world_size() == current.world_size()),
-           "checkpoint: it was saved inside a window with {}x{}x{} (b x N x W); resume it with the "
-           "same decomposition, not {}x{}x{}",
-           geometry.micro_batch(), geometry.accumulation_steps(), geometry.world_size(), current.micro_batch(),
-           current.accumulation_steps(), current.world_size());
 }
 
 // A run that trained `step` windows of at most B samples has seen at most step·B samples, and is

@@ -99,7 +99,8 @@ Trainer::Trainer(TrainerOptions options, Trainable& model, const Dataset& train_
       *optimizer_, params_,
       optim::LrSchedule(options_.lr_scheduler_type, options_.optimizer.learning_rate, warmup, total_steps_),
       options_.max_grad_norm, loss_scaling_->scaler());
-  pieces_ = {&*loss_scaling_, &*preemption_, accumulator_.get(), &*oom_recovery_};
+  save_clock_.emplace(options_.save_interval_s);
+  pieces_ = {&*loss_scaling_, &*preemption_, accumulator_.get(), &*oom_recovery_, &*save_clock_};
   runner_ = std::make_unique<WindowRunner>(options_, model_, train_data_, sync_, plan_, params_, param_names_,
                                            normalizer_, *steps_, *accumulator_, pieces_, observer_);
 }
@@ -121,10 +122,16 @@ void Trainer::use_geometry(const BatchGeometry& geometry) {
   loss_scaling_->set_micro_batch(geometry.micro_batch());
 }
 
-void Trainer::restore(const TrainingState& state) {
-  const auto saved = SavedGeometry::restore(state);
+void Trainer::restore(const TrainingState& saved_state) {
+  const auto saved = SavedGeometry::restore(saved_state);
   // A run that shrank its micro-batch after running out of memory goes on with it.
-  if (auto shrunk = oom_recovery_->resumed_geometry(state, saved.geometry, plan_.geometry())) use_geometry(*shrunk);
+  if (auto shrunk = oom_recovery_->resumed_geometry(saved_state, saved.geometry, plan_.geometry())) {
+    use_geometry(*shrunk);
+  }
+  // Saved inside a window under another b × N × W (an elastic restart at another world size):
+  // its partial sums do not fit this decomposition, so the window starts over.
+  TrainingState state = saved_state;
+  if (state.position.micro_step > 0 && !saved.continues_inside_window(plan_.geometry())) state.position.micro_step = 0;
   saved.check_continues(state, plan_.geometry(), options_.window_tokens);
   GA_CHECK(state.position.step <= total_steps_, "checkpoint: it is at step {}, beyond this run's {} steps",
            state.position.step, total_steps_);
@@ -231,8 +238,9 @@ TrainSummary Trainer::run() {
         }
         if (last_step) {
           hook_->save(state_at(pos), SaveReason::final);
-        } else if (options_.save_steps > 0 && record.step % options_.save_steps == 0) {
+        } else if ((options_.save_steps > 0 && record.step % options_.save_steps == 0) || save_clock_->due()) {
           hook_->save(state_at(pos), SaveReason::periodic);
+          save_clock_->saved();
         }
       }
     }

@@ -119,6 +119,7 @@ WindowTotals WindowRunner::reduce(WindowState& w) {
   totals.loss = local;
   totals.stop_requests = torch::zeros({}, local.options());
   totals.out_of_memory_ranks = torch::zeros({}, local.options());
+  totals.save_requests = torch::zeros({}, local.options());
   totals.micro_step_items = w.micro_items_known ? torch::stack(w.micro_items).to(local.device())
                                                 : torch::zeros({w.window.micro_steps()}, local.options());
   totals.rank_items = torch::zeros({world}, local.options());

@@ -20,8 +20,8 @@ torch::Tensor WindowTotals::pack() const {
   GA_CHECK(loss.defined() && loss.numel() == 3, "window totals: the loss totals are not LossNormalizer's 3 values");
   const auto options = loss.options().dtype(torch::kDouble);
   auto field = [&](const torch::Tensor& t) { return t.to(options).reshape({-1}); };
-  std::vector<torch::Tensor> parts{field(loss), field(stop_requests), field(out_of_memory_ranks),
-                                   field(micro_step_items), field(rank_items)};
+  std::vector<torch::Tensor> parts{field(loss),          field(stop_requests),    field(out_of_memory_ranks),
+                                   field(save_requests), field(micro_step_items), field(rank_items)};
   if (slot_loss_sums.defined()) {
     parts.push_back(field(slot_loss_sums));
     parts.push_back(field(slot_counts));
@@ -43,6 +43,7 @@ WindowTotals WindowTotals::unpack(const torch::Tensor& packed, const WindowTotal
   totals.loss = next(3);
   totals.stop_requests = next(1).squeeze(0);
   totals.out_of_memory_ranks = next(1).squeeze(0);
+  totals.save_requests = next(1).squeeze(0);
   totals.micro_step_items = next(layout.micro_steps);
   totals.rank_items = next(layout.world_size);
   if (layout.slots > 0) {

@@ -296,11 +296,11 @@ void check_same_on_all_ranks(c10d::Backend& group, int64_t value, const std::str
   }
 }
 
-int64_t min_over_ranks(c10d::Backend& group, int64_t value) {
+int64_t min_over_ranks(c10d::Backend& group, int64_t value, const std::string& what) {
   std::vector<torch::Tensor> tensors{torch::full({1}, value, collective_options(group).dtype(torch::kLong))};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::MIN;
-  wait_for(group.allreduce(tensors, options), group.getRank(), "an all-reduce of a start-up figure");
+  wait_for(group.allreduce(tensors, options), group.getRank(), what);
   return tensors[0].item<int64_t>();
 }
 

@@ -401,19 +401,24 @@ void ShardedParameters::with_whole_parameters(const std::function<void()>& fn) {
   }
   for (auto& unit : units_) gather(unit);
   unsharded_ = true;
+  // Sharded again whether fn returns or throws (a checkpoint that could not be written, and
+  // training goes on).
+  const auto reshard = [&] {
+    unsharded_ = false;
+    torch::NoGradGuard no_grad;
+    for (auto& unit : units_) {
+      if (unit.root) continue;  // its shard is a view of its buffer
+      unit.shard.copy_(unit.buffer.slice(0, rank() * unit.shard_size, (rank() + 1) * unit.shard_size));
+      release(unit);
+    }
+  };
   try {
     fn();
   } catch (...) {
-    unsharded_ = false;
+    reshard();
     throw;
   }
-  unsharded_ = false;
-  torch::NoGradGuard no_grad;
-  for (auto& unit : units_) {
-    if (unit.root) continue;  // its shard is a view of its buffer
-    unit.shard.copy_(unit.buffer.slice(0, rank() * unit.shard_size, (rank() + 1) * unit.shard_size));
-    release(unit);
-  }
+  reshard();
 }
 
 void ShardedParameters::unshard() {

@@ -214,49 +214,79 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
   const fs::path root(root_);
   const fs::path final_dir = root / step_name(step);
   const fs::path tmp = root / (".tmp-" + step_name(step));
-  auto barrier = [&] {
-    if (options_.world_size > 1 && options_.barrier) options_.barrier();
+
+  // Each phase runs on every rank; a failure (a full disk, a write error) is kept, and the ranks
+  // learn whether all of them succeeded before the next phase, so none waits in a collective for a
+  // rank that gave up, and nothing is published unless every part is in place.
+  std::string failure;
+  const auto attempt = [&](const auto& phase) {
+    if (!failure.empty()) return;
+    try {
+      phase();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  };
+  const auto every_rank_succeeded = [&] {
+    const bool ok = failure.empty();
+    return options_.world_size > 1 && options_.all_ok ? options_.all_ok(ok) : ok;
+  };
+  const auto give_up = [&] {
+    if (rank0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);  // never published; what it holds would only fill the disk further
+    }
+    throw CheckpointNotSaved(
+        fmt::format("checkpoint {} not saved: {}", final_dir.string(),
+                    failure.empty() ? "another rank could not write its part (its own error says why)" : failure));
   };
 
-  if (rank0) {
+  attempt([&] {
+    if (!rank0) return;
     fs::create_directories(root);
     // Left over from a crash during an earlier save: never published, safe to drop.
     for (const auto& entry : fs::directory_iterator(root)) {
       if (entry.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(entry.path());
     }
     fs::create_directories(tmp);
-  }
-  barrier();
+  });
+  if (!every_rank_succeeded()) give_up();
 
-  if (c.optimizer_per_rank || rank0) {
-    GA_CHECK(c.optimizer.has_value(), "checkpoint: rank {} has no optimizer state to save", options_.rank);
-    formats::save_safetensors((tmp / optimizer_file(c.optimizer_per_rank, options_.rank)).string(), *c.optimizer);
-  }
-  if (rank0) {
-    formats::save_safetensors((tmp / c.model_file).string(), c.model);
-    if (!c.model_config.is_null()) {
-      base::write_file_atomically((tmp / c.model_config_file).string(), c.model_config.dump(2) + "\n");
+  attempt([&] {
+    if (c.optimizer_per_rank || rank0) {
+      GA_CHECK(c.optimizer.has_value(), "checkpoint: rank {} has no optimizer state to save", options_.rank);
+      formats::save_safetensors((tmp / optimizer_file(c.optimizer_per_rank, options_.rank)).string(), *c.optimizer);
     }
-    for (const auto& file : c.extra_files) {
-      base::copy_file_atomically(file, (tmp / fs::path(file).filename()).string());
+    if (rank0) {
+      formats::save_safetensors((tmp / c.model_file).string(), c.model);
+      if (!c.model_config.is_null()) {
+        base::write_file_atomically((tmp / c.model_config_file).string(), c.model_config.dump(2) + "\n");
+      }
+      for (const auto& file : c.extra_files) {
+        base::copy_file_atomically(file, (tmp / fs::path(file).filename()).string());
+      }
+      formats::save_safetensors((tmp / kStateTensors).string(),
+                                {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
+      nlohmann::json trainer_state = {{"format_version", kCheckpointFormatVersion},
+                                      {"position", position_json(c.state.position)},
+                                      {"pieces", pieces_json(c.state)},
+                                      {"seed", c.seed},
+                                      {"optimizer_per_rank", c.optimizer_per_rank},
+                                      {"config", c.resolved_config},
+                                      {"run_id", c.run_id}};
+      base::write_file_atomically((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
     }
-    formats::save_safetensors((tmp / kStateTensors).string(),
-                              {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
-    nlohmann::json trainer_state = {{"format_version", kCheckpointFormatVersion},
-                                    {"position", position_json(c.state.position)},
-                                    {"pieces", pieces_json(c.state)},
-                                    {"seed", c.seed},
-                                    {"optimizer_per_rank", c.optimizer_per_rank},
-                                    {"config", c.resolved_config},
-                                    {"run_id", c.run_id}};
-    base::write_file_atomically((tmp / kTrainerState).string(), trainer_state.dump(2) + "\n");
-  }
-  if (auto tensors = piece_tensors(c.state); !tensors.empty()) {
-    formats::save_safetensors((tmp / window_file(options_.rank)).string(), tensors);
-  }
-  barrier();  // every rank's files are in place
+    if (auto tensors = piece_tensors(c.state); !tensors.empty()) {
+      formats::save_safetensors((tmp / window_file(options_.rank)).string(), tensors);
+    }
+  });
+  // Every rank's files are durable (each written file is fsynced) before the manifest exists: a
+  // rank lost here leaves a .tmp- directory that no reader picks.
+  if (!every_rank_succeeded()) give_up();
 
-  if (rank0) {
+  bool published = false;
+  attempt([&] {
+    if (!rank0) return;
     nlohmann::json files = nlohmann::json::object();
     for (const auto& entry : fs::directory_iterator(tmp)) {
       const auto [size, crc] = file_size_and_crc32(entry.path());
@@ -268,18 +298,24 @@ std::string CheckpointStore::save(const CheckpointContents& c) {
     // A rerun saving the same step swaps its new directory in; the old one is removed under the
     // temporary's name, whose remains the next save drops.
     base::replace_directory(tmp.string(), final_dir.string());
+    published = true;
+  });
+  if (!every_rank_succeeded()) give_up();  // published before any rank moves on
 
-    if (options_.save_total_limit > 0) {
-      // This run's checkpoints only: another run's in a reused output_dir are not its to rotate.
+  if (rank0 && published && options_.save_total_limit > 0) {
+    // This run's checkpoints only: another run's in a reused output_dir are not its to rotate. A
+    // rotation that fails leaves one checkpoint too many, not a broken one.
+    try {
       std::vector<fs::path> own;
       for (const auto& [k, dir] : step_directories(root)) {
         if (is_complete(dir) && of_run(dir, c.run_id)) own.push_back(dir);
       }
       const auto excess = static_cast<int64_t>(own.size()) - options_.save_total_limit;
       for (int64_t i = 0; i < excess; ++i) remove_checkpoint(own[static_cast<size_t>(i)]);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "warning: save_total_limit: an older checkpoint could not be removed: {}\n", e.what());
     }
   }
-  barrier();  // published before any rank moves on
   return final_dir.string();
 }
 
@@ -313,7 +349,7 @@ std::string newest_checkpoint_directory(const std::string& output_dir) {
 }
 
 CheckpointChoice choose_checkpoint(const std::string& spec, const std::string& output_dir) {
-  if (spec != "latest") {
+  if (spec != "latest" && spec != "auto") {
     GA_CHECK(fs::is_directory(spec), "key 'resume_from_checkpoint': {} is not a directory", spec);
     return {spec, {}};
   }
@@ -326,19 +362,25 @@ CheckpointChoice choose_checkpoint(const std::string& spec, const std::string& o
     const auto& dir = it->second;
     if (!is_complete(dir)) {
       choice.notes.push_back(fmt::format(
-          "resume_from_checkpoint=latest: {} has no manifest.json (a save that did not finish, or a damaged copy); "
+          "resume_from_checkpoint={}: {} has no manifest.json (a save that did not finish, or a damaged copy); "
           "passing over it",
-          dir.string()));
+          spec, dir.string()));
       continue;
     }
     ++complete;
     if (!of_run(dir, run_id)) {
-      choice.notes.push_back(fmt::format(
-          "resume_from_checkpoint=latest: {} is of another run (run id {}; {} names run {}); passing over it",
-          dir.string(), run_id_of(dir), (fs::path(output_dir) / kRunFile).string(), run_id));
+      choice.notes.push_back(
+          fmt::format("resume_from_checkpoint={}: {} is of another run (run id {}; {} names run {}); passing over it",
+                      spec, dir.string(), run_id_of(dir), (fs::path(output_dir) / kRunFile).string(), run_id));
       continue;
     }
     choice.directory = dir.string();
+    return choice;
+  }
+  if (spec == "auto") {
+    // Nothing of this run to continue: a fresh start, under the rules of one.
+    choice.notes.push_back(
+        fmt::format("resume_from_checkpoint=auto: no checkpoint of this run under {}; a fresh start", root.string()));
     return choice;
   }
   GA_CHECK(complete > 0, "key 'resume_from_checkpoint': latest: no complete checkpoint under {}", root.string());

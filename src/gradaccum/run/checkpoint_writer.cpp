@@ -20,11 +20,17 @@ void CheckpointWriter::set_optimizer(torch::optim::Optimizer& optimizer, optim::
   parameters_ = std::move(parameters);
 }
 
-void CheckpointWriter::save(const core::TrainingState& state, core::SaveReason /*reason*/) {
-  if (sync_ != nullptr) {
-    sync_->with_whole_parameters([&] { write(state); });
-  } else {
-    write(state);
+void CheckpointWriter::save(const core::TrainingState& state, core::SaveReason reason) {
+  try {
+    if (sync_ != nullptr) {
+      sync_->with_whole_parameters([&] { write(state); });
+    } else {
+      write(state);
+    }
+  } catch (const io::CheckpointNotSaved& e) {
+    // A preempted run stops here: going on without its checkpoint would lose the work.
+    if (!continue_after_failed_save_ || reason == core::SaveReason::preempted) throw;
+    if (rank0_) fmt::print(stderr, "warning: {}; training goes on without it (save_on_error: continue)\n", e.what());
   }
 }
 

@@ -28,6 +28,10 @@ class CheckpointWriter final : public core::CheckpointHook {
   void set_parameter_source(core::GradSync* sync) { sync_ = sync; }
   // Files rank 0 copies into every checkpoint beside the weights (RunOptions::final_files).
   void set_extra_files(std::vector<std::string> files) { extra_files_ = std::move(files); }
+  // save_on_error: continue. A periodic or the end's checkpoint that cannot be written is
+  // reported (rank 0, one line) and the run goes on (to final/ at the end); a preemption's
+  // checkpoint always stops the run with its error.
+  void set_continue_after_failed_save(bool on) { continue_after_failed_save_ = on; }
   void save(const core::TrainingState& state, core::SaveReason reason) override;
   const std::string& last() const { return last_; }
 
@@ -45,6 +49,7 @@ class CheckpointWriter final : public core::CheckpointHook {
   core::GradSync* sync_ = nullptr;
   optim::NamedParameters parameters_;
   std::vector<std::string> extra_files_;
+  bool continue_after_failed_save_ = false;
   std::string last_;
 };
 

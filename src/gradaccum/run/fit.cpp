@@ -248,8 +248,8 @@ void check_directory_can_be_made(const std::string& dir, const std::string& key)
 
 // A fresh run must not mix its checkpoints with an earlier run's: `latest` and save_total_limit
 // would then pick among both.
-void check_fresh_output_dir(const RunOptions& options) {
-  if (!options.resume_from_checkpoint.empty() || options.overwrite_output_dir) return;
+void check_fresh_output_dir(const RunOptions& options, const std::string& resume_dir) {
+  if (!resume_dir.empty() || options.overwrite_output_dir) return;
   const auto newest = io::newest_checkpoint_directory(options.output_dir);
   GA_CHECK(newest.empty(),
            "output_dir {}: it holds checkpoints of an earlier run ({}); continue that run with "
@@ -366,13 +366,16 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   // 3. Everything that can fail on bad input happens before anything is written.
   check_directory_can_be_made(options.output_dir, "output_dir");
   if (options.reports_to("tensorboard")) check_directory_can_be_made(logging_dir_of(options), "logging_dir");
-  check_fresh_output_dir(options);
-  std::optional<io::LoadedCheckpoint> checkpoint;
+  io::CheckpointChoice choice;
   if (!options.resume_from_checkpoint.empty()) {
-    const auto choice = io::choose_checkpoint(options.resume_from_checkpoint, options.output_dir);
+    choice = io::choose_checkpoint(options.resume_from_checkpoint, options.output_dir);
     if (rank0) {
       for (const auto& note : choice.notes) fmt::print(stderr, "{}\n", note);
     }
+  }
+  check_fresh_output_dir(options, choice.directory);
+  std::optional<io::LoadedCheckpoint> checkpoint;
+  if (!choice.directory.empty()) {
     // ZeRO-3 cuts the optimizer state per unit, never as ZeRO-1/2 do: it always joins and cuts.
     const bool zero3 = env.distributed() && options.zero_stage == 3;
     checkpoint = io::read_checkpoint(choice.directory, env.rank,
@@ -394,6 +397,11 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
                options.zero_stage);
   }
   auto dp = connect(options, env, model);
+  if (dp.group) {
+    // Each rank chose on its own (latest, auto): they must continue the same step, or all start afresh.
+    dist::check_same_on_all_ranks(*dp.group, checkpoint ? checkpoint->state.position.step : -1,
+                                  "checkpoint to resume from (its step; -1: a fresh start)");
+  }
   if (dp.zero3 != nullptr) {
     dist::check_same_on_all_ranks(*dp.group, eval_data != nullptr ? 1 : 0,
                                   "whether eval data is given (under zero_stage 3 every rank passes it)");
@@ -452,6 +460,16 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
         fmt::print("resuming from {} at step {} (epoch {}, window {}, micro-step {})\n", checkpoint->directory,
                    resumed->position.step, resumed->position.epoch, resumed->position.window,
                    resumed->position.micro_step);
+        const auto saved = core::SavedGeometry::restore(*resumed);
+        if (resumed->position.micro_step > 0 && !saved.continues_inside_window(trainer.plan().geometry())) {
+          const auto& g = saved.geometry;
+          const auto& now = trainer.plan().geometry();
+          fmt::print(
+              "the window was saved at micro-step {} of {}x{}x{} (b x N x W) and this run is {}x{}x{}: it is "
+              "trained again from its first micro-step\n",
+              resumed->position.micro_step, g.micro_batch(), g.accumulation_steps(), g.world_size(), now.micro_batch(),
+              now.accumulation_steps(), now.world_size());
+        }
       }
     }
   }
@@ -475,10 +493,15 @@ RunResult fit(const RunOptions& options, core::Trainable& model, const core::Dat
   store_options.rank = env.rank;
   store_options.world_size = env.world_size;
   store_options.save_total_limit = options.save_total_limit;
-  if (dp.group) store_options.barrier = [&dp] { dist::barrier(*dp.group, "the checkpoint barrier"); };
+  if (dp.group) {
+    store_options.all_ok = [&dp](bool ok) {
+      return dist::min_over_ranks(*dp.group, ok ? 1 : 0, "the checkpoint barrier") == 1;
+    };
+  }
   io::CheckpointStore store(store_options);
   CheckpointWriter writer(store, files, rank0, optimizer_per_rank, options.description, options.trainer.seed, run_id);
   writer.set_extra_files(options.final_files);
+  writer.set_continue_after_failed_save(options.continue_after_failed_save);
   writer.set_optimizer(trainer.optimizer(), trainer.named_parameters());
   writer.set_parameter_source(dp.sync.get());
   const StopSignalsScope stop_signals;

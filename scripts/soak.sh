@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# A bounded soak: one run of STEPS optimizer steps on --nproc W ranks, interrupted FAULTS times by
+# SIGTERM or SIGKILL delivered at random moments (seeded) to the launcher or to a random rank, each
+# followed by the restart a supervisor makes (the same command, resume_from_checkpoint=auto). The
+# final weights are compared with an uninterrupted run's, byte for byte (W never changes here).
+# Prints one JSON line: faults survived, the kinds delivered, steps redone, wall time, identical.
+#
+# Usage: scripts/soak.sh [--steps 200] [--faults 20] [--seed 1] [--nproc 2] [--out DIR]
+#        [--gradaccum build/gradaccum]
+# tests/run/soak_test.cpp runs a short one in CI; docs/robustness.md keeps the long one's result.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=200 faults=20 seed=1 nproc=2 out="" bin="build/gradaccum"
+while (($#)); do
+  case "$1" in
+    --steps) steps=$2; shift 2 ;;
+    --faults) faults=$2; shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
+    --nproc) nproc=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --gradaccum) bin=$2; shift 2 ;;
+    *) echo "soak.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[[ -x "$bin" ]] || { echo "soak.sh: $bin is not built (scripts/build.sh gradaccum_cli)" >&2; exit 2; }
+[[ -n "$out" ]] || out=$(mktemp -d /tmp/gradaccum-soak.XXXXXX)
+mkdir -p "$out"
+RANDOM=$seed
+
+# The CNN in float64, a checkpoint every 3 steps, windows of 16 micro-steps of 8 per rank at W = 2
+# (~0.15 s a step here, so that faults land in training, saving and start-up alike).
+run=(train --set dtype=float64 --set model.channels=[8,16] --set model.hidden=[32] --set data.train_limit=2048
+     --set data.eval_limit=-1 --set threads=1 --set per_device_train_batch_size=8 --set global_batch_size=256
+     --set max_steps="$steps" --set save_steps=3 --set learning_rate=3e-3 --set warmup_steps=2)
+
+"$bin" "${run[@]}" --nproc "$nproc" --set output_dir="$out/straight" > "$out/straight.log" 2>&1
+
+last_step() {  # the last step record's step in a metrics.jsonl (0: none)
+  local line
+  line=$(grep '"loss"' "$1" 2>/dev/null | tail -n 1 || true)
+  [[ -n "$line" ]] || { echo 0; return; }
+  sed -E 's/.*"step":([0-9]+).*/\1/' <<< "$line"
+}
+
+start_ns=$(date +%s%N)
+delivered=0 redone=0 kinds=()
+attempt=0
+while :; do
+  attempt=$((attempt + 1))
+  log="$out/attempt$attempt.log"
+  "$bin" "${run[@]}" --nproc "$nproc" --set resume_from_checkpoint=auto --set output_dir="$out/soak" > "$log" 2>&1 &
+  launcher=$!
+  if ((delivered < faults)); then
+    # A moment between 0.3 s and 2.3 s into the attempt: start-up, a window, a save.
+    sleep "$((RANDOM % 2)).$(printf '%03d' $((RANDOM % 1000)))"
+    sleep 0.3
+    if kill -0 "$launcher" 2>/dev/null; then
+      signal=$([[ $((RANDOM % 2)) == 0 ]] && echo TERM || echo KILL)
+      target=$launcher who=launcher
+      if ((RANDOM % 2)); then
+        ranks=($(pgrep -P "$launcher" || true))
+        if ((${#ranks[@]})); then
+          target=${ranks[$((RANDOM % ${#ranks[@]}))]} who=rank
+        fi
+      fi
+      kill -s "$signal" "$target" 2>/dev/null || true
+      delivered=$((delivered + 1))
+      kinds+=("\"$signal $who\"")
+    fi
+  fi
+  status=0
+  { wait "$launcher"; } 2> /dev/null || status=$?
+  # A SIGKILLed launcher takes its ranks with it (PR_SET_PDEATHSIG); let them go.
+  sleep 0.2
+  if grep -q '"loss"' "$out/soak/metrics.jsonl" 2>/dev/null && [[ -f "$out/soak/final/model.safetensors" ]] &&
+     (( $(last_step "$out/soak/metrics.jsonl") == steps )) && ((status == 0)) && ((delivered >= faults)); then
+    break
+  fi
+  if ((attempt > faults + 5)); then
+    echo "soak.sh: no progress after $attempt attempts; see $log" >&2; exit 1
+  fi
+  # Steps trained in this attempt past the checkpoint the next attempt resumes from are redone.
+  reached=$(last_step "$out/soak/metrics.jsonl")
+  resume=$( (ls "$out/soak/checkpoints" 2>/dev/null || true) | sed -n 's/^step-\([0-9]*\)$/\1/p' | sort -n | tail -n 1)
+  redone=$((redone + reached - ${resume:-0}))
+done
+wall_ms=$(( ($(date +%s%N) - start_ns) / 1000000 ))
+identical=false
+cmp -s "$out/straight/final/model.safetensors" "$out/soak/final/model.safetensors" && identical=true
+kinds_json=$(IFS=,; echo "${kinds[*]}")
+printf '{"steps": %d, "faults": %d, "attempts": %d, "kinds": [%s], "steps_redone": %d, "wall_s": %d.%03d, "identical": %s, "out": "%s"}\n' \
+  "$steps" "$delivered" "$attempt" "$kinds_json" "$redone" $((wall_ms / 1000)) $((wall_ms % 1000)) "$identical" "$out"
