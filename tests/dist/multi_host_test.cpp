@@ -232,13 +232,13 @@ TEST(MultiHost, ElasticTorchrunGoesFromTwoHostsToOneAndBackKeepingTheCnnsGlobalB
                      "elastic-cnn");
 }
 
-// A decoder LM with padding on three hosts: W = 3 (N = 8), 2 (N = 12), 3.
+// A decoder LM with padding on three hosts: W = 3 (N = 4), 2 (N = 6), 3.
 TEST(MultiHost, ElasticTorchrunGoesFromThreeHostsToTwoAndBackKeepingAnLmsGlobalBatch) {
   const std::string lm =
       "train --set dtype=float64 --set model.type=gpt2 --set model.n_layer=2 --set model.n_embd=32 "
       "--set model.n_head=2 --set model.n_positions=64 --set data.type=kjv --set data.max_length=48 "
       "--set data.train_limit=4000 --set data.eval_limit=-1 --set learning_rate=1e-3 --set threads=1 "
-      "--set per_device_train_batch_size=2 --set global_batch_size=48 --set max_steps=40";
+      "--set per_device_train_batch_size=2 --set global_batch_size=24 --set max_steps=40";
   expect_elastic_run(3, lm, 40, 6, "elastic-lm");
 }
 
