@@ -90,6 +90,9 @@ TEST(LmEndToEnd, KjvGpt2Zero3BothPoliciesAndFourRanksAgreeWithOneProcessFloat64)
     for (const auto& record : sharded) {
       EXPECT_EQ(record["sharded_grad_sync"], policy);
       EXPECT_EQ(record["reduce_scatter_calls"], policy == "defer" ? 3 : 6);  // 2 blocks and the root
+      // Each block gathered for its forward and again for its backward, in each of N = 2
+      // micro-steps; a checkpointed block's recompute runs inside its backward's gather.
+      EXPECT_EQ(record["all_gather_calls"], 2 * 2 * 2);
     }
   }
   fs::remove_all(dir);

@@ -110,7 +110,7 @@ RankRun run_window(GradShardPolicy policy, int rank, const c10::intrusive_ptr<c1
   }
   auto totals = torch::zeros({2}, torch::kDouble);
   sharded.finish_window(totals);
-  run.all_gathers = sharded.all_gathers();
+  run.all_gathers = sharded.all_gather_calls();
   for (const auto& g : sharded.gradients(params)) run.grad_shards.push_back(g.clone());
   run.grad_norm = sharded.global_norm(sharded.gradients(params)).item<double>();
   optimizer.step();

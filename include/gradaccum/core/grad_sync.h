@@ -34,6 +34,9 @@ class GradSync {
   // sharded_policy() is not empty).
   virtual int64_t allreduce_calls() const { return 0; }
   virtual int64_t allreduce_bytes() const { return 0; }
+  // Parameter all-gathers of the window finished last (ZeRO-3: a unit's, for its forward and for
+  // its backward); 0 where parameters are whole.
+  virtual int64_t all_gather_calls() const { return 0; }
 
   // The window's summed gradient as this rank holds it after finish_window, which the
   // normalization, clipping and the optimizer step act on: every parameter's .grad (undefined

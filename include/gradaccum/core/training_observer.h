@@ -52,6 +52,7 @@ struct StepRecord {
   int64_t world_size = 1;
   int64_t allreduce_calls = 0;  // gradient all-reduces in this window (data parallel)
   int64_t allreduce_bytes = 0;
+  int64_t all_gather_calls = 0;  // ZeRO-3: parameter all-gathers in this window
   // ZeRO-2: how this window's gradients were reduce-scattered ("defer" | "each_micro_step");
   // allreduce_calls and allreduce_bytes then count those reduce-scatters.
   std::string sharded_grad_sync;

@@ -111,7 +111,7 @@ class ShardedParameters final : public core::GradSync, public core::UnitScope {
 
   // Reduce-scatters of the window in flight; all-gathers of the window finished last.
   int64_t window_reduce_scatters() const { return window_calls_; }
-  int64_t all_gathers() const { return gathers_; }
+  int64_t all_gather_calls() const override { return gathers_; }
   // Bytes this rank holds now, counted from the tensors (each storage once): parameters
   // (gathered buffers and shards), gradients (.grad and gradient shards).
   int64_t held_parameter_bytes() const;

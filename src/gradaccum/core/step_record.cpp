@@ -80,6 +80,7 @@ StepRecord WindowRunner::make_record(const WindowState& w, const WindowTotals& t
   record.world_size = world;
   record.allreduce_calls = sync_.allreduce_calls();
   record.allreduce_bytes = sync_.allreduce_bytes();
+  record.all_gather_calls = sync_.all_gather_calls();
   record.sharded_grad_sync = sync_.sharded_policy();
   return record;
 }

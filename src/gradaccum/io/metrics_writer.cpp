@@ -115,6 +115,7 @@ nlohmann::json MetricsWriter::to_json(const core::StepRecord& r, bool items_are_
       j["reduce_scatter_calls"] = r.allreduce_calls;
       j["reduce_scatter_bytes"] = r.allreduce_bytes;
     }
+    if (r.all_gather_calls > 0) j["all_gather_calls"] = r.all_gather_calls;
   }
   return j;
 }
