@@ -38,8 +38,8 @@ NamespaceHosts::NamespaceHosts(int hosts) : hosts_(hosts), prefix_(fmt::format("
     const auto ns = host_ns(h);
     steps.push_back(fmt::format("ip netns add {0} && ip -n {0} link set lo up", ns));
     steps.push_back(fmt::format("ip link add {} netns {} type veth peer name h{} netns {}", kInterface, ns, h, sw));
-    steps.push_back(fmt::format("ip -n {0} addr add {1}/24 dev {2} && ip -n {0} link set {2} up", ns, address(h),
-                                kInterface));
+    steps.push_back(
+        fmt::format("ip -n {0} addr add {1}/24 dev {2} && ip -n {0} link set {2} up", ns, address(h), kInterface));
     steps.push_back(fmt::format("ip -n {0} link set h{1} master br0 && ip -n {0} link set h{1} up", sw, h));
   }
   for (const auto& step : steps) {

@@ -44,7 +44,7 @@ TEST(SaveClock, DueWhenAnyRanksClockSaysSoAndNotAgainUntilTheIntervalAfterASave)
   totals = zero_totals();
   now.contribute(totals, f.state);
   EXPECT_EQ(host_value(totals.save_requests), 1.0);
-  EXPECT_FALSE(now.due());  // only the summed totals decide
+  EXPECT_FALSE(now.due());          // only the summed totals decide
   totals.save_requests.fill_(2.0);  // both ranks raised it
   now.after_host_read(totals);
   EXPECT_TRUE(now.due());
@@ -74,8 +74,8 @@ TEST(SaveClock, TheProgramSavesOnTheClockWithOneAndTwoRanks) {
   for (const std::string ranks : {"", " --nproc 2"}) {
     for (const std::string interval : {"1e-6", "3600"}) {
       const auto out = dir + "/w" + (ranks.empty() ? "1" : "2") + "-" + interval;
-      const auto r = gradaccum::testing::run_cli(run + ranks + " --set save_interval_s=" + interval +
-                                                 " --set output_dir=" + out);
+      const auto r =
+          gradaccum::testing::run_cli(run + ranks + " --set save_interval_s=" + interval + " --set output_dir=" + out);
       ASSERT_EQ(r.exit_code, 0) << r.err;
       for (int step = 1; step <= 4; ++step) {
         const bool expected = interval != "3600" || step == 4;

@@ -67,8 +67,8 @@ void expect_same_steps(const std::vector<nlohmann::json>& reference, const std::
 // to `log`. Bounded: killed after `limit_s`.
 void start_on(const NamespaceHosts& hosts, int host, const std::string& command, const std::string& log,
               const std::string& rc_file, int limit_s = 300) {
-  const auto line = hosts.on(host, fmt::format("timeout -s KILL {} {} > {} 2>&1; echo $? > {}", limit_s, command, log,
-                                               rc_file));
+  const auto line =
+      hosts.on(host, fmt::format("timeout -s KILL {} {} > {} 2>&1; echo $? > {}", limit_s, command, log, rc_file));
   ASSERT_EQ(std::system((line + " &").c_str()), 0);
 }
 
@@ -199,7 +199,9 @@ void expect_elastic_run(int k, const std::string& run, size_t steps, size_t kill
   // The survivors go on without it: records at W = K - 1 after the resumed step.
   ASSERT_TRUE(wait_for_steps(
       out,
-      [&](const auto& s) { return !s.empty() && s.back().value("world_size", 1) == k - 1 && s.size() >= kill_after + 2; },
+      [&](const auto& s) {
+        return !s.empty() && s.back().value("world_size", 1) == k - 1 && s.size() >= kill_after + 2;
+      },
       std::chrono::seconds(120), rc(0)))
       << logs();
   const double alone_after_s = std::chrono::duration<double>(Clock::now() - lost_at).count();
@@ -230,8 +232,9 @@ void expect_elastic_run(int k, const std::string& run, size_t steps, size_t kill
 // Under ZeRO-2 every restart reshards the gradients' and moments' ranges for the new W.
 TEST(MultiHost, ElasticTorchrunGoesFromTwoHostsToOneAndBackKeepingTheCnnsGlobalBatchUnderZero2) {
   expect_elastic_run(2,
-                     kRun + " --set data.train_limit=4096 --set global_batch_size=512 --set max_steps=48 "
-                            "--set zero_stage=2",
+                     kRun +
+                         " --set data.train_limit=4096 --set global_batch_size=512 --set max_steps=48 "
+                         "--set zero_stage=2",
                      48, 6, "elastic-cnn");
 }
 

@@ -136,8 +136,7 @@ TEST(CheckpointFaults, ADiskThatFillsUpStopsTheRunOrGoesOnWithoutThatCheckpoint)
     EXPECT_FALSE(has_temporaries(out + "/checkpoints"));
     if (c.continues) {
       EXPECT_EQ(run.exit_code, 0) << run.err;
-      EXPECT_NE(run.err.find("; training goes on without it (save_on_error: continue)"), std::string::npos)
-          << run.err;
+      EXPECT_NE(run.err.find("; training goes on without it (save_on_error: continue)"), std::string::npos) << run.err;
       EXPECT_EQ(gradaccum::testing::step_records(out + "/metrics.jsonl").size(), 8u);
       EXPECT_TRUE(fs::exists(out + "/final/model.safetensors"));
       EXPECT_EQ(io::choose_checkpoint("auto", out).directory, out + "/checkpoints/step-3");
