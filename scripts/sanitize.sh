@@ -70,6 +70,10 @@ default_filter+=":OomRecoveryUnderRlimit.*:Plan.*"
 # kept tests of those files check.
 default_filter+=":WindowTokensCli.ARunCounts*:SampleDropoutRuns.VerifyPasses*:SampleDropoutRuns.WithLibtorchs*"
 default_filter+=":TokenBudget.TrainsAsThePlainCut*"
+# 76 s under the sanitizers (2026-12-02): two-rank stops inside a window, as the kept
+# CheckpointSignals.TwoRanksStopInsideAWindow* makes them, then a one-process resume that trains the
+# window again (SavedGeometry's choice, which its unit test checks).
+default_filter+=":CheckpointSignals.AStopInsideAWindowResumesAtAnother*"
 filter="${1:-${SANITIZE_FILTER:-$default_filter}}"
 # One gtest process per core, each running every shards-th test (GoogleTest's own sharding): most
 # tests use one thread, and separate processes per test would pay libtorch's start-up under ASan
