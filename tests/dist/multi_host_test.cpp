@@ -109,25 +109,34 @@ std::string c10d_agent(const NamespaceHosts& hosts, int host, const std::string&
 
 int test_port() { return 21000 + static_cast<int>(::getpid() % 20000); }
 
+// torchrun's static rendezvous: host 0's agent serves the store at its own address.
+std::string static_agent(const NamespaceHosts& hosts, int host, int port) {
+  return fmt::format("{} --nnodes {} --node-rank {} --nproc-per-node 1 --master-addr {} --master-port {}", torchrun(),
+                     hosts.size(), host, hosts.address(0), port);
+}
+
+// The steps of `run` on `k` local ranks (--nproc) in dir/nproc: the reference of a multi-host run.
+std::vector<nlohmann::json> nproc_steps(const std::string& run, int k, const std::string& dir) {
+  const auto local = run_cli(run + fmt::format(" --nproc {} --set output_dir={}/nproc", k, dir));
+  EXPECT_EQ(local.exit_code, 0) << local.err;
+  return steps_so_far(dir + "/nproc");
+}
+
 TEST(MultiHost, TorchrunOnTwoHostsWithTheStaticAndTheC10dRendezvousEqualsNproc2PerStep) {
   NamespaceHosts hosts(2);
   if (!hosts.why_not().empty()) GTEST_SKIP() << hosts.why_not();
   const auto root = make_temp_dir("multi-host");
   const std::string run = kRun + " --set max_steps=4 --set global_batch_size=64";
-  const auto local = run_cli(run + " --nproc 2 --set output_dir=" + root + "/nproc");
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  const auto reference = steps_so_far(root + "/nproc");
+  const auto reference = nproc_steps(run, 2, root);
   ASSERT_EQ(reference.size(), 4u);
 
   for (const std::string rendezvous : {"static", "c10d"}) {
     SCOPED_TRACE(rendezvous);
     const auto out = root + "/" + rendezvous;
     for (int h = 0; h < 2; ++h) {
-      const std::string agent =
-          rendezvous == "static"
-              ? fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr {} --master-port {}",
-                            torchrun(), h, hosts.address(0), test_port())
-              : c10d_agent(hosts, h, "2", test_port() + 1, fmt::format("ga{}", ::getpid()));
+      const std::string agent = rendezvous == "static"
+                                    ? static_agent(hosts, h, test_port())
+                                    : c10d_agent(hosts, h, "2", test_port() + 1, fmt::format("ga{}", ::getpid()));
       start_on(hosts, h, agent + " --no-python " + GRADACCUM_CLI + " " + run + " --set output_dir=" + out,
                fmt::format("{}-host{}.log", out, h), fmt::format("{}-host{}.rc", out, h), 180);
     }
@@ -166,9 +175,7 @@ void expect_elastic_run(int k, const std::string& run, size_t steps, size_t kill
   NamespaceHosts hosts(k);
   if (!hosts.why_not().empty()) GTEST_SKIP() << hosts.why_not();
   const auto root = make_temp_dir(name);
-  const auto local = run_cli(run + fmt::format(" --nproc {} --set output_dir={}/nproc", k, root));
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  const auto reference = steps_so_far(root + "/nproc");
+  const auto reference = nproc_steps(run, k, root);
   ASSERT_EQ(reference.size(), steps);
 
   const auto out = root + "/elastic";
@@ -252,25 +259,21 @@ TEST(MultiHost, ElasticTorchrunGoesFromThreeHostsToTwoAndBackKeepingAnLmsGlobalB
 // Faults on the link between two hosts (static rendezvous, checkpoints every 2 steps), each with
 // its documented outcome. A slow and lossy link (netem delay 20 ms, loss 5 %) and a link taken
 // down for 3 s (under dist_timeout): TCP rides them out and the run finishes with the
-// uninterrupted run's steps. A link taken down for good: both hosts stop within dist_timeout
-// (plus the save of nothing: no checkpoint is left half-written), and the latest checkpoint
-// resumes exactly.
+// uninterrupted run's steps. A link taken down for good: both hosts stop within dist_timeout,
+// no checkpoint is left half-written, and the latest one resumes exactly.
 TEST(MultiHost, LinkFaultsAreRiddenOutOrStopWithinDistTimeoutAndResumeExactly) {
   NamespaceHosts hosts(2);
   if (!hosts.why_not().empty()) GTEST_SKIP() << hosts.why_not();
   const auto root = make_temp_dir("netem");
   const std::string run = kRun + " --set max_steps=24 --set save_steps=2";
-  const auto local = run_cli(run + " --nproc 2 --set output_dir=" + root + "/nproc");
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  const auto reference = steps_so_far(root + "/nproc");
+  const auto reference = nproc_steps(run, 2, root);
   ASSERT_EQ(reference.size(), 24u);
 
   const auto start = [&](const std::string& out, int port, int timeout_s) {
     for (int h = 0; h < 2; ++h) {
       start_on(hosts, h,
-               fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr {} --master-port {} "
-                           "--no-python {} {} --set dist_timeout={} --set output_dir={}",
-                           torchrun(), h, hosts.address(0), port, GRADACCUM_CLI, run, timeout_s, out),
+               fmt::format("{} --no-python {} {} --set dist_timeout={} --set output_dir={}",
+                           static_agent(hosts, h, port), GRADACCUM_CLI, run, timeout_s, out),
                fmt::format("{}-host{}.log", out, h), fmt::format("{}-host{}.rc", out, h), 240);
     }
   };
