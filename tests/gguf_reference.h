@@ -27,22 +27,23 @@ inline std::string file_bytes(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// The reference script with ARGS, run once into a fresh directory (its output in DIR/out, its log
-// in DIR/log); `error` is the failure message, "" when it succeeded.
+// The reference script with ARGS, run once per build tree (shared_reference: the directory is
+// read by every test process that asks; its log in DIR/log); `error` is the failure message, ""
+// when it succeeded.
 struct GgufReference {
   std::string dir, error;
 };
 inline GgufReference run_gguf_reference(const std::string& name, const std::string& args_before_dir) {
-  GgufReference made{make_temp_dir(name), ""};
   const std::string script = std::string(GRADACCUM_TEST_DATA) + "/../hf/gguf_transformers_reference.py";
-  const std::string command = "'" + venv_program("python") + "' -B '" + script + "' " + args_before_dir + " '" +
-                              made.dir + "' > '" + made.dir + "/out' 2> '" + made.dir + "/log'";
-  if (std::system(command.c_str()) != 0) {
-    made.error = "tests/hf/gguf_transformers_reference.py " + args_before_dir +
-                 " failed (transformers and gguf in the venv? scripts/setup.sh installs them):\n" +
-                 file_bytes(made.dir + "/log");
+  const auto made = shared_reference(name, {script}, [&](const std::string& dir) {
+    return "'" + venv_program("python") + "' -B '" + script + "' " + args_before_dir + " '" + dir + "'";
+  });
+  if (!made.error.empty()) {
+    return {made.dir, "tests/hf/gguf_transformers_reference.py " + args_before_dir +
+                          " failed (transformers and gguf in the venv? scripts/setup.sh installs them):\n" +
+                          made.error};
   }
-  return made;
+  return {made.dir, ""};
 }
 
 }  // namespace gradaccum::testing

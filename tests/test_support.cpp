@@ -1,11 +1,15 @@
 #include "test_support.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -105,6 +109,44 @@ std::string make_temp_dir(const std::string& name) {
   std::filesystem::create_directories(dir);
   temp_dirs().add(dir);
   return dir.string();
+}
+
+SharedReference shared_reference(const std::string& name, const std::vector<std::string>& inputs,
+                                 const std::function<std::string(const std::string& dir)>& command) {
+  namespace fs = std::filesystem;
+  // The key: the command (with a placeholder for the directory) and the bytes of its inputs.
+  std::string keyed = command("DIR");
+  for (const auto& input : inputs) {
+    std::ifstream in(input, std::ios::binary);
+    keyed += '\0' + input + '\0' + std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  std::ostringstream key;
+  key << name << '-' << std::hex << std::hash<std::string>{}(keyed);
+  const fs::path root = GRADACCUM_TEST_REFERENCES;
+  fs::create_directories(root);
+  const fs::path dir = root / key.str();
+  // One maker at a time per key; the others wait, then read what it left.
+  const int lock = ::open((root / (key.str() + ".lock")).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lock < 0) return {"", "cannot open the lock of " + dir.string()};
+  ::flock(lock, LOCK_EX);
+  SharedReference made{dir.string(), ""};
+  if (!fs::exists(dir)) {
+    const fs::path partial = root / (key.str() + ".tmp-" + std::to_string(getpid()));
+    fs::remove_all(partial);
+    fs::create_directories(partial);
+    const std::string shell = command(partial.string()) + " > '" + partial.string() + "/log' 2>&1";
+    if (std::system(shell.c_str()) == 0) {
+      fs::rename(partial, dir);
+    } else {
+      std::ifstream in(partial / "log");
+      const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      made.error = "failed: " + command("DIR") + "\n" + (log.size() > 2000 ? log.substr(log.size() - 2000) : log);
+      fs::remove_all(partial);
+    }
+  }
+  ::flock(lock, LOCK_UN);
+  ::close(lock);
+  return made;
 }
 
 std::string venv_program(const std::string& name) {

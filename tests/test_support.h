@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -131,6 +132,19 @@ CliResult run_cli(const std::string& args, const std::string& cwd = "", const st
 // A fresh empty directory under the system temp dir, removed when the test process exits
 // (kept with GRADACCUM_KEEP_TEST_DIRS=1).
 std::string make_temp_dir(const std::string& name);
+
+// The output of a slow reference (a Python script that runs transformers, PEFT or gguf), made
+// once per build tree and read by every test process that asks for it: ctest runs each test in
+// a process of its own, and several tests read one reference. `command(dir)` is a shell command
+// that writes into `dir`; the reference is keyed by `name`, the command and the bytes of `inputs`
+// (the scripts it runs), so an edited script runs again. Concurrent processes wait for the one
+// that makes it (flock). A failed command is not kept: `error` holds its log's last 2000 bytes.
+// The directory is shared: tests read it and write elsewhere.
+struct SharedReference {
+  std::string dir, error;
+};
+SharedReference shared_reference(const std::string& name, const std::vector<std::string>& inputs,
+                                 const std::function<std::string(const std::string& dir)>& command);
 
 // A program of the project's Python venv (scripts/setup.sh): $GRADACCUM_VENV/bin/<name>,
 // /opt/gradaccum/venv/bin/<name> when the variable is unset or empty.

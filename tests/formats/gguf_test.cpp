@@ -58,16 +58,18 @@ std::string run_reference(const std::string& args, const std::string& dir) {
          gradaccum::testing::venv_program("python") + "? scripts/setup.sh installs it):\n" + read_bytes(dir + "/log");
 }
 
-// The synthetic file and its reference, made once per test process.
+// The synthetic file and its reference, made once per build tree (shared_reference).
 struct Synthetic {
   std::string dir, error;
   std::string path() const { return dir + "/synthetic.gguf"; }
 };
 const Synthetic& synthetic() {
   static const Synthetic s = [] {
-    Synthetic made{gradaccum::testing::make_temp_dir("gguf-synthetic"), ""};
-    made.error = run_reference("synthetic '" + made.dir + "'", made.dir);
-    return made;
+    const std::string script = std::string(GRADACCUM_TEST_DATA) + "/../hf/gguf_reference.py";
+    const auto made = gradaccum::testing::shared_reference("gguf-synthetic", {script}, [&](const std::string& dir) {
+      return "'" + gradaccum::testing::venv_program("python") + "' -B '" + script + "' synthetic '" + dir + "'";
+    });
+    return Synthetic{made.dir, made.error.empty() ? "" : "tests/hf/gguf_reference.py synthetic " + made.error};
   }();
   return s;
 }

@@ -53,6 +53,22 @@ int run_hf_script(const std::string& script, const std::string& dir, const std::
   return std::system(command.c_str());
 }
 
+// tests/hf/<script> DIR [ARG] run once per build tree (shared_reference), for the suites that only
+// read what it wrote; keyed by the bytes of every script there (they import one another) and of
+// the tokenizer's tiktoken helper.
+gradaccum::testing::SharedReference shared_hf_script(const std::string& script, const std::string& arg = "") {
+  const std::string hf = std::string(GRADACCUM_TEST_DATA) + "/../hf/";
+  std::vector<std::string> inputs = {std::string(GRADACCUM_TEST_DATA) + "/tokenizer/gpt2_reference.py"};
+  for (const auto& entry : fs::directory_iterator(hf)) {
+    if (entry.path().extension() == ".py") inputs.push_back(entry.path().string());
+  }
+  std::sort(inputs.begin(), inputs.end());
+  return gradaccum::testing::shared_reference(script, inputs, [&](const std::string& dir) {
+    return "'" + gradaccum::testing::venv_program("python") + "' -B '" + hf + script + "' '" + dir + "'" +
+           (arg.empty() ? "" : " '" + arg + "'");
+  });
+}
+
 // The last lines of a log, for a failure message (the suite's directory is removed after it).
 std::string tail_of(const std::string& path) {
   std::ifstream in(path);
@@ -62,17 +78,16 @@ std::string tail_of(const std::string& path) {
 
 class HfInterop : public ::testing::Test {
  protected:
-  // transformers writes the checkpoints once for the whole suite (~10 s).
+  // transformers writes the checkpoints once for the build tree (~10 s).
   static void SetUpTestSuite() {
-    dir_ = gradaccum::testing::make_temp_dir("hf-interop");
-    status_ = run_hf_script("save_pretrained_models.py", dir_);
+    const auto made = shared_hf_script("save_pretrained_models.py");
+    dir_ = made.dir;
+    error_ = made.error;
   }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
 
   void SetUp() override {
-    ASSERT_EQ(status_, 0) << "tests/hf/save_pretrained_models.py failed (transformers in the venv "
-                          << gradaccum::testing::venv_program("python") << "?):\n"
-                          << tail_of(dir_ + "/log");
+    ASSERT_EQ(error_, "") << "tests/hf/save_pretrained_models.py (transformers in the venv "
+                          << gradaccum::testing::venv_program("python") << "?)";
   }
 
   static nlohmann::json cases() {
@@ -80,11 +95,9 @@ class HfInterop : public ::testing::Test {
     return nlohmann::json::parse(in);
   }
 
-  static std::string dir_;
-  static int status_;
+  static std::string dir_, error_;
 };
-std::string HfInterop::dir_;
-int HfInterop::status_ = -1;
+std::string HfInterop::dir_, HfInterop::error_;
 
 // gradaccum's model for a config.json with `labels` (0 = causal LM), through the architecture table.
 models::BuiltModel build(const nlohmann::json& config, int64_t labels, const std::string& what) {
@@ -202,8 +215,7 @@ TEST_F(HfInterop, AGpt2ThatScalesAttentionByLayerIsRefusedWithTheKeyNamed) {
 // mismatched key, and transformers' float64 logits and loss on a padded batch equal
 // gradaccum's (to 1e-12; the causal-LM loss to 1e-6, see below).
 TEST_F(HfInterop, GradaccumCheckpointsLoadWithFromPretrainedAndGiveTheSameLogits) {
-  const std::string root = dir_ + "/ours";
-  fs::create_directories(root);
+  const std::string root = gradaccum::testing::make_temp_dir("hf-interop-ours");
   struct Case {
     std::string name, architecture;
     int64_t labels;
@@ -428,20 +440,19 @@ int HfTrainerParity::status_ = -1;
 class HfTrainerPeftParity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = gradaccum::testing::make_temp_dir("hf-trainer-peft-parity");
-    status_ =
-        run_hf_script("peft_trainer_parity.py", dir_, gradaccum::testing::gpt2_tokenizer_dir() + "/gpt2.tiktoken");
+    const auto made =
+        shared_hf_script("peft_trainer_parity.py", gradaccum::testing::gpt2_tokenizer_dir() + "/gpt2.tiktoken");
+    dir_ = made.dir;
+    error_ = made.error;
+    work_ = gradaccum::testing::make_temp_dir("hf-trainer-peft-parity");
   }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
   void SetUp() override {
-    ASSERT_EQ(status_, 0) << "tests/hf/peft_trainer_parity.py failed (transformers and peft in the venv?):\n"
-                          << tail_of(dir_ + "/log");
+    ASSERT_EQ(error_, "") << "tests/hf/peft_trainer_parity.py (transformers and peft in the venv?)";
   }
-  static std::string dir_;
-  static int status_;
+  // dir_: the Trainer's reference (shared, read only); work_: this process's runs.
+  static std::string dir_, error_, work_;
 };
-std::string HfTrainerPeftParity::dir_;
-int HfTrainerPeftParity::status_ = -1;
+std::string HfTrainerPeftParity::dir_, HfTrainerPeftParity::error_, HfTrainerPeftParity::work_;
 
 TEST_F(HfTrainerPeftParity, GradaccumFromPeftsAdapterFollowsTheTrainerAndEndsWithItsAdapter) {
   std::ifstream in(dir_ + "/trainer-float64.json");
@@ -459,7 +470,7 @@ TEST_F(HfTrainerPeftParity, GradaccumFromPeftsAdapterFollowsTheTrainerAndEndsWit
         (init_from.empty() ? std::string() : " --set lora.init_from=" + init_from);
     return gradaccum::testing::train_steps(args, out);
   };
-  const auto ours = train(dir_ + "/adapter-init", dir_ + "/run");
+  const auto ours = train(dir_ + "/adapter-init", work_ + "/run");
   ASSERT_EQ(ours.size(), trainer.size());
   double loss_gap = 0, norm_gap = 0, lr_gap = 0;
   for (size_t i = 0; i < ours.size(); ++i) {
@@ -479,7 +490,7 @@ TEST_F(HfTrainerPeftParity, GradaccumFromPeftsAdapterFollowsTheTrainerAndEndsWit
   // The trained adapter is PEFT's, tensor for tensor, and it moved away from where it started.
   const auto theirs = formats::load_safetensors(dir_ + "/adapter-final/adapter_model.safetensors");
   const auto start = formats::load_safetensors(dir_ + "/adapter-init/adapter_model.safetensors");
-  const auto mine = formats::load_safetensors(dir_ + "/run/final/adapter_model.safetensors");
+  const auto mine = formats::load_safetensors(work_ + "/run/final/adapter_model.safetensors");
   ASSERT_EQ(mine.size(), theirs.size());
   ASSERT_EQ(theirs.size(), 2u * 3u * 2u);  // A and B, three targets, two layers
   std::map<std::string, torch::Tensor> by_name(theirs.begin(), theirs.end());
@@ -493,7 +504,7 @@ TEST_F(HfTrainerPeftParity, GradaccumFromPeftsAdapterFollowsTheTrainerAndEndsWit
   EXPECT_GT(moved, 1e-3);
 
   // Fresh adapters (B at zero) are another trajectory: lora.init_from is what made them agree.
-  const auto fresh = train("", dir_ + "/run-fresh");
+  const auto fresh = train("", work_ + "/run-fresh");
   ASSERT_EQ(fresh.size(), trainer.size());
   EXPECT_GT(gradaccum::testing::relative_difference(fresh.front()["grad_norm"].get<double>(),
                                                     trainer.front()["grad_norm"].get<double>()),
@@ -505,7 +516,7 @@ TEST_F(HfTrainerPeftParity, AnInitAdapterThatDisagreesWithTheSectionIsRefused) {
   const std::string base = "train --set model.hf_checkpoint=" + dir_ +
                            "/model --set data.type=text --set data.path=" + dir_ +
                            "/train.jsonl --set data.tokenizer=" + gradaccum::testing::gpt2_tokenizer_dir() +
-                           " --set data.eval_fraction=0 --set max_steps=1 --set output_dir=" + dir_ + "/refused" +
+                           " --set data.eval_fraction=0 --set max_steps=1 --set output_dir=" + work_ + "/refused" +
                            " --set lora.init_from=" + dir_ + "/adapter-init --set lora.alpha=8";
   const auto r8 =
       gradaccum::testing::run_cli(base + " --set lora.target_modules=[q_proj,v_proj,down_proj] --set lora.r=8");
