@@ -146,6 +146,47 @@ TEST(Plan, StatesPerRankForEveryZeroStageAndPolicy) {
   std::filesystem::remove_all(dir);
 }
 
+// With LoRA the states are the adapters' and the frozen base's: a tiny Llama (2 layers, width 24,
+// 6 query / 2 key-value heads, MLP 40, GPT-2's 50257 tokens, tied head) with rank-3 adapters on
+// q, v, gate and down and its final norm trained whole. Trained: 2 × (q 3·24 + 24·3, v 3·24 + 8·3,
+// gate 3·24 + 40·3, down 3·40 + 24·3) + 24 = 1272 elements, their gradients and AdamW's two
+// moments in float32; frozen: the embedding, 4 norms and 2 × 4416 Linear weights, the Linear
+// weights in 2 bytes under lora.base_dtype bfloat16 (the embedding and norms stay float32).
+TEST(Plan, WithLoraOnlyTheAdaptersHoldGradientsAndMomentsAndABfloat16BaseHalvesItsLinears) {
+  const std::string lora =
+      " --set data.type=kjv --set data.max_length=16 --set data.train_limit=64 --set data.eval_limit=-1"
+      " --set threads=2 --set model.type=llama --set model.n_layer=2 --set model.n_embd=24 --set model.n_head=6"
+      " --set model.n_kv_head=2 --set model.intermediate_size=40 --set model.n_positions=32 --set lora.r=3"
+      " --set lora.alpha=5 --set lora.target_modules=[q_proj,v_proj,gate_proj,down_proj]"
+      " --set lora.modules_to_save=[norm]";
+  constexpr int64_t trained = 2 * (144 + 96 + 192 + 192) + 24;
+  constexpr int64_t embedding = 50257 * 24, norms = 2 * 2 * 24, linears = 2 * (576 + 192 + 192 + 576 + 3 * 960);
+  for (const std::string base : {"float32", "bfloat16"}) {
+    const auto r = run_cli("plan" + lora + " --set lora.base_dtype=" + base + " --global-batch 2 --steps 2 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+    const int64_t frozen = 4 * (embedding + norms) + (base == "bfloat16" ? 2 : 4) * linears;
+    EXPECT_EQ(j["trained_parameters"], trained) << base;
+    EXPECT_EQ(j["frozen_bytes"], frozen) << base;
+    ASSERT_EQ(j["candidates"].size(), 2u) << base;  // micro-batches 1 and 2, each probed with its adapters
+    for (const auto& c : j["candidates"]) EXPECT_TRUE(c["fits"].get<bool>()) << c.dump();
+    for (const auto& row : j["states_per_rank"]) {
+      const int64_t w = row["world_size"], stage = row["zero_stage"];
+      if (stage > 1) continue;
+      EXPECT_EQ(row["parameters_bytes"], 4 * trained + frozen) << row.dump();
+      EXPECT_EQ(row["gradients_bytes"], 4 * trained) << row.dump();
+      EXPECT_EQ(row["optimizer_bytes"], 8 * (stage == 0 ? trained : (trained + w - 1) / w)) << row.dump();
+    }
+  }
+  // The table says what is trained and what is frozen.
+  const auto text = run_cli("plan" + lora + " --set lora.base_dtype=bfloat16 --global-batch 1 --steps 2");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("states: 1272 parameters trained (4 bytes each, 2 optimizer moments), 4.6 MB of frozen "
+                          "parameters\n"),
+            std::string::npos)
+      << text.out;
+}
+
 TEST(Plan, AutoTrainsWithThePlannedDecompositionOfTheGlobalBatch) {
   const auto dir = make_temp_dir("plan-auto");
   const auto r = run_cli("train " + kKjv +

@@ -138,7 +138,17 @@ std::vector<RankStatesRow> rank_states_rows(const dist::ModelStates& states) {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-void print_rank_states(const std::vector<RankStatesRow>& rows) {
+int64_t trained_elements(const dist::ModelStates& states) {
+  int64_t trained = states.root_elements;
+  for (const int64_t u : states.unit_elements) trained += u;
+  return trained;
+}
+
+void print_rank_states(const dist::ModelStates& states, const std::vector<RankStatesRow>& rows) {
+  // With LoRA the frozen base is most of the weights and has no gradient or optimizer state.
+  fmt::print("states: {} parameters trained ({} bytes each, {} optimizer moments), {:.1f} MB of frozen parameters\n",
+             trained_elements(states), states.element_bytes, states.moments,
+             static_cast<double>(states.frozen_bytes) / kMiB);
   fmt::print(
       "states per rank at W ranks, MB: weights + gradients + optimizer state held between micro-steps (+ the most "
       "a micro-step adds); activations apart\n");
@@ -220,8 +230,9 @@ Plan make_plan(const PlanArgs& args, bool quiet) {
   }
   std::error_code ignored;
   fs::remove_all(dir, ignored);
-  plan.rank_states = rank_states_rows(model_states(config));
-  if (!quiet) print_rank_states(plan.rank_states);
+  plan.states = model_states(config);
+  plan.rank_states = rank_states_rows(plan.states);
+  if (!quiet) print_rank_states(plan.states, plan.rank_states);
 
   double fastest = 0.0;
   for (const auto& c : plan.candidates) {
@@ -267,6 +278,8 @@ int run_plan(const PlanArgs& args) {
                                       {"memory", plan.memory_kind},
                                       {"candidates", candidates},
                                       {"choice", choice},
+                                      {"trained_parameters", trained_elements(plan.states)},
+                                      {"frozen_bytes", plan.states.frozen_bytes},
                                       {"states_per_rank", states}}
                            .dump());
   } else if (plan.choice) {

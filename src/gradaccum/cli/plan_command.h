@@ -60,6 +60,7 @@ struct Plan {
   std::string memory_kind;   // "peak RSS" or "CUDA peak allocated"
   std::vector<PlanCandidate> candidates;
   std::optional<PlanCandidate> choice;
+  dist::ModelStates states;                // what is trained and what is frozen (LoRA: the base)
   std::vector<RankStatesRow> rank_states;  // stages 0–3 × policies × W = 2, 4, 8
 };
 
