@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "gguf_reference.h"
 #include "gradaccum/core/batch.h"
 #include "gradaccum/data/tokenizer.h"
 #include "gradaccum/formats/safetensors.h"
@@ -40,21 +41,16 @@ std::string read_bytes(const std::string& path) {
 
 std::string python() { return "'" + gradaccum::testing::venv_program("python") + "' -B "; }
 
-// The tiny Llama (~10 s of Python), once per test process; `error` says why it is missing.
+// The tiny Llama (~10 s of Python), once per build tree (shared with gguf_checkpoint_test.cpp);
+// `error` says why it is missing.
 struct Synthetic {
   std::string dir, error;
   std::string gguf() const { return dir + "/tiny-llama.gguf"; }
 };
 const Synthetic& synthetic() {
   static const Synthetic s = [] {
-    Synthetic made{make_temp_dir("gguf-cli"), ""};
-    const std::string script = std::string(GRADACCUM_TEST_DATA) + "/../hf/gguf_transformers_reference.py";
-    if (std::system((python() + "'" + script + "' models '" + made.dir + "' > '" + made.dir + "/log' 2>&1").c_str()) !=
-        0) {
-      made.error = "tests/hf/gguf_transformers_reference.py models failed (transformers and gguf in the venv?):\n" +
-                   read_bytes(made.dir + "/log");
-    }
-    return made;
+    const auto made = gradaccum::testing::run_gguf_reference("gguf-models", "models");
+    return Synthetic{made.dir, made.error};
   }();
   return s;
 }
@@ -195,6 +191,65 @@ TEST(GgufCli, TokenizeUsesTheFilesTokenizer) {
   const auto ids = data::Tokenizer::load(synthetic().gguf()).encode("<|im_start|>the film 1999");
   EXPECT_EQ(r.out, nlohmann::json(ids).dump() + "\n");
   EXPECT_EQ(ids.front(), 1);  // <|im_start|>, a control token, whole
+}
+
+// LoRA on a GGUF base: the adapter names the file as its base; `eval` and `generate` read the base
+// from there or from --base FILE.gguf (the adapter moved, its recorded base gone), and `export
+// --merge-lora --base FILE.gguf` writes an HF checkpoint with the adapted model's loss and output.
+TEST(GgufCli, AdaptersOnAGgufBaseLoadWithBaseFileAndMergeIntoAnHfCheckpoint) {
+  ASSERT_EQ(synthetic().error, "");
+  const auto dir = make_temp_dir("gguf-lora");
+  const auto gguf = synthetic().gguf();
+  const auto steps = gradaccum::testing::train_steps(
+      "--set model.hf_checkpoint=" + gguf +
+          " --set data.type=kjv --set data.train_limit=32 --set lora.target_modules=[q_proj,v_proj,down_proj]"
+          " --set lora.r=2 --set lora.alpha=4 --set learning_rate=3e-2" +
+          kRun,
+      dir + "/run");
+  ASSERT_EQ(steps.size(), 2u);
+  const auto adapter = dir + "/run/final";
+  const auto config = nlohmann::json::parse(read_bytes(adapter + "/adapter_config.json"));
+  EXPECT_EQ(config["base_model_name_or_path"], fs::absolute(gguf).lexically_normal().string());
+  EXPECT_EQ(config["target_modules"], nlohmann::json({"q_proj", "v_proj", "down_proj"}));
+  EXPECT_EQ(formats::load_safetensors(adapter + "/adapter_model.safetensors").size(), 2u * 3u * 2u);
+
+  std::ofstream(dir + "/texts.txt") << "the film and the light\nGod said ab <think>\n";
+  const auto loss_of = [&](const std::string& args) {
+    const auto r = run_cli("eval " + args + " " + dir + "/texts.txt --threads 2");
+    EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out)["loss"].get<double>() : -1.0;
+  };
+  const double adapted = loss_of("--checkpoint " + adapter);
+  const double base = loss_of("--checkpoint " + gguf);
+  EXPECT_GT(gradaccum::testing::relative_difference(adapted, base), 1e-4) << "the adapter changes nothing";
+
+  // Moved away from a base that is no longer where it says: --base names the file.
+  const auto moved = dir + "/moved";
+  fs::create_directories(moved);
+  for (const char* name : {"adapter_model.safetensors", "tokenizer.json"}) {
+    if (fs::exists(adapter + "/" + name)) fs::copy_file(adapter + "/" + name, moved + "/" + name);
+  }
+  auto elsewhere = config;
+  elsewhere["base_model_name_or_path"] = dir + "/no-such-base.gguf";
+  std::ofstream(moved + "/adapter_config.json") << elsewhere.dump();
+  const auto missing = run_cli("eval --checkpoint " + moved + " " + dir + "/texts.txt");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(std::count(missing.err.begin(), missing.err.end(), '\n'), 1) << missing.err;
+  EXPECT_NE(missing.err.find(dir + "/no-such-base.gguf"), std::string::npos) << missing.err;
+  EXPECT_EQ(loss_of("--checkpoint " + moved + " --base " + gguf), adapted);
+
+  // generate through the adapter equals generate through the merged checkpoint.
+  const auto merged = run_cli("export --merge-lora " + moved + " " + dir + "/merged --base " + gguf);
+  ASSERT_EQ(merged.exit_code, 0) << merged.err;
+  EXPECT_EQ(nlohmann::json::parse(read_bytes(dir + "/merged/config.json"))["model_type"], "llama");
+  EXPECT_LE(gradaccum::testing::relative_difference(loss_of("--checkpoint " + dir + "/merged"), adapted), 1e-5);
+  const std::string prompt = " --prompt 'the film' --temperature 0 --max-new-tokens 6 --threads 2";
+  const auto through_adapter = run_cli("generate --checkpoint " + moved + " --base " + gguf + prompt);
+  const auto through_merged = run_cli("generate --checkpoint " + dir + "/merged" + prompt);
+  ASSERT_EQ(through_adapter.exit_code, 0) << through_adapter.err;
+  ASSERT_EQ(through_merged.exit_code, 0) << through_merged.err;
+  EXPECT_EQ(through_adapter.out, through_merged.out);
+  EXPECT_GT(through_adapter.out.size(), std::string("the film\n").size());
 }
 
 TEST(GgufCli, AContradictingModelTypeIsRefused) {

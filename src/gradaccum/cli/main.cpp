@@ -160,7 +160,8 @@ int main(int argc, char** argv) {
   generate_cmd->add_option("--seed", generate.seed, "Sampling seed")->capture_default_str();
   generate_cmd->add_option("--tokenizer", generate.tokenizer, "Tokenizer (default: the checkpoint's own)");
   generate_cmd->add_option("--threads", generate.threads, "Intra-op threads (0 = all cores)")->check(kThreads);
-  generate_cmd->add_option("--base", generate.base, "A LoRA adapter's base model (default: the adapter's own)");
+  generate_cmd->add_option("--base", generate.base,
+                           "A LoRA adapter's base model, DIR or FILE.gguf (default: the adapter's own)");
 
   gradaccum::cli::EvalArgs eval;
   auto* eval_cmd = app.add_subcommand(
@@ -173,7 +174,8 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("--batch-size", eval.batch_size, "Documents per forward pass")->capture_default_str();
   eval_cmd->add_option("--tokenizer", eval.tokenizer, "Tokenizer (default: the checkpoint's own)");
   eval_cmd->add_option("--threads", eval.threads, "Intra-op threads (0 = all cores)")->check(kThreads);
-  eval_cmd->add_option("--base", eval.base, "A LoRA adapter's base model (default: the adapter's own)");
+  eval_cmd->add_option("--base", eval.base,
+                       "A LoRA adapter's base model, DIR or FILE.gguf (default: the adapter's own)");
 
   gradaccum::cli::ExportArgs export_args;
   auto* export_cmd = app.add_subcommand("export", "Merge a LoRA adapter into its base and write an HF checkpoint");
@@ -182,7 +184,7 @@ int main(int argc, char** argv) {
                    "The adapter directory (adapter_config.json + adapter_model.safetensors)")
       ->required();
   export_cmd->add_option("out_dir", export_args.out_dir, "Where the merged checkpoint goes")->required();
-  export_cmd->add_option("--base", export_args.base, "The base model (default: the adapter's own)");
+  export_cmd->add_option("--base", export_args.base, "The base model, DIR or FILE.gguf (default: the adapter's own)");
 
   gradaccum::cli::ConfigArgs config;
   auto* config_cmd = app.add_subcommand(

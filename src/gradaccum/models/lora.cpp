@@ -14,6 +14,7 @@
 #include "gradaccum/base/check.h"
 #include "gradaccum/formats/safetensors.h"
 #include "gradaccum/models/architectures.h"
+#include "gradaccum/models/gguf_checkpoint.h"
 #include "gradaccum/models/hf_checkpoint.h"
 #include "gradaccum/models/sequence_classifier.h"
 
@@ -368,11 +369,13 @@ BuiltModel load_language_model_with_adapter(const std::string& adapter_dir, cons
     } else {
       const auto named = config.value("base_model_name_or_path", nlohmann::json(nullptr));
       GA_CHECK(named.is_string() && !named.get<std::string>().empty(),
-               "{}: names no base_model_name_or_path; pass the base model with --base DIR", config_path);
+               "{}: names no base_model_name_or_path; pass the base model with --base DIR|FILE.gguf", config_path);
       base_dir = named.get<std::string>();
     }
   }
-  GA_CHECK(fs::is_directory(base_dir), "{}: the base model {} is not a directory (pass it with --base DIR)",
+  // An HF checkpoint's directory, or a GGUF file (the adapter of a run that started from one names it).
+  GA_CHECK(fs::is_directory(base_dir) || (is_gguf_path(base_dir) && fs::is_regular_file(base_dir)),
+           "{}: the base model {} is neither a directory nor a GGUF file (pass it with --base DIR|FILE.gguf)",
            config_path, base_dir);
   const auto weights_path = (dir / kAdapterWeights).string();
   GA_CHECK(fs::exists(weights_path), "{}: no {}", adapter_dir, kAdapterWeights);
