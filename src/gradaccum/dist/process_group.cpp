@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "gradaccum/base/check.h"
+#include "gradaccum/dist/peer_addresses.h"
 
 namespace gradaccum::dist {
 
@@ -277,10 +278,13 @@ Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout
     if (watchdog.fired()) throw failure("the rendezvous store answered too late");
   }
   store->setTimeout(timeout);  // every later wait on the store (the stop agreement) has the whole timeout
+  Connection made{nullptr, store};
 #ifdef GRADACCUM_WITH_CUDA
-  if (device.is_cuda()) return {make_nccl(store, env, timeout, device), store};
+  if (device.is_cuda()) made.group = make_nccl(store, env, timeout, device);
 #endif
-  return {make_gloo(store, env, timeout), store};
+  if (!made.group) made.group = make_gloo(store, env, timeout);
+  remember_peer_addresses(PeerAddresses::exchange(*made.group));
+  return made;
 }
 
 void check_same_on_all_ranks(c10d::Backend& group, int64_t value, const std::string& what) {
@@ -308,8 +312,8 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t rank, const st
   try {
     work->wait();
   } catch (const std::exception& e) {
-    throw Error(
-        fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}", rank, what, cause_of(e)));
+    throw Error(fmt::format("rank {}: {} failed, a peer rank died or stalled past dist_timeout: {}", rank, what,
+                            peer_addresses().annotate(cause_of(e), static_cast<int>(rank))));
   }
 }
 
