@@ -52,6 +52,19 @@ last_step() {  # the last step record's step in a metrics.jsonl (0: none)
   sed -E 's/.*"step":([0-9]+).*/\1/' <<< "$line"
 }
 
+# Where the faults land, independent of the machine's speed: a quarter of them in an attempt's
+# start-up (process group, data, checkpoint read), the others each just after the run records a
+# step drawn from 1 .. STEPS-1 (distinct, ascending: a window in flight or a checkpoint being
+# saved). A run that records a step < STEPS is still training, so every such fault interrupts it.
+pool=()
+for ((i = 1; i < steps; ++i)); do pool+=("$i"); done
+for ((i = ${#pool[@]} - 1; i > 0; --i)); do
+  j=$((RANDOM % (i + 1))) t=${pool[i]}
+  pool[i]=${pool[j]} pool[j]=$t
+done
+targets=($(printf '%s\n' "${pool[@]:0:faults}" | sort -n))
+next_target=0
+
 start_ns=$(date +%s%N)
 delivered=0 redone=0 kinds=() drawn=()
 attempt=0
@@ -65,9 +78,16 @@ while :; do
   "$bin" "${run[@]}" --nproc "$world" --set resume_from_checkpoint=auto --set output_dir="$out/soak" > "$log" 2>&1 &
   launcher=$!
   if ((delivered < faults)); then
-    # A moment between 0.3 s and 2.3 s into the attempt: start-up, a window, a save.
-    sleep "$((RANDOM % 2)).$(printf '%03d' $((RANDOM % 1000)))"
-    sleep 0.3
+    if ((RANDOM % 4 == 0 || next_target >= ${#targets[@]})); then
+      sleep "0.$(printf '%03d' $((RANDOM % 1000)))"  # in start-up
+    else
+      target_step=${targets[$next_target]}
+      next_target=$((next_target + 1))
+      while kill -0 "$launcher" 2>/dev/null && (($(last_step "$out/soak/metrics.jsonl") < target_step)); do
+        sleep 0.02
+      done
+      sleep "0.$(printf '%03d' $((RANDOM % 150)))"  # into the next window or the save after the step
+    fi
     if kill -0 "$launcher" 2>/dev/null; then
       signal=$([[ $((RANDOM % 2)) == 0 ]] && echo TERM || echo KILL)
       target=$launcher who=launcher
@@ -87,7 +107,7 @@ while :; do
   # A SIGKILLed launcher takes its ranks with it (PR_SET_PDEATHSIG); let them go.
   sleep 0.2
   if grep -q '"loss"' "$out/soak/metrics.jsonl" 2>/dev/null && [[ -f "$out/soak/final/model.safetensors" ]] &&
-     (( $(last_step "$out/soak/metrics.jsonl") == steps )) && ((status == 0)) && ((delivered >= faults)); then
+     (( $(last_step "$out/soak/metrics.jsonl") == steps )) && ((status == 0)); then
     break
   fi
   if ((attempt > faults + 5)); then
