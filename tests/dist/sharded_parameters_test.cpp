@@ -4,11 +4,14 @@
 // gradient; the collectives are counted per window (two all-gathers per unit per micro-step,
 // defer's one reduce-scatter per unit on the last micro-step, each_micro_step's one per unit per
 // micro-step); the bytes held between micro-steps are the formula's; a rank with no samples in a
-// micro-step replays its peers' collectives; the optimizer's step and the weight norm equal the
+// micro-step replays its peers' collectives, and one whose micro-step runs out of memory part-way
+// replays the rest of them; the optimizer's step and the weight norm equal the
 // unsharded ones, and unshard() gives back whole parameters.
 #include "gradaccum/dist/sharded_parameters.h"
 
 #include <gtest/gtest.h>
+
+#include <stdexcept>
 
 #include "gradaccum/dist/rank_states.h"
 #include "gradaccum/dist/unit_shard_optimizer.h"
@@ -43,13 +46,34 @@ torch::Tensor targets(int rank, int s) {
   return torch::sin(torch::arange(9, torch::kDouble).reshape({3, 3}) + rank + s);
 }
 
+// Where a micro-step runs out of memory, as libtorch's allocator says it: inside the last unit's
+// forward, or inside its backward (after its first backward node has gathered it).
+enum class OutOfMemoryIn { nowhere, forward, backward };
+
+[[noreturn]] void out_of_memory() {
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 2.00 MiB");
+  throw std::logic_error("unreachable");
+}
+
+struct FailingBackward : torch::autograd::Function<FailingBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    out_of_memory();
+  }
+};
+
 // The loss sum; `scope` brackets the units as a model does (null: the plain network).
-torch::Tensor loss(const std::vector<torch::Tensor>& p, gradaccum::core::UnitScope* scope, int rank, int s) {
+torch::Tensor loss(const std::vector<torch::Tensor>& p, gradaccum::core::UnitScope* scope, int rank, int s,
+                   OutOfMemoryIn fails = OutOfMemoryIn::nowhere) {
   using gradaccum::core::run_unit;
   auto h =
       run_unit(scope, 0, inputs(rank, s), [&](const torch::Tensor& x) { return torch::tanh(x.mm(p[0].t()) + p[1]); });
   h = run_unit(scope, 1, h, [](const torch::Tensor& x) { return x; });  // a unit without parameters
-  h = run_unit(scope, 2, h, [&](const torch::Tensor& x) { return x.mm(p[2].t()); });
+  h = run_unit(scope, 2, h, [&](const torch::Tensor& x) {
+    if (fails == OutOfMemoryIn::forward) out_of_memory();
+    const auto y = x.mm(p[2].t());
+    return fails == OutOfMemoryIn::backward ? FailingBackward::apply(y) : y;
+  });
   return (h * p[3] - targets(rank, s)).square().sum();
 }
 
@@ -88,7 +112,7 @@ gradaccum::optim::OptimizerSpec adamw() {
 }
 
 RankRun run_window(GradShardPolicy policy, int rank, const c10::intrusive_ptr<c10d::Backend>& group,
-                   std::pair<int, int> skipped, int64_t available) {
+                   std::pair<int, int> skipped, int64_t available, OutOfMemoryIn fails = OutOfMemoryIn::nowhere) {
   auto params = make_params();
   gradaccum::dist::ShardedGradSyncOptions options;
   options.policy = policy;
@@ -100,7 +124,13 @@ RankRun run_window(GradShardPolicy policy, int rank, const c10::intrusive_ptr<c1
   for (int s = 0; s < kMicroSteps; ++s) {
     const bool last = s + 1 == kMicroSteps;
     sharded.before_backward(last);
-    if (std::make_pair(rank, s) != skipped) loss(params, &sharded, rank, s).backward();
+    if (std::make_pair(rank, s) != skipped) {
+      loss(params, &sharded, rank, s).backward();
+    } else if (fails != OutOfMemoryIn::nowhere) {
+      // The window runner's path: a piece took the error, the micro-step is abandoned.
+      EXPECT_THROW(loss(params, &sharded, rank, s, fails).backward(), c10::OutOfMemoryError);
+      sharded.abandon_micro_step();
+    }
     sharded.after_backward(last);
     run.reduce_scatters_after.push_back(sharded.window_reduce_scatters());
     if (s == 0) {
@@ -122,10 +152,12 @@ RankRun run_window(GradShardPolicy policy, int rank, const c10::intrusive_ptr<c1
   return run;
 }
 
-std::vector<RankRun> run_ranks(GradShardPolicy policy, std::pair<int, int> skipped = {-1, -1}, int64_t available = 0) {
+std::vector<RankRun> run_ranks(GradShardPolicy policy, std::pair<int, int> skipped = {-1, -1}, int64_t available = 0,
+                               OutOfMemoryIn fails = OutOfMemoryIn::nowhere) {
   std::vector<RankRun> runs(kWorld);
-  gradaccum::testing::run_on_ranks(
-      kWorld, [&](const auto& group, int rank) { runs[rank] = run_window(policy, rank, group, skipped, available); });
+  gradaccum::testing::run_on_ranks(kWorld, [&](const auto& group, int rank) {
+    runs[rank] = run_window(policy, rank, group, skipped, available, fails);
+  });
   return runs;
 }
 
@@ -227,6 +259,35 @@ TEST(ShardedParameters, ARankWithoutSamplesTakesPartInItsPeersCollectives) {
     expect_exact(runs, reference_gradient({1, kMicroSteps - 1}));
     EXPECT_EQ(runs[0].all_gathers, runs[1].all_gathers);
     EXPECT_EQ(runs[0].reduce_scatters_after, runs[1].reduce_scatters_after);
+  }
+}
+
+// Rank 1 runs out of memory in the middle micro-step, inside the last unit's forward (units 0
+// and 1 gathered and released, unit 2 gathered and the root's gradient not reached) or inside its
+// backward (unit 2 gathered again, unit 0's prefetch started, nothing reduced): it replays the rest
+// of its peer's gathers and reductions in their order, so that both ranks run the same
+// collectives and the units' sums are those of the micro-steps that ran. (Out of memory, the
+// window runner drops the window after its totals and trains it again at a smaller micro-batch.)
+TEST(ShardedParameters, ARankWhoseMicroStepRunsOutOfMemoryPartWayReplaysTheRestOfItsPeersCollectives) {
+  const std::pair<int, int> failing{1, 1};
+  const auto skip = reference_gradient(failing);
+  for (const auto policy : {GradShardPolicy::defer, GradShardPolicy::each_micro_step}) {
+    for (const auto where : {OutOfMemoryIn::forward, OutOfMemoryIn::backward}) {
+      SCOPED_TRACE(::testing::Message() << (policy == GradShardPolicy::defer ? "defer" : "each_micro_step") << ", in "
+                                        << (where == OutOfMemoryIn::forward ? "forward" : "backward"));
+      const auto runs = run_ranks(policy, failing, 0, where);
+      const auto plain = run_ranks(policy);
+      for (int r = 0; r < kWorld; ++r) {
+        EXPECT_EQ(runs[r].all_gathers, plain[r].all_gathers) << r;
+        EXPECT_EQ(runs[r].reduce_scatters_after, plain[r].reduce_scatters_after) << r;
+        EXPECT_LT((runs[r].grad_shards[0] - range_of({skip[0], skip[1]}, 13, r)).abs().max().item<double>(), 1e-13)
+            << r;
+        EXPECT_LT((runs[r].grad_shards[1] - range_of({skip[2]}, 8, r)).abs().max().item<double>(), 1e-13) << r;
+      }
+      // In the forward nothing reached the root; in the backward its gradient had (it lies above the
+      // units), so only the forward's root sums are the skipped micro-step's.
+      if (where == OutOfMemoryIn::forward) expect_exact(runs, skip);
+    }
   }
 }
 

@@ -26,6 +26,10 @@ class GradSync {
   // Called after each micro-step's backward (also when this rank had no
   // samples in it and ran none).
   virtual void after_backward(bool last) {}
+  // Called before after_backward when this rank's micro-step failed part-way and a piece took the
+  // error (out of memory): its forward or backward stopped after some of the collectives its
+  // peers run in every micro-step. after_backward then runs the rest, in the peers' order.
+  virtual void abandon_micro_step() {}
   // After the last backward: completes gradient communication (each gradient
   // becomes the sum over ranks) and sums `totals` (a small 1-D float64 tensor of
   // window loss sums and counts) over ranks in place.

@@ -28,7 +28,10 @@
 // Every rank runs the same collectives in the same order: units are entered in index order in
 // every forward and their backwards run in the reverse order. A rank with no samples in a
 // micro-step (a partial window) replays the gathers and reductions its peers run, through the same
-// functions, so that the collectives start in the same order. Reductions are synchronous.
+// functions, so that the collectives start in the same order; a rank whose micro-step failed
+// part-way (out of memory in a unit's forward or backward) replays the rest of them, from where
+// it stopped (each unit records what of its sequence this micro-step ran). Reductions are
+// synchronous.
 #pragma once
 
 #include <torch/torch.h>
@@ -61,6 +64,8 @@ class ShardedParameters final : public core::GradSync, public core::UnitScope {
     bool gathered = false;                   // the buffer holds memory (and, once `pending` is done, the values)
     c10::intrusive_ptr<c10d::Work> pending;  // a prefetch in flight
     bool reduced = false;                    // in the current micro-step
+    bool forward_gathered = false;           // gathered for the current micro-step's forward
+    bool backward_gathered = false;          // gathered for its backward
   };
 
   // `params`: the trainable parameters in the same order on every rank, of one dtype and device;
@@ -81,6 +86,7 @@ class ShardedParameters final : public core::GradSync, public core::UnitScope {
   int64_t rank() const override { return group_->getRank(); }
   void before_backward(bool last) override;
   void after_backward(bool last) override;
+  void abandon_micro_step() override { abandoned_ = true; }
   void finish_window(torch::Tensor& totals) override;
   int64_t allreduce_calls() const override { return calls_; }  // reduce-scatters
   int64_t allreduce_bytes() const override { return bytes_; }
@@ -133,6 +139,9 @@ class ShardedParameters final : public core::GradSync, public core::UnitScope {
   void release(FlatUnit& unit);
   // The unit's backward has run: reduce when due, release.
   void finish_unit_backward(FlatUnit& unit);
+  // The micro-step's gathers and reductions that this rank has not run yet (all of them when it
+  // had no samples), in the order its peers run them.
+  void replay_micro_step();
   // Sums the unit's .grad over the ranks into its gradient shard and releases .grad.
   void reduce(FlatUnit& unit);
   bool reduce_due(const FlatUnit& unit) const { return unit.policy == GradShardPolicy::each_micro_step || last_; }
@@ -145,7 +154,8 @@ class ShardedParameters final : public core::GradSync, public core::UnitScope {
   std::vector<int64_t> unit_of_model_unit_;  // model unit → index into units_, or -1
   std::string policy_reason_;
   bool last_ = false;
-  bool computed_ = false;  // this micro-step entered a unit on this rank
+  bool computed_ = false;   // this micro-step entered a unit on this rank
+  bool abandoned_ = false;  // and stopped part-way (abandon_micro_step)
   bool in_window_ = false;
   bool unsharded_ = false;
   int64_t calls_ = 0, bytes_ = 0, gathers_ = 0;

@@ -32,6 +32,9 @@ bool OomRecovery::absorb_micro_step_error(const std::exception& e, WindowState& 
     throw WindowOutOfMemory(message_, bytes_);
   }
   w.gave_up = true;
+  // The failed micro-step's memory back to the system before this rank takes part in the rest of
+  // the window's collectives (ZeRO-3 gathers units for them).
+  release_cached_memory(device_);
   return true;
 }
 

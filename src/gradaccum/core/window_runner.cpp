@@ -102,6 +102,7 @@ void WindowRunner::micro_step(WindowState& w, int64_t s) {
       bool taken = false;
       for (auto* f : features_) taken = taken || f->absorb_micro_step_error(e, w, s);
       if (!taken) throw;
+      sync_.abandon_micro_step();
     }
   }
   w.micro_sums.emplace_back();

@@ -34,7 +34,13 @@ void unmap(void* context) {
 at::DataPtr allocate(c10::StorageImpl* storage, size_t bytes) {
   if (!storage->device().is_cpu()) return storage->allocator()->allocate(bytes);
   void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  GA_CHECK(data != MAP_FAILED, "zero_stage: 3: cannot map {} bytes for a unit: {}", bytes, std::strerror(errno));
+  if (data == MAP_FAILED) {
+    const int error = errno;
+    // Out of memory as libtorch's allocators say it, so that oom_recovery takes it as theirs.
+    TORCH_CHECK_WITH(OutOfMemoryError, error != ENOMEM, "zero_stage: 3: cannot allocate ", bytes,
+                     " bytes for a unit: ", std::strerror(error));
+    throw Error(fmt::format("zero_stage: 3: cannot map {} bytes for a unit: {}", bytes, std::strerror(error)));
+  }
   return at::DataPtr(data, new Mapping{data, bytes}, &unmap, storage->device());
 }
 
@@ -216,11 +222,13 @@ void ShardedParameters::gather(FlatUnit& unit) {
 }
 
 void ShardedParameters::gather_for_forward(size_t u) {
+  units_[u].forward_gathered = true;
   gather(units_[u]);
   if (u + 1 < unit_count_) start_gather(units_[u + 1]);
 }
 
 void ShardedParameters::gather_for_backward(size_t u) {
+  units_[u].backward_gathered = true;
   gather(units_[u]);
   attach_gradients(units_[u]);
   if (u > 0) start_gather(units_[u - 1]);
@@ -273,7 +281,8 @@ torch::Tensor ShardedParameters::leave(int64_t model_unit, const torch::Tensor& 
 void ShardedParameters::before_backward(bool last) {
   last_ = last;
   computed_ = false;
-  for (auto& unit : units_) unit.reduced = false;
+  abandoned_ = false;
+  for (auto& unit : units_) unit.reduced = unit.forward_gathered = unit.backward_gathered = false;
   if (in_window_) return;
   in_window_ = true;
   for (auto& unit : units_) unit.grad_shard = torch::Tensor();  // stepped from; its memory goes back first
@@ -285,17 +294,27 @@ void ShardedParameters::finish_unit_backward(FlatUnit& unit) {
   release(unit);
 }
 
+void ShardedParameters::replay_micro_step() {
+  // A backward that began ran the whole forward (each unit gathered and released): its prefetch
+  // for the next unit down may be in flight, so nothing is released here.
+  bool backward_began = false;
+  for (const auto& unit : units_) backward_began = backward_began || unit.backward_gathered;
+  for (size_t u = 0; u < unit_count_ && !backward_began; ++u) {
+    if (!units_[u].forward_gathered) gather_for_forward(u);
+    release(units_[u]);
+  }
+  for (size_t u = unit_count_; u-- > 0;) {
+    auto& unit = units_[u];
+    if (!unit.backward_gathered) gather_for_backward(u);
+    if (!(unit.reduced && reduce_due(unit))) finish_unit_backward(unit);
+  }
+}
+
 void ShardedParameters::after_backward(bool) {
-  if (!computed_) {
-    // No samples here this micro-step: the peers' gathers and reductions, in their order.
-    for (size_t u = 0; u < unit_count_; ++u) {
-      gather_for_forward(u);
-      release(units_[u]);
-    }
-    for (size_t u = unit_count_; u-- > 0;) {
-      gather_for_backward(u);
-      finish_unit_backward(units_[u]);
-    }
+  if (!computed_ || abandoned_) {
+    // No samples here this micro-step, or a micro-step that stopped part-way: the peers' gathers
+    // and reductions that this rank has not run, in their order.
+    replay_micro_step();
   } else {
     // A unit whose input needed no gradient (the first, below frozen embeddings) ends here.
     for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
