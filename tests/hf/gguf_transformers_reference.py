@@ -28,10 +28,12 @@ Usage:
       (llama.attention.key_length / value_length, unequal to width / heads) and no output tensor
       (tied); DIR/tiny-llama-rope-linear.gguf: linear RoPE scaling (factor 4) and no
       llama.vocab_size (the vocabulary is the tokenizer's tokens), for its config only (transformers'
-      loader reads no llama.rope.scaling.* keys);
+      loader reads no llama.rope.scaling.* keys); DIR/tiny-llama-rope-yarn.gguf and .safetensors:
+      YaRN (factor 4, original context 16, beta_fast 16, beta_slow 2), its logits from transformers
+      with those rope_parameters on the file's weights;
       and files gradaccum must refuse: DIR/bad-architecture.gguf (general.architecture "gpt2"),
       DIR/bad-missing-key.gguf (no llama.embedding_length), DIR/bad-shape.gguf (blk.1.attn_k.weight
-      one column short).
+      one column short), DIR/bad-rope-yarn-log-multiplier.gguf (a YaRN key gradaccum does not map).
 """
 
 import json
@@ -68,11 +70,19 @@ def save_tokenizer(gguf_path, out_dir):
     return tokenizer
 
 
-def reference_logits(gguf_path, tokenizer, texts):
+def reference_logits(gguf_path, tokenizer, texts, rope_parameters=None):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
                                                  dtype=torch.float32).eval()
+    if rope_parameters is not None:
+        # transformers' GGUF loader reads no llama.rope.scaling.* keys: the same weights in a model
+        # built from the config with the scaling the file's metadata states.
+        config = model.config
+        config.rope_parameters = dict(rope_parameters)
+        scaled = type(model)(config).to(torch.float32).eval()
+        scaled.load_state_dict(model.state_dict())
+        model = scaled
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = 0
     batch = tokenizer(texts, add_special_tokens=False, padding=True, padding_side="right", return_tensors="pt")
@@ -236,6 +246,24 @@ def linear_rope_scaling(w):
     w.add_rope_scaling_factor(4.0)
 
 
+# YaRN as llama.cpp's converter writes it; the rope_parameters transformers builds the same from.
+YARN = dict(rope_type="yarn", rope_theta=5000.0, factor=4.0, original_max_position_embeddings=16, beta_fast=16.0,
+            beta_slow=2.0)
+
+
+def yarn_rope_scaling(w):
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(YARN["factor"])
+    w.add_rope_scaling_orig_ctx_len(YARN["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(YARN["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(YARN["beta_slow"])
+
+
+def yarn_log_multiplier(w):
+    yarn_rope_scaling(w)
+    w.add_rope_scaling_yarn_log_mul(0.1)
+
+
 def tokenizer_only(path, pre, model="gpt2"):
     w = GGUFWriter(str(path), "llama")
     w.add_name("tiny tokenizer")
@@ -263,6 +291,11 @@ def synthetic_models(out_dir):
     _, tensors = reference_logits(path, tokenizer, ["the film and the light", "God said ab <think>", "the"])
     save_file(tensors, str(out_dir / "tiny-llama-head-dim.safetensors"))
     tiny_llama(out_dir / "tiny-llama-rope-linear.gguf", skip=("vocab_size",), more_metadata=linear_rope_scaling)
+    path = out_dir / "tiny-llama-rope-yarn.gguf"
+    tiny_llama(path, more_metadata=yarn_rope_scaling)
+    _, tensors = reference_logits(path, tokenizer, ["the film and the light", "God said ab <think>", "the"], YARN)
+    save_file(tensors, str(out_dir / "tiny-llama-rope-yarn.safetensors"))
+    tiny_llama(out_dir / "bad-rope-yarn-log-multiplier.gguf", more_metadata=yarn_log_multiplier)
     tiny_llama(out_dir / "bad-architecture.gguf", architecture="gpt2")
     tiny_llama(out_dir / "bad-missing-key.gguf", skip=("embedding_length",))
     tiny_llama(out_dir / "bad-shape.gguf", wrong_shape="blk.1.attn_k.weight")

@@ -137,6 +137,27 @@ TEST(GgufCheckpoint, EvalGivesTheLossOfTransformersLogits) {
   EXPECT_GT(expected, 1.0);
 }
 
+// llama.rope.scaling.* of YaRN (type, factor, original_context_length, yarn_beta_fast and
+// yarn_beta_slow, as llama.cpp's converter writes them) become rope_scaling, and the model gives
+// the logits of transformers built with those rope_parameters on the file's weights (its GGUF
+// loader reads no scaling keys); without the scaling the logits differ by far more.
+TEST(GgufCheckpoint, YarnRopeScalingGivesTransformersLogits) {
+  ASSERT_EQ(synthetic().error, "");
+  const auto path = synthetic().dir + "/tiny-llama-rope-yarn.gguf";
+  const auto config = models::gguf_hf_config(formats::GgufFile::open(path));
+  EXPECT_EQ(config["rope_scaling"], (nlohmann::json{{"rope_type", "yarn"},
+                                                    {"factor", 4.0},
+                                                    {"original_max_position_embeddings", 16},
+                                                    {"beta_fast", 16.0},
+                                                    {"beta_slow", 2.0}}));
+  expect_transformers_logits(path, synthetic().dir + "/tiny-llama-rope-yarn.safetensors", 1e-5);
+  const auto scaled = formats::load_safetensors(synthetic().dir + "/tiny-llama-rope-yarn.safetensors");
+  const auto plain = formats::load_safetensors(synthetic().dir + "/tiny-llama.safetensors");
+  const auto [difference, scale] = difference_over_real_tokens(
+      tensor_named(scaled, "logits"), tensor_named(plain, "logits"), tensor_named(plain, "attention_mask"));
+  EXPECT_GT(difference, 1e-2) << "YaRN changes nothing here (max |logit| " << scale << ")";
+}
+
 TEST(GgufCheckpoint, TinyLlamaConfigIsItsMetadata) {
   ASSERT_EQ(synthetic().error, "");
   const auto file = formats::GgufFile::open(synthetic().dir + "/tiny-llama.gguf");
@@ -220,6 +241,15 @@ TEST(GgufCheckpointErrors, AnotherArchitectureIsNamed) {
   EXPECT_EQ(r.err, "gradaccum: error: " + path +
                        ": general.architecture is \"gpt2\"; gradaccum reads GGUF checkpoints of architecture "
                        "\"llama\" only\n");
+}
+
+TEST(GgufCheckpointErrors, AYarnKeyThatIsNotReadIsNamed) {
+  ASSERT_EQ(synthetic().error, "");
+  const auto path = synthetic().dir + "/bad-rope-yarn-log-multiplier.gguf";
+  EXPECT_EQ(error_of([&] { models::load_language_model(path, -1, 0); }),
+            path +
+                ": metadata key llama.rope.scaling.yarn_log_multiplier is not supported (gradaccum reads YaRN's "
+                "factor, original_context_length, yarn_beta_fast and yarn_beta_slow)");
 }
 
 TEST(GgufCheckpointErrors, AMissingKeyIsNamed) {

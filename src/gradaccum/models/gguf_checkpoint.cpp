@@ -154,8 +154,27 @@ nlohmann::json rope_scaling(const formats::GgufFile& file) {
     const double factor = file.f64("llama.rope.scaling.factor");
     GA_CHECK(factor > 0, "{}: metadata key llama.rope.scaling.factor must be positive, got {}", path, factor);
     nlohmann::json scaling = {{"rope_type", type}, {"factor", factor}};
-    if (type == "yarn" && file.has("llama.rope.scaling.original_context_length")) {
-      scaling["original_max_position_embeddings"] = positive_size(file, "llama.rope.scaling.original_context_length");
+    if (type == "yarn") {
+      if (file.has("llama.rope.scaling.original_context_length")) {
+        scaling["original_max_position_embeddings"] = positive_size(file, "llama.rope.scaling.original_context_length");
+      }
+      // YaRN's ramp bounds have the same meaning in both; the keys that change its attention
+      // factor or the ramp's form are refused rather than read as something else.
+      for (const auto& [gguf, hf] :
+           std::vector<std::pair<std::string, std::string>>{{"llama.rope.scaling.yarn_beta_fast", "beta_fast"},
+                                                            {"llama.rope.scaling.yarn_beta_slow", "beta_slow"}}) {
+        if (!file.has(gguf)) continue;
+        const double value = file.f64(gguf);
+        GA_CHECK(value > 0, "{}: metadata key {} must be positive, got {}", path, gguf, value);
+        scaling[hf] = value;
+      }
+      for (const char* unread : {"llama.rope.scaling.attn_factor", "llama.rope.scaling.yarn_attn_factor",
+                                 "llama.rope.scaling.yarn_ext_factor", "llama.rope.scaling.yarn_log_multiplier"}) {
+        GA_CHECK(!file.has(unread),
+                 "{}: metadata key {} is not supported (gradaccum reads YaRN's factor, original_context_length, "
+                 "yarn_beta_fast and yarn_beta_slow)",
+                 path, unread);
+      }
     }
     return scaling;
   }
