@@ -10,7 +10,12 @@
 # (custom_kernels without heap_retention), whose retained heap holds the transients a sharded
 # rank frees.
 #
-# Usage: bench/dist/zero3_memory.sh [GRADACCUM_BINARY]
+# With MODEL=qwen2.5-0.5b: the Qwen2.5-0.5B shape instead (qwen2: 24 layers, width 896, 14 query /
+# 2 key-value heads, SwiGLU 4864, vocabulary 151936, tied: 494M parameters, 7.9 GB of states
+# unsharded), two threads per process at W = 1 and one per rank otherwise, and the rows that fit
+# in 24 GB (no stage 0 at W = 4); ~25 minutes on 2 cores.
+#
+# Usage: [MODEL=gpt2-81m|qwen2.5-0.5b] bench/dist/zero3_memory.sh [GRADACCUM_BINARY]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${1:-$here/../../build/gradaccum}
@@ -19,6 +24,15 @@ LOCK=${LOCK:-/tmp/gradaccum-bench.lock}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+model=${MODEL:-gpt2-81m}
+case "$model" in
+  gpt2-81m) shape=(--set model.n_layer=6 --set model.n_embd=768 --set model.n_head=12) ;;
+  qwen2.5-0.5b)
+    shape=(--set model.type=qwen2 --set model.n_layer=24 --set model.n_embd=896 --set model.n_head=14
+           --set model.n_kv_head=2 --set model.intermediate_size=4864 --set model.vocab_size=151936
+           --set model.n_positions=64) ;;
+  *) echo "zero3_memory.sh: MODEL is gpt2-81m or qwen2.5-0.5b, not '$model'" >&2; exit 2 ;;
+esac
 echo "| W | zero_stage | sharded_grad_sync | training-loop peak RSS, largest rank (MB) | per rank (MB) | last loss |"
 echo "|---|---|---|---|---|---|"
 no_retention="qkv_attention,gelu_tanh,softmax_cross_entropy,gelu_mlp,group_norm,mkl_intel_path"
@@ -27,8 +41,10 @@ run() {  # W stage policy [heap]
   local extra=()
   [ "$policy" != "-" ] && extra=(--set sharded_grad_sync="$policy")
   [ "$heap" = "released" ] && extra+=(--set custom_kernels="$no_retention")
-  flock "$LOCK" "$bin" train "$config" --nproc "$w" --set zero_stage="$stage" "${extra[@]}" --set threads=1 \
-    --set model.n_layer=6 --set model.n_embd=768 --set model.n_head=12 --set data.packing=true \
+  local threads=1
+  [ "$w" = 1 ] && [ "$model" != gpt2-81m ] && threads=2
+  flock "$LOCK" "$bin" train "$config" --nproc "$w" --set zero_stage="$stage" "${extra[@]}" --set threads=$threads \
+    "${shape[@]}" --set data.packing=true \
     --set data.max_length=16 --set data.train_limit=256 --set data.eval_limit=-1 --set sample.prompt= \
     --set per_device_train_batch_size=1 --set gradient_accumulation_steps=$((4 / w)) --set max_steps=3 \
     --set save_steps=0 --set output_dir="$out" > "$out.log" 2>&1 || { echo "W $w zero_stage $stage $policy failed:"; tail -3 "$out.log"; exit 1; }
@@ -49,6 +65,11 @@ run 2 1 -
 run 2 2 each_micro_step
 run 2 3 defer
 run 2 3 each_micro_step
+if [ "$model" = qwen2.5-0.5b ]; then
+  run 4 3 each_micro_step
+  run 4 3 defer
+  exit 0
+fi
 run 4 0 -
 run 4 3 each_micro_step
 for w in 2 4; do

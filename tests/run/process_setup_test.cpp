@@ -152,4 +152,15 @@ TEST(ProcessSetup, AStopThatEndedOneRunDoesNotStopTheNext) {
   EXPECT_EQ(second.steps, 4);
 }
 
+// A training process keeps its freed heap (kernels/heap_retention.h) unless it shards the
+// parameters: under ZeRO-3 the retained heap would keep what sharding gave back.
+TEST(ProcessSetup, TrainingKeepsItsFreedHeapExceptUnderZeroStage3) {
+  gradaccum::io::RunSettings settings;
+  const core::TrainerOptions trainer;
+  for (const int64_t stage : {0, 1, 2, 3}) {
+    settings.zero_stage = stage;
+    EXPECT_EQ(run::training_process_settings(settings, trainer, 2).retain_freed_heap, stage != 3) << stage;
+  }
+}
+
 }  // namespace process_setup_test
