@@ -23,7 +23,7 @@ export CCACHE_DISABLE="${CCACHE_DISABLE:-1}"
 # that computes addresses and parses bytes itself (kernels, formats, tokenizer and data, optimizers,
 # accumulation, checkpoints and logs, reports). The model and end-to-end files drive the same code
 # through libtorch's operators, which are not instrumented, and cost most of the build and run time
-# (test.sh gives this stage about 16 of CI's 60 minutes: docs/development.md, "CI time").
+# (test.sh starts this stage only while 23 of CI's 60 minutes remain: docs/development.md, "CI time").
 # SANITIZE_TESTS: a regular expression over the paths below tests/ ('.*' = every file).
 unit_tests="base/.*|formats/.*|kernels/.*|optim/.*|data/.*|io/.*|report/.*"
 unit_tests+="|dist/(bucketed_grad_sync|sharded_grad_sync|sharded_optimizer)_test.cpp"

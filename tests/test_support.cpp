@@ -116,10 +116,7 @@ SharedReference shared_reference(const std::string& name, const std::vector<std:
   namespace fs = std::filesystem;
   // The key: the command (with a placeholder for the directory) and the bytes of its inputs.
   std::string keyed = command("DIR");
-  for (const auto& input : inputs) {
-    std::ifstream in(input, std::ios::binary);
-    keyed += '\0' + input + '\0' + std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  }
+  for (const auto& input : inputs) keyed += '\0' + input + '\0' + read_text(input);
   std::ostringstream key;
   key << name << '-' << std::hex << std::hash<std::string>{}(keyed);
   const fs::path root = GRADACCUM_TEST_REFERENCES;
@@ -138,8 +135,7 @@ SharedReference shared_reference(const std::string& name, const std::vector<std:
     if (std::system(shell.c_str()) == 0) {
       fs::rename(partial, dir);
     } else {
-      std::ifstream in(partial / "log");
-      const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string log = read_text((partial / "log").string());
       made.error = "failed: " + command("DIR") + "\n" + (log.size() > 2000 ? log.substr(log.size() - 2000) : log);
       fs::remove_all(partial);
     }

@@ -27,6 +27,10 @@ struct Connection {
 // anything else Gloo.
 Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout, c10::Device device);
 
+// Where a small collective's tensors go: NCCL only reduces CUDA tensors (on the current device,
+// which connect() set), Gloo takes CPU ones.
+torch::TensorOptions collective_options(const c10d::Backend& group);
+
 // Rank 0's `values` on every rank, or an error naming the first rank whose
 // value differs (used to refuse mismatched configurations across ranks).
 void check_same_on_all_ranks(c10d::Backend& group, int64_t value, const std::string& what);

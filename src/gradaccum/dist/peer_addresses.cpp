@@ -44,8 +44,7 @@ std::vector<uint32_t> host_ipv4_addresses() {
 
 PeerAddresses PeerAddresses::exchange(c10d::Backend& group) {
   const int world = group.getSize();
-  const auto options =
-      torch::TensorOptions().dtype(torch::kLong).device(group.getBackendName() == "nccl" ? torch::kCUDA : torch::kCPU);
+  const auto options = collective_options(group).dtype(torch::kLong);
   auto mine = torch::full({kMostAddresses}, -1, torch::kLong);
   const auto addresses = host_ipv4_addresses();
   for (size_t i = 0; i < addresses.size() && static_cast<int64_t>(i) < kMostAddresses; ++i) {

@@ -193,12 +193,6 @@ class RendezvousWatchdog {
   std::thread thread_;
 };
 
-// Where the small collectives below put their tensors: NCCL only reduces CUDA
-// tensors (on the current device, which connect() set), Gloo takes CPU ones.
-torch::TensorOptions collective_options(const c10d::Backend& group) {
-  return torch::TensorOptions().device(group.getBackendName() == "nccl" ? torch::kCUDA : torch::kCPU);
-}
-
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const DistEnvironment& env,
                                             std::chrono::milliseconds timeout) {
   auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -243,6 +237,10 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
 #endif
 
 }  // namespace
+
+torch::TensorOptions collective_options(const c10d::Backend& group) {
+  return torch::TensorOptions().device(group.getBackendName() == "nccl" ? torch::kCUDA : torch::kCPU);
+}
 
 Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout, c10::Device device) {
   const QuietC10dLog quiet;
