@@ -4,6 +4,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/TensorOptions.h>
 
 #include <chrono>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -29,7 +30,7 @@ Connection connect(const DistEnvironment& env, std::chrono::milliseconds timeout
 
 // Where a small collective's tensors go: NCCL only reduces CUDA tensors (on the current device,
 // which connect() set), Gloo takes CPU ones.
-torch::TensorOptions collective_options(const c10d::Backend& group);
+c10::TensorOptions collective_options(const c10d::Backend& group);
 
 // Rank 0's `values` on every rank, or an error naming the first rank whose
 // value differs (used to refuse mismatched configurations across ranks).

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <torch/torch.h>
 
 #include <mutex>
 #include <regex>

@@ -238,7 +238,7 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
 
 }  // namespace
 
-torch::TensorOptions collective_options(const c10d::Backend& group) {
+c10::TensorOptions collective_options(const c10d::Backend& group) {
   return torch::TensorOptions().device(group.getBackendName() == "nccl" ? torch::kCUDA : torch::kCPU);
 }
 
