@@ -229,13 +229,18 @@ TEST(GgufCheckpoint, GenerateContinuesAsTransformersGreedily) {
 
 // --- Refused files ---------------------------------------------------------------------
 
+// Loading the synthetic file `name` as a causal LM: its path, and the one-line error it gives.
+std::pair<std::string, std::string> refusal_of(const std::string& name) {
+  const auto path = synthetic().dir + "/" + name;
+  return {path, error_of([&] { models::load_language_model(path, -1, 0); })};
+}
+
 TEST(GgufCheckpointErrors, AnotherArchitectureIsNamed) {
   ASSERT_EQ(synthetic().error, "");
-  const auto path = synthetic().dir + "/bad-architecture.gguf";
-  EXPECT_EQ(error_of([&] { models::load_language_model(path, -1, 0); }),
-            path +
-                ": general.architecture is \"gpt2\"; gradaccum reads GGUF checkpoints of architecture \"llama\" "
-                "only");
+  const auto [path, error] = refusal_of("bad-architecture.gguf");
+  EXPECT_EQ(error, path +
+                       ": general.architecture is \"gpt2\"; gradaccum reads GGUF checkpoints of architecture \"llama\" "
+                       "only");
   const auto r = gradaccum::testing::run_cli("eval --checkpoint " + path + " /dev/null");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "gradaccum: error: " + path +
@@ -245,24 +250,22 @@ TEST(GgufCheckpointErrors, AnotherArchitectureIsNamed) {
 
 TEST(GgufCheckpointErrors, AYarnKeyThatIsNotReadIsNamed) {
   ASSERT_EQ(synthetic().error, "");
-  const auto path = synthetic().dir + "/bad-rope-yarn-log-multiplier.gguf";
-  EXPECT_EQ(error_of([&] { models::load_language_model(path, -1, 0); }),
-            path +
-                ": metadata key llama.rope.scaling.yarn_log_multiplier is not supported (gradaccum reads YaRN's "
-                "factor, original_context_length, yarn_beta_fast and yarn_beta_slow)");
+  const auto [path, error] = refusal_of("bad-rope-yarn-log-multiplier.gguf");
+  EXPECT_EQ(error, path +
+                       ": metadata key llama.rope.scaling.yarn_log_multiplier is not supported (gradaccum reads YaRN's "
+                       "factor, original_context_length, yarn_beta_fast and yarn_beta_slow)");
 }
 
 TEST(GgufCheckpointErrors, AMissingKeyIsNamed) {
   ASSERT_EQ(synthetic().error, "");
-  const auto path = synthetic().dir + "/bad-missing-key.gguf";
-  EXPECT_EQ(error_of([&] { models::load_language_model(path, -1, 0); }),
-            path + ": metadata key llama.embedding_length is absent");
+  const auto [path, error] = refusal_of("bad-missing-key.gguf");
+  EXPECT_EQ(error, path + ": metadata key llama.embedding_length is absent");
 }
 
 TEST(GgufCheckpointErrors, ATensorOfTheWrongShapeIsNamed) {
   ASSERT_EQ(synthetic().error, "");
-  const auto path = synthetic().dir + "/bad-shape.gguf";
-  EXPECT_EQ(error_of([&] { models::load_language_model(path, -1, 0); }),
+  const auto [path, error] = refusal_of("bad-shape.gguf");
+  EXPECT_EQ(error,
             path +
                 ": tensor blk.1.attn_k.weight has shape [16, 31], not [16, 32] (llama.attention.head_count_kv × head "
                 "size, llama.embedding_length)");
